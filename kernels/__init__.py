@@ -1,0 +1,5 @@
+"""Triton kernels of srt, installed as `srt.kernels` (never as a top-level `kernels` package).
+
+Each kernel file opens with its scope and has one typed Python launcher that checks shapes and
+strides before launch. On CPU they run under `TRITON_INTERPRET=1`.
+"""

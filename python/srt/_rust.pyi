@@ -1,0 +1,3 @@
+"""Type stubs of the private Rust extension `srt._rust` (see rust/python/src/lib.rs)."""
+
+__version__: str

@@ -1,0 +1,1 @@
+"""The top floor: the HTTP server, the offline Engine and the process launcher."""

@@ -1,0 +1,15 @@
+"""Every environment knob of srt, read in this one place. All names start with `SRT_`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where srt keeps prepared models (`SRT_CACHE_DIR`, default `~/.cache/srt`)."""
+    configured = os.environ.get("SRT_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "srt"

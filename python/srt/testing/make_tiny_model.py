@@ -1,0 +1,143 @@
+"""Write a tiny random-weight Hugging Face model directory, offline and deterministically.
+
+    python -m srt.testing.make_tiny_model --arch qwen3 --out /tmp/m [--seed 0] \
+        [--context-length 2048]
+
+The directory holds config.json, generation_config.json, model.safetensors, and a byte-level BPE
+tokenizer (tokenizer.json, its config, a ChatML chat template) that transformers loads with
+`HF_HUB_OFFLINE=1`. The same arguments on the same machine give the same bytes of weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from srt.testing.tiny_tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, train_byte_level_bpe
+
+# Shapes small enough to build and run in well under a second, with grouped-query attention
+# (4 query heads share 2 KV heads) so that every model path sees it.
+_SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-6,
+    # Wider than transformers' default so that greedy decoding of random weights has clear
+    # winners instead of near-ties that rounding could flip.
+    "initializer_range": 0.1,
+}
+
+
+_CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
+    "llama": LlamaConfig,
+    "mistral": MistralConfig,
+    "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
+}
+ARCHS = tuple(_CONFIG_CLASSES)
+
+
+def make_config(
+    arch: str, vocab_size: int, context_length: int, special_ids: dict[str, int]
+) -> PretrainedConfig:
+    """The config of a tiny model of one fixture architecture."""
+    kwargs: dict[str, Any] = {
+        **_SHAPE,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": context_length,
+        "bos_token_id": special_ids["bos"],
+        "eos_token_id": special_ids["eos"],
+        "pad_token_id": special_ids["pad"],
+        "dtype": "float32",
+        # Qwen ties the output projection to the embeddings; Llama and Mistral do not.
+        "tie_word_embeddings": arch.startswith("qwen"),
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    }
+    if arch == "llama":
+        # Llama 3's rope scaling, so that the fixture exercises it.
+        kwargs["rope_parameters"] = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": max(context_length // 8, 16),
+        }
+    if arch == "mistral":
+        kwargs["sliding_window"] = None
+    return _CONFIG_CLASSES[arch](**kwargs)
+
+
+def make_tiny_model(arch: str, out: Path, seed: int = 0, context_length: int = 2048) -> Path:
+    """Writes the model directory `out` and returns it."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
+    add_bos = arch in ("llama", "mistral")
+    backend = train_byte_level_bpe(add_bos=add_bos)
+    special_ids: dict[str, int] = {}
+    for name, token in SPECIAL_TOKENS.items():
+        token_id = backend.token_to_id(token)
+        assert token_id is not None, f"{token} missing from the trained vocabulary"
+        special_ids[name] = token_id
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=SPECIAL_TOKENS["bos"],
+        eos_token=SPECIAL_TOKENS["eos"],
+        pad_token=SPECIAL_TOKENS["pad"],
+        unk_token=SPECIAL_TOKENS["unk"],
+        additional_special_tokens=[SPECIAL_TOKENS["im_start"], SPECIAL_TOKENS["im_end"]],
+        model_max_length=context_length,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = make_config(arch, backend.get_vocab_size(), context_length, special_ids)
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=special_ids["bos"],
+        eos_token_id=[special_ids["eos"], special_ids["im_end"]],
+        pad_token_id=special_ids["pad"],
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m srt.testing.make_tiny_model", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--arch", required=True, choices=ARCHS)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--context-length", type=int, default=2048)
+    args = parser.parse_args(argv)
+    if args.context_length < 16:
+        parser.error("argument --context-length: must be >= 16")
+    make_tiny_model(args.arch, args.out, seed=args.seed, context_length=args.context_length)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

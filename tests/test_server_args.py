@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+
+import pytest
+
+from srt.server_args import SCHEDULE_POLICIES, ServerArgs, ServerArgsError, flag_of, parse_args
+
+
+def test_defaults_follow_sglang() -> None:
+    args = parse_args([])
+    assert args == ServerArgs()
+    assert (args.host, args.port) == ("127.0.0.1", 30000)
+    assert args.tp_size == 1
+    assert args.page_size == 1
+    assert args.schedule_policy == "fcfs"
+    assert args.trust_remote_code is False
+    assert args.device == "auto"
+    assert args.dtype == "auto"
+
+
+def test_model_is_an_alias_of_model_path() -> None:
+    assert parse_args(["--model", "/m"]).model_path == "/m"
+    assert parse_args(["--model-path", "/m"]).model_path == "/m"
+
+
+def test_every_field_has_a_flag() -> None:
+    args = parse_args(
+        [
+            "--model-path", "/m", "--tokenizer-path", "/t", "--context-length", "512",
+            "--dtype", "float16", "--device", "cpu", "--trust-remote-code",
+            "--host", "0.0.0.0", "--port", "8000", "--api-key", "k", "--tp-size", "2",
+            "--mem-fraction-static", "0.5", "--max-total-tokens", "4096",
+            "--max-running-requests", "16", "--max-prefill-tokens", "2048",
+            "--chunked-prefill-size", "-1", "--page-size", "16", "--schedule-policy", "lpm",
+            "--disable-radix-cache", "--attention-backend", "triton", "--stream-interval", "4",
+            "--enable-metrics", "--log-level", "debug", "--random-seed", "7",
+            "--watchdog-timeout", "60",
+        ]
+    )  # fmt: skip
+    expected = ServerArgs(
+        model_path="/m", tokenizer_path="/t", context_length=512, dtype="float16", device="cpu",
+        trust_remote_code=True, host="0.0.0.0", port=8000, api_key="k", tp_size=2,
+        mem_fraction_static=0.5, max_total_tokens=4096, max_running_requests=16,
+        max_prefill_tokens=2048, chunked_prefill_size=-1, page_size=16, schedule_policy="lpm",
+        disable_radix_cache=True, attention_backend="triton", stream_interval=4,
+        enable_metrics=True, log_level="debug", random_seed=7, watchdog_timeout=60.0,
+    )  # fmt: skip
+    assert args == expected
+    # The command line above sets every field away from its default, so each flag is exercised.
+    for f in dataclasses.fields(ServerArgs):
+        assert getattr(expected, f.name) != f.default, f.name
+
+
+@pytest.mark.parametrize("policy", SCHEDULE_POLICIES)
+def test_schedule_policies(policy: str) -> None:
+    assert parse_args(["--schedule-policy", policy]).schedule_policy == policy
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"port": 0}, "--port"),
+        ({"port": 70000}, "--port"),
+        ({"tp_size": 0}, "--tp-size"),
+        ({"page_size": 0}, "--page-size"),
+        ({"chunked_prefill_size": 0}, "--chunked-prefill-size"),
+        ({"mem_fraction_static": 1.5}, "--mem-fraction-static"),
+        ({"mem_fraction_static": math.nan}, "--mem-fraction-static"),
+        ({"watchdog_timeout": math.inf}, "--watchdog-timeout"),
+        ({"watchdog_timeout": 0.0}, "--watchdog-timeout"),
+        ({"schedule_policy": "nope"}, "--schedule-policy"),
+        ({"dtype": "int3"}, "--dtype"),
+    ],
+)
+def test_validation_names_the_flag(changes: dict[str, object], flag: str) -> None:
+    with pytest.raises(ServerArgsError) as info:
+        ServerArgs(**changes)  # type: ignore[arg-type]
+    assert info.value.flag == flag
+    assert flag in str(info.value)
+
+
+def test_replace_validates_again() -> None:
+    with pytest.raises(ServerArgsError, match="--tp-size"):
+        ServerArgs().replace(tp_size=-1)
+    assert ServerArgs().replace(port=1234).port == 1234
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "srt.entrypoints.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_help_lists_every_field() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for f in dataclasses.fields(ServerArgs):
+        assert flag_of(f.name) in result.stdout
+    assert "--model " in result.stdout or "--model," in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--port", "abc"], "--port"),
+        (["--schedule-policy", "nope"], "--schedule-policy"),
+        (["--tp-size", "0"], "--tp-size"),
+        (["--mem-fraction-static", "nan"], "--mem-fraction-static"),
+    ],
+)
+def test_bad_value_is_one_line_naming_the_flag(argv: list[str], flag: str) -> None:
+    result = run_cli(*argv)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert flag in lines[0]
+
+
+def test_valid_arguments_say_serving_is_not_built() -> None:
+    result = run_cli("--model", "/nonexistent", "--port", "8123")
+    assert result.returncode != 0
+    assert "not built yet" in result.stderr

@@ -1,0 +1,122 @@
+"""The fixture models load and generate through Hugging Face transformers, offline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from srt.testing.make_tiny_model import make_tiny_model
+
+EXPECTED_ARCHITECTURE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def test_loads_and_generates(tiny_model: Path) -> None:
+    config = AutoConfig.from_pretrained(tiny_model)
+    assert config.architectures[0] in EXPECTED_ARCHITECTURE.values()
+    assert config.num_key_value_heads < config.num_attention_heads  # grouped-query attention
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    assert len(tokenizer) == config.vocab_size
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    inputs = tokenizer(["The quick brown fox"], return_tensors="pt")
+    out = model.generate(**inputs, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+    new_ids = out[0, inputs["input_ids"].shape[1] :]
+    assert new_ids.shape == (8,)
+    # Random weights still give a proper distribution over the whole vocabulary.
+    logits = model(**inputs).logits
+    assert logits.shape[-1] == config.vocab_size
+    assert torch.isfinite(logits).all()
+    assert logits[0, -1].std() > 0.1
+
+
+def test_chat_template_and_special_tokens(tiny_model: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    for token in ("<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>"):
+        assert len(tokenizer.encode(token, add_special_tokens=False)) == 1
+    generation_config = json.loads((tiny_model / "generation_config.json").read_text())
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in generation_config["eos_token_id"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain ascii, with punctuation!",
+        "emoji 👋🏽 and family 👨‍👩‍👧 and flags 🇫🇷",
+        "中文和日本語のテキスト、한국어",
+        "combining marks: e\u0301 a\u0308 n\u0303",
+        "  leading spaces, tabs\tand\nnewlines  ",
+    ],
+)
+def test_tokenizer_round_trips(tiny_model_factory: Callable[[str], Path], text: str) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_factory("qwen3"))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+    if any(ord(c) > 0x2000 for c in text):
+        # Multi-byte characters split into several byte tokens, at least one of which alone is
+        # not valid UTF-8: the case incremental detokenizers must hold back.
+        assert any("\ufffd" in tokenizer.decode([i]) for i in ids)
+
+
+def test_llama_adds_bos_and_qwen_does_not(tiny_model_factory: Callable[[str], Path]) -> None:
+    llama = AutoTokenizer.from_pretrained(tiny_model_factory("llama"))
+    qwen = AutoTokenizer.from_pretrained(tiny_model_factory("qwen2"))
+    assert llama.encode("hello")[0] == llama.bos_token_id
+    assert qwen.encode("hello")[0] != qwen.bos_token_id
+
+
+def test_llama_fixture_uses_llama3_rope_scaling(tiny_model_factory: Callable[[str], Path]) -> None:
+    config = json.loads((tiny_model_factory("llama") / "config.json").read_text())
+    rope = config.get("rope_parameters") or config.get("rope_scaling")
+    assert rope["rope_type"] == "llama3"
+
+
+def test_deterministic(tmp_path: Path) -> None:
+    a = make_tiny_model("mistral", tmp_path / "a", seed=3, context_length=128)
+    b = make_tiny_model("mistral", tmp_path / "b", seed=3, context_length=128)
+    c = make_tiny_model("mistral", tmp_path / "c", seed=4, context_length=128)
+    weights_a = load_file(a / "model.safetensors")
+    weights_b = load_file(b / "model.safetensors")
+    weights_c = load_file(c / "model.safetensors")
+    assert weights_a.keys() == weights_b.keys()
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+    assert not all(torch.equal(weights_a[k], weights_c[k]) for k in weights_a)
+    assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
+    assert json.loads((a / "config.json").read_text())["max_position_embeddings"] == 128
+
+
+def test_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    result = subprocess.run(
+        [sys.executable, "-m", "srt.testing.make_tiny_model", "--arch", "qwen3", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert config["max_position_embeddings"] == 2048
+    bad = subprocess.run(
+        [sys.executable, "-m", "srt.testing.make_tiny_model", "--arch", "gpt2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0
+    assert "--arch" in bad.stderr
