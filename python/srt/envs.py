@@ -13,3 +13,8 @@ def cache_dir() -> Path:
         return Path(configured)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
     return Path(base) / "srt"
+
+
+def cpu_kv_cache_gb() -> float:
+    """KV cache budget on CPU when `--max-total-tokens` is not given (`SRT_CPU_KV_CACHE_GB`)."""
+    return float(os.environ.get("SRT_CPU_KV_CACHE_GB", "2"))

@@ -1,0 +1,93 @@
+"""The reference attention backend: PyTorch's scaled_dot_product_attention over the KV pool.
+
+Runs everywhere (it is the CPU path). Extend attends one sequence at a time with a causal mask
+shifted by the sequence's cached prefix; decode gathers every sequence's K/V into one padded
+batch and attends in a single call per layer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from srt.layers.attention.base import AttentionBackend
+from srt.layers.forward_batch import ForwardMode
+
+if TYPE_CHECKING:
+    from srt.layers.forward_batch import ForwardBatch
+    from srt.layers.radix_attention import RadixAttention
+
+
+class TorchNativeAttnBackend(AttentionBackend):
+    def __init__(self) -> None:
+        self._decode_mask: torch.Tensor | None = None
+        self._decode_slots: torch.Tensor | None = None
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        if forward_batch.forward_mode is not ForwardMode.DECODE or forward_batch.batch_size == 0:
+            return
+        max_len = max(forward_batch.seq_lens_cpu)
+        rows = forward_batch.req_to_token_pool.req_to_token[forward_batch.req_pool_indices]
+        self._decode_slots = rows[:, :max_len].long()
+        positions = torch.arange(max_len, device=forward_batch.seq_lens.device)
+        valid = positions[None, :] < forward_batch.seq_lens[:, None]
+        self._decode_mask = valid[:, None, None, :]  # [batch, 1, 1, max_len]
+
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        pool = forward_batch.kv_pool
+        pool.store(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        k_buffer, v_buffer = pool.k_buffers[layer.layer_id], pool.v_buffers[layer.layer_id]
+        req_to_token = forward_batch.req_to_token_pool.req_to_token
+        out = torch.empty_like(q)
+        start = 0
+        for i, (seq_len, extend_len) in enumerate(
+            zip(forward_batch.seq_lens_cpu, forward_batch.extend_seq_lens_cpu, strict=True)
+        ):
+            prefix_len = seq_len - extend_len
+            row = int(forward_batch.req_pool_indices[i])
+            slots = req_to_token[row, :seq_len].long()
+            q_i = q[start : start + extend_len].transpose(0, 1)  # [heads, new, head_dim]
+            k_i = k_buffer[slots].transpose(0, 1)  # [kv_heads, seq, head_dim]
+            v_i = v_buffer[slots].transpose(0, 1)
+            query_pos = torch.arange(prefix_len, seq_len, device=q.device)
+            key_pos = torch.arange(seq_len, device=q.device)
+            mask = key_pos[None, :] <= query_pos[:, None]
+            o = F.scaled_dot_product_attention(
+                q_i, k_i, v_i, attn_mask=mask, scale=layer.scaling, enable_gqa=True
+            )
+            out[start : start + extend_len] = o.transpose(0, 1)
+            start += extend_len
+        return out.flatten(1)
+
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        assert self._decode_slots is not None, "init_forward_metadata must run first"
+        assert self._decode_mask is not None
+        pool = forward_batch.kv_pool
+        pool.store(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        keys = pool.k_buffers[layer.layer_id][self._decode_slots]  # [batch, len, kv_heads, dim]
+        values = pool.v_buffers[layer.layer_id][self._decode_slots]
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2),  # [batch, heads, 1, head_dim]
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=self._decode_mask,
+            scale=layer.scaling,
+            enable_gqa=True,
+        )
+        return o.flatten(1)

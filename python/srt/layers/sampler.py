@@ -1,0 +1,154 @@
+"""The batched sampler: next tokens from logits, each request with its own parameters.
+
+Order of operations (vLLM's and SGLang's): logit bias and the EOS mask of `min_new_tokens`, then
+repetition (prompt and output tokens), frequency and presence (output tokens) penalties; greedy
+rows (temperature 0) take the argmax; the others are divided by their temperature and filtered by
+top-k, top-p and min-p, then sampled. Requests with a seed draw from their own generator, one
+draw per step, so their tokens do not depend on what else is in the batch. Reported logprobs are
+those of the model's raw distribution (log-softmax of the logits before any processing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """One request's sampling settings and history, as the sampler needs them for one step."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: the whole vocabulary
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    banned_ids: tuple[int, ...] = ()  # e.g. EOS ids until min_new_tokens are produced
+    prompt_ids: tuple[int, ...] = ()
+    output_ids: tuple[int, ...] = ()
+    generator: torch.Generator | None = None
+    top_logprobs_num: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    next_ids: list[int]
+    logprobs: list[float]  # of each chosen token
+    top_logprobs: list[list[tuple[int, float]]]  # per row, its top_logprobs_num best tokens
+
+
+def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+    """logits: [batch, vocab] float32, one row per entry of `rows`."""
+    if logits.shape[0] != len(rows):
+        raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sampling rows")
+    logits = torch.nan_to_num(logits.float(), nan=_NEG_INF)
+    raw_logprobs = torch.log_softmax(logits, dim=-1)
+    processed = _apply_penalties(_apply_bias_and_bans(logits, rows), rows)
+
+    next_ids = processed.argmax(dim=-1)
+    sampled = [i for i, row in enumerate(rows) if not row.greedy]
+    if sampled:
+        index = torch.tensor(sampled, device=logits.device)
+        probs = _filtered_probs(processed[index], [rows[i] for i in sampled])
+        drawn = _draw(probs, [rows[i].generator for i in sampled])
+        # A row left with no probability mass (every token banned or -inf) keeps its argmax.
+        next_ids[index] = torch.where(probs.sum(dim=-1) > 0, drawn, next_ids[index])
+
+    chosen = raw_logprobs.gather(1, next_ids[:, None]).squeeze(1)
+    return SamplerOutput(
+        next_ids=next_ids.tolist(),
+        logprobs=chosen.tolist(),
+        top_logprobs=_top_logprobs(raw_logprobs, rows),
+    )
+
+
+def _apply_bias_and_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    if not any(row.logit_bias or row.banned_ids for row in rows):
+        return logits
+    logits = logits.clone()
+    for i, row in enumerate(rows):
+        for token, bias in row.logit_bias:
+            logits[i, token] += bias
+        if row.banned_ids:
+            logits[i, list(row.banned_ids)] = _NEG_INF
+    return logits
+
+
+def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    if not any(
+        row.repetition_penalty != 1.0 or row.frequency_penalty or row.presence_penalty
+        for row in rows
+    ):
+        return logits
+    logits = logits.clone()
+    vocab = logits.shape[1]
+    for i, row in enumerate(rows):
+        if row.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted({*row.prompt_ids, *row.output_ids}), dtype=torch.long)
+            if seen.numel():
+                values = logits[i, seen]
+                logits[i, seen] = torch.where(
+                    values > 0, values / row.repetition_penalty, values * row.repetition_penalty
+                )
+        if (row.frequency_penalty or row.presence_penalty) and row.output_ids:
+            counts = torch.bincount(torch.tensor(row.output_ids), minlength=vocab).to(logits)
+            logits[i] -= row.frequency_penalty * counts + row.presence_penalty * (counts > 0)
+    return logits
+
+
+def _filtered_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    temperatures = torch.tensor([row.temperature for row in rows], device=logits.device)
+    probs = torch.softmax(logits / temperatures[:, None], dim=-1)
+    vocab = probs.shape[1]
+    top_ks = torch.tensor([row.top_k if row.top_k > 0 else vocab for row in rows])
+    top_ps = torch.tensor([row.top_p for row in rows])
+    min_ps = torch.tensor([row.min_p for row in rows])
+    if (top_ks < vocab).any() or (top_ps < 1.0).any() or (min_ps > 0).any():
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab, device=probs.device)[None, :]
+        drop = ranks >= top_ks[:, None].to(probs.device)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop |= mass_before > top_ps[:, None].to(probs.device)
+        drop |= sorted_probs < (min_ps[:, None].to(probs.device) * sorted_probs[:, :1])
+        drop[:, 0] = False  # the most likely token always survives
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+    return torch.nan_to_num(probs, nan=0.0)
+
+
+def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Exponential-race sampling: argmax(p / E) with E ~ Exp(1) picks index i with prob p_i."""
+    noise = torch.empty_like(probs)
+    shared = [i for i, g in enumerate(generators) if g is None]
+    if shared:
+        noise[shared] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_()
+    for i, generator in enumerate(generators):
+        if generator is not None:
+            noise[i] = torch.empty(probs.shape[1], device=probs.device).exponential_(
+                generator=generator
+            )
+    # Clamped so that a zero-probability token can never win through a 0/0.
+    return (probs / noise.clamp_min_(1e-20)).argmax(dim=-1)
+
+
+def _top_logprobs(
+    raw_logprobs: torch.Tensor, rows: list[SamplingRow]
+) -> list[list[tuple[int, float]]]:
+    k = max((row.top_logprobs_num for row in rows), default=0)
+    if k == 0:
+        return [[] for _ in rows]
+    values, ids = raw_logprobs.topk(min(k, raw_logprobs.shape[1]), dim=-1)
+    return [
+        list(zip(ids[i, :n].tolist(), values[i, :n].tolist(), strict=True))
+        for i, n in enumerate(row.top_logprobs_num for row in rows)
+    ]

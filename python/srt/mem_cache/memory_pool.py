@@ -1,0 +1,69 @@
+"""The KV memory of the model: which slots a sequence uses, and the K/V tensors of every slot.
+
+`ReqToTokenPool` maps (request row, token position) to a KV slot. `KVPool` holds, per layer, K and
+V tensors indexed by slot; slot 0 is padding and never holds a real token. Which slots are free is
+the allocator's business, not this module's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """One row per running request: position -> KV slot."""
+
+    def __init__(self, size: int, max_context_len: int, device: torch.device) -> None:
+        self.size = size
+        self.max_context_len = max_context_len
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        self._free_rows = list(range(size))
+
+    def available(self) -> int:
+        return len(self._free_rows)
+
+    def alloc(self, n: int) -> list[int] | None:
+        """n free rows, or None when fewer are free."""
+        if n > len(self._free_rows):
+            return None
+        rows, self._free_rows = self._free_rows[:n], self._free_rows[n:]
+        return rows
+
+    def free(self, rows: list[int]) -> None:
+        self._free_rows.extend(rows)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """Records that positions start.. of `row` live in `slots`."""
+        self.req_to_token[row, start : start + slots.numel()] = slots.to(torch.int32)
+
+    def clear(self) -> None:
+        self._free_rows = list(range(self.size))
+
+
+class KVPool:
+    """Per-layer K and V tensors of shape [num_slots + 1, num_kv_heads, head_dim]."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.num_slots = num_slots
+        shape = (num_slots + 1, num_kv_heads, head_dim)  # + the padding slot 0
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_slot(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * num_kv_heads * head_dim * itemsize
+
+    def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k_buffers[layer_id][slots] = k
+        self.v_buffers[layer_id][slots] = v

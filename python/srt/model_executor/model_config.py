@@ -1,0 +1,111 @@
+"""What srt needs to know about a model, read from its Hugging Face config (or GGUF metadata)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, GenerationConfig
+
+from srt.models.llama import head_dim_of
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` is bf16 on CUDA and fp32 on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def split_gguf_path(model_path: str) -> tuple[str, str | None]:
+    """(directory or hub id, GGUF file name or None) for a model path."""
+    path = Path(model_path)
+    if path.suffix == ".gguf":
+        return str(path.parent), path.name
+    return model_path, None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_path: str  # a directory, hub id, or the directory of `gguf_file`
+    gguf_file: str | None
+    hf_config: Any
+    dtype: torch.dtype
+    context_length: int
+    eos_token_ids: frozenset[int]
+
+    @classmethod
+    def load(
+        cls,
+        model_path: str,
+        dtype: str,
+        device: torch.device,
+        context_length: int | None = None,
+        trust_remote_code: bool = False,
+    ) -> ModelConfig:
+        path, gguf_file = split_gguf_path(model_path)
+        hf_config = AutoConfig.from_pretrained(
+            path, gguf_file=gguf_file, trust_remote_code=trust_remote_code
+        )
+        model_max = _max_context(hf_config)
+        if context_length is not None and context_length > model_max:
+            raise ValueError(
+                f"--context-length {context_length} exceeds the model's {model_max} positions"
+            )
+        return cls(
+            model_path=path,
+            gguf_file=gguf_file,
+            hf_config=hf_config,
+            dtype=resolve_dtype(dtype, device),
+            context_length=context_length or model_max,
+            eos_token_ids=_eos_token_ids(path, gguf_file, hf_config),
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.hf_config.num_hidden_layers)
+
+    @property
+    def num_kv_heads(self) -> int:
+        config = self.hf_config
+        return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return int(head_dim_of(self.hf_config))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config.vocab_size)
+
+
+def _max_context(hf_config: Any) -> int:
+    limit = int(hf_config.max_position_embeddings)
+    # Mistral-style sliding-window attention is not implemented: serve only lengths where full
+    # attention is the same thing.
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True):
+        limit = min(limit, int(window))
+    return limit
+
+
+def _eos_token_ids(path: str, gguf_file: str | None, hf_config: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (hf_config, _generation_config(path, gguf_file)):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+def _generation_config(path: str, gguf_file: str | None) -> GenerationConfig | None:
+    try:
+        return GenerationConfig.from_pretrained(path, gguf_file=gguf_file)
+    except OSError:
+        return None

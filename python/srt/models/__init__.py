@@ -1,0 +1,1 @@
+"""Our own PyTorch implementations of Hugging Face architectures, chosen by `registry`."""

@@ -1,0 +1,216 @@
+"""The Llama family: Llama 2/3 (with Llama 3 rope scaling), Mistral, SmolLM; and the base of the
+Qwen families, which differ only in their attention projections (see qwen2.py, qwen3.py).
+
+Weights keep Hugging Face's names, except that q/k/v and gate/up projections are fused into one
+matrix each (`qkv_proj`, `gate_up_proj`): `load_weights` stacks the checkpoint's shards into them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from srt.layers.activation import SiluAndMul
+from srt.layers.forward_batch import ForwardBatch
+from srt.layers.layernorm import RMSNorm
+from srt.layers.logits_processor import compute_logits
+from srt.layers.radix_attention import RadixAttention
+from srt.layers.rotary_embedding import RotaryEmbedding, rope_parameters
+
+# checkpoint name part -> (fused parameter name part, shard index)
+STACKED_PARAMS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def head_dim_of(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    qkv_bias: bool = False  # Qwen2 sets this
+    qk_norm: bool = False  # Qwen3 sets this
+
+    def __init__(self, config: Any, layer_id: int) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = head_dim_of(config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = getattr(config, "attention_bias", False)
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias or self.qkv_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(
+            self.head_dim, config.max_position_embeddings, rope_parameters(config)
+        )
+        self.attn = RadixAttention(
+            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id
+        )
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, forward_batch))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: Any, layer_id: int, attention_cls: type[LlamaAttention]) -> None:
+        super().__init__()
+        self.self_attn = attention_cls(config, layer_id)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor,
+        forward_batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`hidden` is the previous layer's output, not yet added to the residual stream."""
+        hidden, residual = self.input_layernorm.forward_with_residual(hidden, residual)
+        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden, residual = self.post_attention_layernorm.forward_with_residual(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: Any, attention_cls: type[LlamaAttention]) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, attention_cls) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = torch.zeros_like(hidden)
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, forward_batch)
+        hidden, _ = self.norm.forward_with_residual(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    attention_cls: type[LlamaAttention] = LlamaAttention
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, self.attention_cls)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        if self.tie_word_embeddings:
+            return self.model.embed_tokens.weight
+        return self.lm_head.weight
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        """[batch, vocab] float32 logits of each sequence's next token."""
+        hidden = self.model(input_ids, positions, forward_batch)
+        return compute_logits(hidden, self.lm_head_weight, forward_batch)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies checkpoint tensors (Hugging Face names) into the parameters; every parameter
+        must be filled exactly once, shards of fused parameters included."""
+        params = dict(self.named_parameters())
+        filled: dict[str, int] = dict.fromkeys(params, 0)
+        expected = {name: self._shard_count(name) for name in params}
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            target, shard = self._target_of(name)
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name} has no place in {type(self).__name__}")
+            param = params[target]
+            with torch.no_grad():
+                if shard is None:
+                    _copy_checked(param, tensor, name)
+                else:
+                    _copy_shard(param, tensor, shard, self._shard_sizes(target), name)
+            filled[target] += 1
+        missing = [n for n, count in filled.items() if count != expected[n]]
+        if missing:
+            raise ValueError(f"checkpoint lacks weights for {', '.join(sorted(missing)[:8])}")
+
+    def _target_of(self, name: str) -> tuple[str, int | None]:
+        for part, (fused, shard) in STACKED_PARAMS.items():
+            if f".{part}." in name:
+                return name.replace(f".{part}.", f".{fused}."), shard
+        return name, None
+
+    def _shard_count(self, name: str) -> int:
+        if ".qkv_proj." in name:
+            return 3
+        if ".gate_up_proj." in name:
+            return 2
+        return 1
+
+    def _shard_sizes(self, name: str) -> list[int]:
+        config = self.config
+        if ".qkv_proj." in name:
+            head_dim = head_dim_of(config)
+            kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            kv_size = kv_heads * head_dim
+            return [config.num_attention_heads * head_dim, kv_size, kv_size]
+        return [config.intermediate_size] * 2
+
+
+def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+    if param.shape != tensor.shape:
+        raise ValueError(
+            f"{name}: checkpoint shape {tuple(tensor.shape)}, model {tuple(param.shape)}"
+        )
+    param.copy_(tensor)
+
+
+def _copy_shard(
+    param: torch.Tensor, tensor: torch.Tensor, shard: int, sizes: list[int], name: str
+) -> None:
+    start = sum(sizes[:shard])
+    _copy_checked(param.narrow(0, start, sizes[shard]), tensor, name)

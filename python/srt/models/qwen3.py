@@ -1,0 +1,13 @@
+"""Qwen3: the Llama architecture with RMSNorm on each query and key head before rotary."""
+
+from __future__ import annotations
+
+from srt.models.llama import LlamaAttention, LlamaForCausalLM
+
+
+class Qwen3Attention(LlamaAttention):
+    qk_norm = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    attention_cls = Qwen3Attention

@@ -1,0 +1,66 @@
+"""Driving a ModelRunner by hand in tests: a stand-in for the scheduler's bookkeeping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from srt.model_executor.model_runner import ModelRunner
+from srt.server_args import ServerArgs
+
+
+def make_runner(path: Path | str, **overrides: object) -> ModelRunner:
+    settings: dict[str, object] = {
+        "device": "cpu",
+        "dtype": "float32",
+        "max_total_tokens": 4096,
+        "max_running_requests": 16,
+        "attention_backend": "torch_native",
+    }
+    settings.update(overrides)
+    return ModelRunner(ServerArgs(**settings), str(path))  # type: ignore[arg-type]
+
+
+class SlotBook:
+    """Hands out fresh KV slots (never slot 0) in order; enough for a test's few sequences."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.next_slot = 1
+        self.limit = runner.max_total_tokens
+
+    def take(self, n: int) -> torch.Tensor:
+        assert self.next_slot + n <= self.limit + 1, "test ran out of KV slots"
+        slots = torch.arange(self.next_slot, self.next_slot + n)
+        self.next_slot += n
+        return slots
+
+
+def greedy_generate(
+    runner: ModelRunner, prompts: list[list[int]], max_new_tokens: int, banned: set[int]
+) -> list[list[int]]:
+    """Greedy decoding of several prompts in one batch: one extend, then decode steps.
+    Token ids in `banned` are never chosen (as transformers' min_new_tokens does for EOS)."""
+    book = SlotBook(runner)
+    rows = runner.req_to_token_pool.alloc(len(prompts))
+    assert rows is not None
+    try:
+        batch = runner.prepare_extend(
+            rows, [0] * len(prompts), prompts, book.take(sum(len(p) for p in prompts))
+        )
+        outputs: list[list[int]] = [[] for _ in prompts]
+        seq_lens = [len(p) for p in prompts]
+        for step in range(max_new_tokens):
+            logits = runner.forward(batch)
+            if banned:
+                logits = logits.index_fill(1, torch.tensor(sorted(banned)), float("-inf"))
+            next_ids = logits.argmax(dim=-1).tolist()
+            for out, token in zip(outputs, next_ids, strict=True):
+                out.append(token)
+            if step + 1 == max_new_tokens:
+                break
+            seq_lens = [n + 1 for n in seq_lens]
+            batch = runner.prepare_decode(rows, seq_lens, next_ids, book.take(len(rows)))
+        return outputs
+    finally:
+        runner.req_to_token_pool.free(rows)

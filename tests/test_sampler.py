@@ -1,0 +1,122 @@
+"""The batched sampler: each request's parameters act on its own row only."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from srt.layers.sampler import SamplingRow, sample
+
+VOCAB = 50
+
+
+def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_is_argmax_and_logprobs_are_raw() -> None:
+    logits = random_logits(4)
+    out = sample(logits, [SamplingRow(temperature=0.0, top_logprobs_num=3)] * 4)
+    assert out.next_ids == logits.argmax(-1).tolist()
+    raw = torch.log_softmax(logits, -1)
+    for i, token in enumerate(out.next_ids):
+        assert out.logprobs[i] == pytest.approx(float(raw[i, token]), abs=1e-6)
+        best = raw[i].topk(3)
+        assert [t for t, _ in out.top_logprobs[i]] == best.indices.tolist()
+        assert [v for _, v in out.top_logprobs[i]] == pytest.approx(best.values.tolist())
+
+
+def test_top_k_one_is_greedy_at_any_temperature() -> None:
+    logits = random_logits(3)
+    out = sample(logits, [SamplingRow(temperature=5.0, top_k=1)] * 3)
+    assert out.next_ids == logits.argmax(-1).tolist()
+
+
+def empirical(logits: torch.Tensor, row: SamplingRow, draws: int = 4000) -> torch.Tensor:
+    out = sample(logits.expand(draws, -1).contiguous(), [row] * draws)
+    return torch.bincount(torch.tensor(out.next_ids), minlength=logits.shape[1]).float() / draws
+
+
+def test_temperature_sampling_follows_softmax() -> None:
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    freq = empirical(logits, SamplingRow(temperature=0.5))
+    expected = torch.softmax(logits[0] / 0.5, -1)
+    assert torch.allclose(freq, expected, atol=0.03)
+
+
+@pytest.mark.parametrize(
+    ("row", "allowed"),
+    [
+        (SamplingRow(top_k=2), {0, 1}),
+        (SamplingRow(top_p=0.7), {0, 1}),  # p = .64, .24, .09, .03: .64 < .7 keeps token 1
+        (SamplingRow(min_p=0.2), {0, 1}),  # .09 < .2 * .64
+    ],
+)
+def test_filters_keep_only_allowed_tokens(row: SamplingRow, allowed: set[int]) -> None:
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.64, 0.24, 0.09, 0.03]]))
+    freq = empirical(logits, row)
+    assert {i for i, f in enumerate(freq.tolist()) if f > 0} == allowed
+
+
+def test_banned_ids_and_logit_bias() -> None:
+    logits = random_logits(2)
+    best = logits.argmax(-1).tolist()
+    out = sample(logits, [SamplingRow(temperature=0.0, banned_ids=(best[0],)),
+                          SamplingRow(temperature=0.0, logit_bias=((7, 100.0),))])  # fmt: skip
+    assert out.next_ids[0] != best[0]
+    assert out.next_ids[1] == 7
+
+
+def test_penalties() -> None:
+    logits = torch.tensor([[3.0, 2.9, -1.0, 0.0]])
+    # Repetition penalty divides positive and multiplies negative logits of seen tokens.
+    out = sample(logits, [SamplingRow(temperature=0.0, repetition_penalty=2.0, prompt_ids=(0,))])
+    assert out.next_ids == [1]
+    # Frequency: 0.06 per occurrence; presence: a flat 0.2 once seen.
+    out = sample(logits, [SamplingRow(temperature=0.0, frequency_penalty=0.06, output_ids=(0, 0))])
+    assert out.next_ids == [1]
+    out = sample(logits, [SamplingRow(temperature=0.0, frequency_penalty=0.04, output_ids=(0, 0))])
+    assert out.next_ids == [0]
+    out = sample(logits, [SamplingRow(temperature=0.0, presence_penalty=0.2, output_ids=(0,))])
+    assert out.next_ids == [1]
+
+
+def seeded_tokens(seed: int, batch_mates: int, steps: int = 20) -> list[int]:
+    row = SamplingRow(temperature=1.0, generator=torch.Generator().manual_seed(seed))
+    tokens = []
+    for step in range(steps):
+        own = random_logits(1, seed=step)
+        mates = random_logits(batch_mates, seed=1000 + step)
+        rows = [SamplingRow(temperature=1.0)] * batch_mates
+        tokens.append(sample(torch.cat([mates, own]), [*rows, row]).next_ids[-1])
+    return tokens
+
+
+def test_seed_reproducible_whatever_the_batch() -> None:
+    alone = seeded_tokens(1234, batch_mates=0)
+    assert seeded_tokens(1234, batch_mates=5) == alone
+    assert seeded_tokens(1234, batch_mates=2) == alone
+    assert seeded_tokens(99, batch_mates=0) != alone
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-6, 1.0, 1e6])
+def test_never_nan(temperature: float) -> None:
+    logits = torch.tensor(
+        [[math.nan, 1.0, 2.0], [-math.inf, -math.inf, -math.inf], [1e30, -1e30, 0.0]]
+    )
+    rows = [SamplingRow(temperature=temperature, top_p=0.5, top_k=2, min_p=0.1)] * 3
+    out = sample(logits, rows)
+    assert all(0 <= t < 3 for t in out.next_ids)
+    assert out.next_ids[0] != 0  # the NaN logit is never chosen
+    assert not any(math.isnan(v) for v in out.logprobs[::2])
+    all_banned = sample(logits[:1], [SamplingRow(temperature=1.0, banned_ids=(0, 1, 2))])
+    assert 0 <= all_banned.next_ids[0] < 3
+
+
+def test_rejects_mismatched_rows() -> None:
+    with pytest.raises(ValueError, match="rows"):
+        sample(random_logits(2), [SamplingRow()])

@@ -1,0 +1,56 @@
+"""Weights from a GGUF file equal the same weights prepared by transformers; errors are clear."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from runner_helpers import make_runner
+
+from srt.model_executor.model_config import ModelConfig
+from srt.model_executor.weight_loader import iterate_weights
+from srt.testing.smollm2 import smollm2_gguf
+
+
+@pytest.mark.slow
+def test_gguf_weights_equal_the_prepared_directory(smollm2: Path) -> None:
+    gguf = smollm2_gguf()
+    assert gguf is not None
+    config = ModelConfig.load(str(gguf), "float32", torch.device("cpu"))
+    from_gguf = dict(iterate_weights(config.model_path, config.gguf_file, config.hf_config))
+    from_dir = dict(iterate_weights(str(smollm2), None, config.hf_config))
+    assert from_gguf.keys() == from_dir.keys()
+    for name, tensor in from_dir.items():
+        assert torch.equal(from_gguf[name], tensor), name
+
+
+@pytest.mark.slow
+def test_runner_serves_the_gguf_file(smollm2: Path) -> None:
+    gguf = smollm2_gguf()
+    runner = make_runner(str(gguf), max_total_tokens=256)
+    assert runner.model_config.gguf_file == gguf.name  # type: ignore[union-attr]
+    assert runner.model_config.context_length == 8192
+    assert 2 in runner.model_config.eos_token_ids
+
+
+def test_unsupported_architecture_lists_the_supported(
+    tiny_model_factory: Callable[[str], Path], tmp_path: Path
+) -> None:
+    source = tiny_model_factory("qwen2")
+    target = tmp_path / "model"
+    target.mkdir()
+    for file in source.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    config = (target / "config.json").read_text().replace("Qwen2ForCausalLM", "GPT2LMHeadModel")
+    (target / "config.json").write_text(config)
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM.*Qwen3ForCausalLM"):
+        make_runner(target)
+
+
+def test_context_length_beyond_the_model_is_refused(
+    tiny_model_factory: Callable[[str], Path],
+) -> None:
+    with pytest.raises(ValueError, match="--context-length 4096 exceeds"):
+        make_runner(tiny_model_factory("llama"), context_length=4096)
