@@ -1,11 +1,30 @@
 //! The binding layer: exposes `srt-core` to Python as the private module `srt._rust`.
-//! Only ints, bytes and strings cross this boundary; the Python facades in `srt` are its only
-//! importers.
+//! Only ints, lists of ints, bytes and strings cross this boundary; the Python facades in `srt`
+//! are its only importers. Each core structure has one binding file that registers its classes.
 
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+
+create_exception!(
+    _rust,
+    InvariantError,
+    PyRuntimeError,
+    "A data structure of srt's Rust core found one of its invariants broken (a bug in srt)."
+);
+
+/// Maps a core error to its Python exception: bad arguments become `ValueError`, broken
+/// invariants `InvariantError`.
+pub(crate) fn to_py_err(error: srt_core::Error) -> PyErr {
+    match error {
+        srt_core::Error::InvalidArgument(message) => PyValueError::new_err(message),
+        srt_core::Error::Invariant(message) => InvariantError::new_err(message),
+    }
+}
 
 #[pymodule]
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", srt_core::VERSION)?;
+    m.add("InvariantError", m.py().get_type::<InvariantError>())?;
     Ok(())
 }
