@@ -27,7 +27,7 @@ class RadixCache:
     """Token-id prefixes → KV slots, with lock counts and LRU eviction.
 
     With `page_size > 1` keys are matched and inserted in whole pages only. When an allocator
-    is given, evicted slots are freed into it.
+    is given, `evict` frees evicted slots into it.
     """
 
     def __init__(
@@ -73,15 +73,17 @@ class RadixCache:
         """Undoes one `inc_lock_ref`; returns the change of the evictable size."""
         return self._tree.unlock(node)
 
-    def evict(self, num_tokens: int) -> list[int]:
-        """Evicts LRU unlocked leaves until `num_tokens` slots are out or none are evictable.
-
-        Returns the evicted slots, after freeing them into the allocator if there is one.
+    def evict(self, num_tokens: int) -> int:
+        """Evicts LRU unlocked leaves until `num_tokens` slots are out or none are evictable,
+        freeing their slots into the allocator (inside Rust); returns how many were evicted.
         """
-        slots = self._tree.evict(num_tokens)
-        if self.token_to_kv_pool_allocator is not None:
-            self.token_to_kv_pool_allocator.free(slots)
-        return slots
+        if self.token_to_kv_pool_allocator is None:
+            raise ValueError("evict needs an allocator to free into; use evict_slots")
+        return self._tree.evict_into(self.token_to_kv_pool_allocator._pool, num_tokens)
+
+    def evict_slots(self, num_tokens: int) -> list[int]:
+        """Evicts like `evict` but returns the slots instead of freeing them: the caller must."""
+        return self._tree.evict(num_tokens)
 
     def evictable_size(self) -> int:
         """Slots held by unlocked nodes."""

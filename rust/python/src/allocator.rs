@@ -15,6 +15,13 @@ pub(crate) struct PyTokenAllocator {
     ints: IntCache,
 }
 
+impl PyTokenAllocator {
+    /// The core allocator, for the radix tree's `evict_into`.
+    pub(crate) fn inner_mut(&mut self) -> &mut TokenAllocator {
+        &mut self.inner
+    }
+}
+
 #[pymethods]
 impl PyTokenAllocator {
     #[new]

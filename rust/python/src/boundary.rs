@@ -18,33 +18,40 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Ints {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        // Lists (what the scheduler passes) are read item by item without the iterator
-        // protocol; other sequences take pyo3's generic path.
-        let Ok(list) = obj.cast::<PyList>() else {
-            return Ok(Ints(obj.extract()?));
-        };
-        let len = list.len();
-        let mut ids = Vec::with_capacity(len);
-        for i in 0..len {
-            // SAFETY: `list` is a live list (we hold the GIL and a reference to it) and
-            // `i < len`; nothing runs between the calls that could shrink it, since reading an
-            // exact int runs no Python code. `PyList_GetItem` returns a borrowed reference that
-            // stays valid while the list holds it, and we drop it before the next call.
-            let item = unsafe { ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t) };
-            if item.is_null() {
-                return Err(PyErr::fetch(obj.py()));
-            }
-            // SAFETY: `item` is a valid borrowed pointer (checked above).
-            let value = unsafe { ffi::PyLong_AsLong(item) };
-            if value == -1 && PyErr::occurred(obj.py()) {
-                return Err(PyErr::fetch(obj.py()));
-            }
-            let id = u32::try_from(value)
-                .map_err(|_| PyOverflowError::new_err(format!("id {value} does not fit in u32")))?;
-            ids.push(id);
-        }
-        Ok(Ints(ids))
+        let len = obj.len()?;
+        read_ints(&obj, 0, len).map(Ints)
     }
+}
+
+/// Items `start..end` of a sequence of ints (`end` at most its length), each fitting in `u32`.
+/// Lists (what the scheduler passes) are read in place without the iterator protocol; other
+/// sequences take pyo3's generic path.
+pub(crate) fn read_ints(obj: &Bound<'_, PyAny>, start: usize, end: usize) -> PyResult<Vec<u32>> {
+    let Ok(list) = obj.cast::<PyList>() else {
+        let all: Vec<u32> = obj.extract()?;
+        return Ok(all.get(start..end).unwrap_or_default().to_vec());
+    };
+    let end = end.min(list.len());
+    let mut ids = Vec::with_capacity(end.saturating_sub(start));
+    for i in start..end {
+        // SAFETY: `list` is a live list (we hold the GIL and a reference to it) and
+        // `i < end <= len`; nothing runs between the calls that could shrink it, since reading
+        // an int runs no Python code. `PyList_GetItem` returns a borrowed reference that stays
+        // valid while the list holds it, and we are done with it before the next call.
+        let item = unsafe { ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t) };
+        if item.is_null() {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        // SAFETY: `item` is a valid borrowed pointer (checked above).
+        let value = unsafe { ffi::PyLong_AsLong(item) };
+        if value == -1 && PyErr::occurred(obj.py()) {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        let id = u32::try_from(value)
+            .map_err(|_| PyOverflowError::new_err(format!("id {value} does not fit in u32")))?;
+        ids.push(id);
+    }
+    Ok(ids)
 }
 
 /// Python int objects for ids `0..len`, made once and shared by every list handed out, as

@@ -1,11 +1,13 @@
 //! `srt._rust.RadixTree`: the binding of `srt_core::RadixTree`. Node handles are plain ints;
 //! token and slot runs are lists of ints. Long runs are processed without the GIL.
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use srt_core::{NodeHandle, RadixTree};
+use srt_core::{Error, NodeHandle, RadixTree};
 
-use crate::boundary::{maybe_detach, IntCache, Ints};
+use crate::allocator::PyTokenAllocator;
+use crate::boundary::{maybe_detach, read_ints, IntCache, Ints};
 use crate::to_py_err;
 
 /// The prefix cache's radix tree: token-id prefixes → the KV slots that hold them.
@@ -46,9 +48,25 @@ impl PyRadixTree {
         Ok((self.ints.list(py, &slots)?, node))
     }
 
-    fn insert(&mut self, py: Python<'_>, tokens: Ints, slots: Ints) -> PyResult<usize> {
-        let inner = &mut self.inner;
-        maybe_detach(py, tokens.0.len(), || inner.insert(&tokens.0, &slots.0)).map_err(to_py_err)
+    /// Reads only the slots of the part not cached yet (the scheduler's inserts are mostly
+    /// cached already), with the GIL held since they come from a Python list.
+    fn insert(&mut self, tokens: Ints, slots: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let (num_tokens, num_slots) = (tokens.0.len(), slots.len()?);
+        if num_tokens != num_slots {
+            return Err(PyValueError::new_err(format!(
+                "insert got {num_tokens} tokens but {num_slots} slots"
+            )));
+        }
+        let mut read_error = None;
+        let result = self.inner.insert_with(&tokens.0, |start, end| {
+            read_ints(slots, start, end)
+                .map_err(|e| read_error = Some(e))
+                .ok()
+        });
+        match read_error {
+            Some(error) => Err(error),
+            None => result.map_err(to_py_err),
+        }
     }
 
     fn lock(&mut self, node: NodeHandle) -> PyResult<i64> {
@@ -63,6 +81,25 @@ impl PyRadixTree {
         let inner = &mut self.inner;
         let slots = maybe_detach(py, inner.evictable_size(), || inner.evict(num_tokens));
         self.ints.list(py, &slots)
+    }
+
+    /// Evicts like `evict` and frees the slots straight into `allocator`, so they never become
+    /// Python ints; returns how many were evicted. A slot the allocator refuses means the tree
+    /// held a slot that was not allocated: an `InvariantError`.
+    fn evict_into(
+        &mut self,
+        py: Python<'_>,
+        mut allocator: PyRefMut<'_, PyTokenAllocator>,
+        num_tokens: usize,
+    ) -> PyResult<usize> {
+        let (tree, pool) = (&mut self.inner, allocator.inner_mut());
+        maybe_detach(py, tree.evictable_size(), || {
+            let slots = tree.evict(num_tokens);
+            pool.free(&slots)
+                .map_err(|e| Error::Invariant(format!("evicted {e}")))?;
+            Ok(slots.len())
+        })
+        .map_err(to_py_err)
     }
 
     fn evictable_size(&self) -> usize {
