@@ -33,7 +33,7 @@ class TreeNode:
 
 def _key_match(key0: Sequence[int], key1: Sequence[int]) -> int:
     i = 0
-    for k0, k1 in zip(key0, key1):
+    for k0, k1 in zip(key0, key1, strict=False):
         if k0 != k1:
             break
         i += 1

@@ -27,9 +27,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from py_baselines import PyFreeList, PyRadixCache  # noqa: E402
+from py_baselines import PyFreeList, PyRadixCache
 
-from srt.mem_cache import RadixCache, TokenToKVPoolAllocator  # noqa: E402
+from srt.mem_cache import RadixCache, TokenToKVPoolAllocator
 
 VOCAB = 32_000
 POOL_SIZE = 200_000
@@ -124,7 +124,7 @@ def simulate(cache: Any, allocator: Any, work: Workload, seed: int) -> _Timers:
         if new is None:
             raise RuntimeError("the KV pool is too small for the running batch")
         still_running = []
-        for req, slot in zip(running, new):
+        for req, slot in zip(running, new, strict=True):
             req.tokens.append(req.output[req.generated])
             req.slots.append(slot)
             req.generated += 1
