@@ -101,7 +101,7 @@ class PyRadixCache:
             new_node.parent = node
             new_node.key = key
             new_node.value = value
-            new_node.last_access_time = now
+            new_node.last_access_time = self._tick()  # stamped after the walk, as in SGLang
             node.children[key[0]] = new_node
             self.evictable_size_ += len(value)
         return total_prefix_length

@@ -176,7 +176,10 @@ impl RadixTree {
                     value.len()
                 )));
             }
-            let leaf = self.new_node(tokens[pos..len].to_vec(), value, node, now);
+            // A new leaf counts as newer than the path it hangs from, as in SGLang, where it is
+            // stamped after the walk; so two leaves never tie in the LRU order.
+            let created = self.tick();
+            let leaf = self.new_node(tokens[pos..len].to_vec(), value, node, created);
             self.nodes[node as usize]
                 .children
                 .insert(&tokens[pos..pos + self.page_size], leaf);
