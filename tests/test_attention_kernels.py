@@ -8,6 +8,9 @@ launch hold NaN: a stray read or a missed write shows up as NaN in the compariso
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -261,3 +264,51 @@ def test_decode_rejects_bad_arguments(name: str, bad: torch.Tensor | int, messag
     args[name] = bad
     with pytest.raises(ValueError, match=message):
         decode_attention_fwd(**args, sm_scale=0.25)  # type: ignore[arg-type]
+
+
+# Compiles every kernel for an sm_90 GPU (to a cubin) with the launchers' GPU tile sizes (see
+# extend_attention._tile_sizes; float16 lowers like bfloat16 and is left out for time), in a
+# fresh interpreter-free process: the interpreter accepts programs the compiler rejects.
+COMPILE_FOR_GPU = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from srt.kernels import decode_attention as da, extend_attention as ea
+
+INDEX = {"req_to_token_ptr": "*i32", "req_pool_indices_ptr": "*i64", "seq_lens_ptr": "*i32",
+         "extend_seq_lens_ptr": "*i32", "extend_start_loc_ptr": "*i64", "scratch_ptr": "*fp32"}
+for dtype, precision in (("bf16", None), ("fp32", "ieee")):
+    block = 64 if dtype == "bf16" else 32
+    for fn, consts in (
+        (ea._extend_attention_kernel,
+         dict(GROUP=4, BLOCK_M=block, BLOCK_N=block, BLOCK_D=128, PRECISION=precision)),
+        (da._decode_stage1_kernel,
+         dict(GROUP=4, NUM_SPLITS=8, BLOCK_H=16, BLOCK_N=64, BLOCK_D=128, PRECISION=precision)),
+        (da._decode_stage2_kernel, dict(NUM_SPLITS=8, BLOCK_D=128)),
+    ):
+        signature = {
+            name: "constexpr" if name in consts
+            else INDEX.get(name, "*" + dtype) if name.endswith("_ptr")
+            else "fp32" if name == "qk_scale" else "i32"
+            for name in fn.arg_names
+        }
+        constexprs = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+        compiled = triton.compile(
+            ASTSource(fn, signature, constexprs=constexprs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": 4, "num_stages": 2},
+        )
+        assert compiled.asm["cubin"], (dtype, fn)
+print("compiled")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the other tests compile them")
+def test_kernels_compile_for_gpu() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_GPU], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "compiled"

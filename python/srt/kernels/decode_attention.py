@@ -233,7 +233,7 @@ def decode_attention_fwd(
 
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    precision = "ieee" if q.dtype == torch.float32 else None
     grid1 = (batch, num_kv_heads * triton.cdiv(group, _BLOCK_H), num_kv_splits)
     _decode_stage1_kernel[grid1](
         q,

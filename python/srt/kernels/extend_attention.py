@@ -151,6 +151,16 @@ def _extend_attention_kernel(
     )
 
 
+def _tile_sizes(q: torch.Tensor) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): large tiles on a GPU, halved where float32 or wide heads would spill
+    registers; small ones in the CPU interpreter, which keeps it quick and exercises the loops."""
+    if not q.is_cuda:
+        return 16, 16
+    if q.dtype == torch.float32:
+        return 32, 32
+    return 64, 32 if q.shape[2] > 128 else 64
+
+
 def _check_index(name: str, t: torch.Tensor, length: int) -> None:
     if t.shape != (length,) or t.dtype not in (torch.int32, torch.int64):
         raise ValueError(
@@ -235,10 +245,7 @@ def extend_attention_fwd(
     if batch == 0 or max_extend_len <= 0 or total == 0:
         return
 
-    # Larger tiles on a GPU; small ones keep the CPU interpreter quick and exercise the block loops.
-    block_m, block_n = (64, 64) if q_extend.is_cuda else (16, 16)
-    if q_extend.is_cuda and head_dim > 128:
-        block_n = 32
+    block_m, block_n = _tile_sizes(q_extend)
     grid = (batch, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_attention_kernel[grid](
         q_extend,
@@ -271,7 +278,7 @@ def extend_attention_fwd(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        PRECISION="ieee" if q_extend.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q_extend.dtype == torch.float32 else None,
         num_warps=4,
         num_stages=1,
     )
