@@ -176,12 +176,17 @@ def decode_attention_fwd(
     scratch: torch.Tensor | None = None,
 ) -> None:
     """Writes into `o` the attention of each request's one new token (`q[i]`) over its
-    `seq_lens[i]` cached tokens, read through `req_to_token[req_pool_indices[i]]`. Layouts: see
+    `seq_lens[i]` cached tokens, read through `req_to_token[req_pool_indices[i]]`. Scores are
+    `sm_scale * q.k` (the caller passes 1/sqrt(head_dim) or the model's own scale). Layouts: see
     the module docstring.
 
-    `scratch`, when given, is the float32 [batch, num_heads, num_kv_splits, head_dim + 1] buffer
-    for the split partials (contiguous in its last dimension); otherwise one is allocated. The
-    index values are trusted: the rows and columns they name must exist.
+    `req_pool_indices` and `seq_lens` hold one int32/int64 value per request, on the tensors'
+    device. `num_kv_splits` is a compile-time constant of the kernels (each distinct value
+    compiles once); more splits than a request has tokens is fine. `scratch`, when given, is the
+    float32 [batch, num_heads, num_kv_splits, head_dim + 1] buffer for the split partials
+    (contiguous in its last dimension; preallocate it for CUDA graphs); otherwise one is
+    allocated. Index values are trusted, not checked: every row, column and slot they name must
+    exist.
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [batch, num_heads, head_dim], got {tuple(q.shape)}")

@@ -194,11 +194,16 @@ def extend_attention_fwd(
 ) -> None:
     """Writes into `o_extend` the attention of each request's new tokens over its cached prefix
     (`seq_lens[i] - extend_seq_lens[i]` tokens, read from the caches through `req_to_token`) and,
-    causally, over its new tokens (`k_extend`/`v_extend`). Layouts: see the module docstring.
+    causally, over its new tokens (`k_extend`/`v_extend`): new token j of request i sees the whole
+    prefix and new tokens 0..j. Scores are `sm_scale * q.k` (the caller passes 1/sqrt(head_dim)
+    or the model's own scale). Layouts: see the module docstring.
 
-    `max_extend_len` bounds `extend_seq_lens` (it sizes the launch grid); when None it is read
-    from `extend_seq_lens`, which synchronizes with the device. The index values are trusted:
-    `seq_lens[i] >= extend_seq_lens[i] >= 0` and the rows they name must exist.
+    `req_pool_indices`, `seq_lens`, `extend_seq_lens` and `extend_start_loc` hold one int32/int64
+    value per request, on the tensors' device. `max_extend_len` must be at least
+    `max(extend_seq_lens)` (it sizes the launch grid; rows past it are left unwritten); when None
+    it is read from `extend_seq_lens`, which synchronizes with the device. Index values are
+    trusted, not checked: `seq_lens[i] >= extend_seq_lens[i] >= 0`, and every row, column and slot
+    they name must exist.
     """
     if q_extend.dim() != 3:
         raise ValueError(
@@ -237,8 +242,8 @@ def extend_attention_fwd(
         ("extend_start_loc", extend_start_loc),
     ):
         _check_index(name, t, batch)
-    all_tensors = (*tensors, req_to_token, req_pool_indices, seq_lens)
-    if len({t.device for t in (*all_tensors, extend_seq_lens, extend_start_loc)}) != 1:
+    indices = (req_to_token, req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc)
+    if len({t.device for t in (*tensors, *indices)}) != 1:
         raise ValueError("all tensors must be on one device")
     if max_extend_len is None:
         max_extend_len = int(extend_seq_lens.max().item()) if batch > 0 else 0
