@@ -61,7 +61,7 @@ def bench_srt(runner: ModelRunner, prompts: torch.Tensor, output_len: int) -> di
             next_ids = logits.argmax(-1).tolist()
             seq_lens = [n + 1 for n in seq_lens]
             batch = runner.prepare_decode(rows, seq_lens, next_ids, slots(batch_size))
-            step_s, logits = timed(lambda: runner.forward(batch), device)
+            step_s, logits = timed(lambda b=batch: runner.forward(b), device)
             steps.append(step_s)
     finally:
         runner.req_to_token_pool.free(rows)

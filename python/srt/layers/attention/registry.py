@@ -16,8 +16,15 @@ def _torch_native() -> AttentionBackend:
     return TorchNativeAttnBackend()
 
 
+def _triton() -> AttentionBackend:
+    from srt.layers.attention.triton_backend import TritonAttnBackend
+
+    return TritonAttnBackend()
+
+
 ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
     "torch_native": _torch_native,
+    "triton": _triton,
 }
 
 
