@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,14 @@ def bench_srt(runner: ModelRunner, prompts: torch.Tensor, output_len: int) -> di
         batch = runner.prepare_extend(
             rows, [0] * batch_size, prompts.tolist(), slots(batch_size * input_len)
         )
-        prefill_s, logits = timed(lambda: runner.forward(batch), device)
+        prefill_s, logits = timed(partial(runner.forward, batch), device)
         seq_lens = [input_len] * batch_size
         steps = []
         for _ in range(output_len):
             next_ids = logits.argmax(-1).tolist()
             seq_lens = [n + 1 for n in seq_lens]
             batch = runner.prepare_decode(rows, seq_lens, next_ids, slots(batch_size))
-            step_s, logits = timed(lambda b=batch: runner.forward(b), device)
+            step_s, logits = timed(partial(runner.forward, batch), device)
             steps.append(step_s)
     finally:
         runner.req_to_token_pool.free(rows)
@@ -72,13 +73,11 @@ def bench_srt(runner: ModelRunner, prompts: torch.Tensor, output_len: int) -> di
 def bench_hf(model: Any, prompts: torch.Tensor, output_len: int) -> dict[str, float]:
     device = prompts.device
     cache = DynamicCache()
-    prefill_s, out = timed(lambda: model(prompts, past_key_values=cache, use_cache=True), device)
+    prefill_s, out = timed(partial(model, prompts, past_key_values=cache, use_cache=True), device)
     steps = []
     for _ in range(output_len):
         next_ids = out.logits[:, -1].argmax(-1, keepdim=True)
-        step_s, out = timed(
-            lambda ids=next_ids: model(ids, past_key_values=cache, use_cache=True), device
-        )
+        step_s, out = timed(partial(model, next_ids, past_key_values=cache, use_cache=True), device)
         steps.append(step_s)
     return {"prefill_s": prefill_s, "decode_step_s": statistics.median(steps)}
 
@@ -104,13 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     runner = ModelRunner(server_args, args.model)
     device = runner.device
-    hf = None
+    hf: Any = None
     if not args.no_hf:
         hf = AutoModelForCausalLM.from_pretrained(
             runner.model_config.model_path,
             gguf_file=runner.model_config.gguf_file,
             dtype=runner.model_config.dtype,
-        ).to(device)
+            device_map=str(device),
+        )
         hf.eval()
 
     generator = torch.Generator().manual_seed(0)
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = torch.randint(
             100, runner.model_config.vocab_size, (batch_size, args.input_len), generator=generator
         )
-        entry = {"srt": bench_srt(runner, prompts, args.output_len)}
+        entry: dict[str, Any] = {"srt": bench_srt(runner, prompts, args.output_len)}
         if hf is not None:
             entry["hf"] = bench_hf(hf, prompts.to(device), args.output_len)
             entry["decode_speedup_vs_hf"] = (

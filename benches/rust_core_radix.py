@@ -100,7 +100,7 @@ def simulate(cache: Any, allocator: Any, work: Workload, seed: int) -> _Timers:
         start = clock()
         slots = allocator.alloc(n)
         t.alloc += clock() - start
-        return slots  # type: ignore[no-any-return]
+        return slots
 
     while waiting or running:
         while waiting and len(running) < MAX_RUNNING:
