@@ -7,3 +7,27 @@ __version__: str
 
 class InvariantError(RuntimeError):
     """A data structure of srt's Rust core found one of its invariants broken (a bug in srt)."""
+
+# --- incremental detokenizer (rust/python/src/detokenizer.rs) ---
+
+class IncrementalDetokenizer:
+    """Incremental detokenizer over a `tokenizer.json`, with the decode state of many requests."""
+
+    def __init__(self, tokenizer_json: str) -> None: ...
+    def add_request(
+        self,
+        rid: str,
+        *,
+        skip_special_tokens: bool,
+        stop: list[str],
+        include_stop_str_in_output: bool,
+        context_ids: list[int],
+    ) -> None: ...
+    def step(self, rid: str, new_ids: list[int]) -> tuple[str, str | None]: ...
+    def step_batch(
+        self, rids: list[str], new_ids: list[list[int]]
+    ) -> list[tuple[str, str | None]]: ...
+    def finish(self, rid: str) -> tuple[str, str | None]: ...
+    def free(self, rid: str) -> None: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, rid: str) -> bool: ...

@@ -1,7 +1,9 @@
 //! The pure Rust core of srt. Nothing here knows about Python: the pyo3 bindings live in the
 //! `srt-python` crate, which is the only place where Python types appear.
 
+pub mod detokenizer;
 pub mod error;
+pub mod stop;
 
 pub use error::{Error, Result};
 

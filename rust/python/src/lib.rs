@@ -2,6 +2,8 @@
 //! Only ints, lists of ints, bytes and strings cross this boundary; the Python facades in `srt`
 //! are its only importers. Each core structure has one binding file that registers its classes.
 
+mod detokenizer;
+
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -26,5 +28,6 @@ pub(crate) fn to_py_err(error: srt_core::Error) -> PyErr {
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", srt_core::VERSION)?;
     m.add("InvariantError", m.py().get_type::<InvariantError>())?;
+    detokenizer::register(m)?;
     Ok(())
 }
