@@ -256,7 +256,7 @@ def test_held_back_text_waits_for_finish(
     detok: IncrementalDetokenizer, hf: PreTrainedTokenizerBase
 ) -> None:
     ids = hf.encode("answer: 42 </ans", add_special_tokens=False)
-    detok.add_request("r", stop=["</answer>"])
+    detok.add_request("r", stop="</answer>")  # one string is one stop string, not characters
     stepped = "".join(detok.step("r", [i]).text for i in ids)
     assert stepped == "answer: 42 "
     assert detok.finish("r") == DetokenizeResult("</ans", None)

@@ -3,6 +3,8 @@
 Only the facades in `srt.mem_cache`, `srt.managers` and `srt.ipc` import this module.
 """
 
+from collections.abc import Sequence
+
 __version__: str
 
 class InvariantError(RuntimeError):
@@ -19,13 +21,13 @@ class IncrementalDetokenizer:
         rid: str,
         *,
         skip_special_tokens: bool,
-        stop: list[str],
+        stop: Sequence[str],
         include_stop_str_in_output: bool,
-        context_ids: list[int],
+        context_ids: Sequence[int],
     ) -> None: ...
-    def step(self, rid: str, new_ids: list[int]) -> tuple[str, str | None]: ...
+    def step(self, rid: str, new_ids: Sequence[int]) -> tuple[str, str | None]: ...
     def step_batch(
-        self, rids: list[str], new_ids: list[list[int]]
+        self, rids: Sequence[str], new_ids: Sequence[Sequence[int]]
     ) -> list[tuple[str, str | None]]: ...
     def finish(self, rid: str) -> tuple[str, str | None]: ...
     def free(self, rid: str) -> None: ...

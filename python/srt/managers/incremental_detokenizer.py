@@ -70,40 +70,40 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int] = (),
         skip_special_tokens: bool = True,
         spaces_between_special_tokens: bool = True,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
         include_stop_str_in_output: bool = False,
     ) -> None:
         """Starts request `rid` (ValueError if it is already held or a stop string is empty).
+        `stop` is one stop string or several, as in SGLang's sampling parameters.
 
         `spaces_between_special_tokens` has no effect, exactly as in transformers 5 for
         tokenizers loaded from `tokenizer.json` (see the module docstring).
         """
         del spaces_between_special_tokens
-        context = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:]) if prompt_ids else []
+        context = prompt_ids[-PROMPT_CONTEXT_TOKENS:] if prompt_ids else ()
         self._rust.add_request(
             rid,
             skip_special_tokens=skip_special_tokens,
-            stop=list(stop),
+            stop=[stop] if isinstance(stop, str) else stop,
             include_stop_str_in_output=include_stop_str_in_output,
             context_ids=context,
         )
 
     def step(self, rid: str, new_ids: Sequence[int]) -> DetokenizeResult:
         """Feeds `rid`'s next token ids; returns the text they complete."""
-        return DetokenizeResult(*self._rust.step(rid, list(new_ids)))
+        return DetokenizeResult._make(self._rust.step(rid, new_ids))
 
     def step_batch(
         self, rids: Sequence[str], new_ids: Sequence[Sequence[int]]
     ) -> list[DetokenizeResult]:
         """`step` for many requests in one call (the GIL is released meanwhile). Every rid is
         checked first: an unknown one raises ValueError and changes nothing."""
-        outputs = self._rust.step_batch(list(rids), [list(ids) for ids in new_ids])
-        return [DetokenizeResult(text, stop) for text, stop in outputs]
+        return list(map(DetokenizeResult._make, self._rust.step_batch(rids, new_ids)))
 
     def finish(self, rid: str) -> DetokenizeResult:
         """Ends `rid` without a stop string and returns the text held back until now (which may
         still complete a stop string). The request stays held until `free`."""
-        return DetokenizeResult(*self._rust.finish(rid))
+        return DetokenizeResult._make(self._rust.finish(rid))
 
     def free(self, rid: str) -> None:
         """Forgets `rid` (ValueError if it is not held)."""
