@@ -1,9 +1,12 @@
 //! The pure Rust core of srt. Nothing here knows about Python: the pyo3 bindings live in the
 //! `srt-python` crate, which is the only place where Python types appear.
 
+pub mod decode_window;
 pub mod detokenizer;
 pub mod error;
 pub mod stop;
+#[cfg(test)]
+mod test_tokenizer;
 
 pub use error::{Error, Result};
 

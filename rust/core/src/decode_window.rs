@@ -1,0 +1,213 @@
+//! One request's incremental decode, in the manner of `tokenizers`' `DecodeStream`.
+//!
+//! The window holds a few token ids: `ids[..read_offset]` are the tokens whose text was emitted
+//! last (the prefix, decoded to `prefix_text`), `ids[read_offset..]` are tokens whose text is
+//! not out yet. A step decodes the window and emits what the new tokens added after
+//! `prefix_text`; then the window drops everything before `read_offset`. The window therefore
+//! stays a few tokens long and a step costs O(new tokens), yet every token is decoded beside
+//! its left neighbour, so decoders that look at context (a leading space stripped from the
+//! first token only, byte-fallback tokens that only make a character together) behave as on
+//! the whole sequence.
+//!
+//! What must stay true: no incomplete UTF-8 character is emitted (a window whose text ends in
+//! U+FFFD is held until a later token completes the character, or [`DecodeWindow::flush`] gives
+//! up on it), and the concatenation of everything emitted equals
+//! `tokenizer.decode(all_ids, skip_special_tokens)`, or, with context ids, the text the ids add
+//! after the context: `decode(context + ids)` minus `decode(context)`.
+
+use tokenizers::Tokenizer;
+
+use crate::error::{Error, Result};
+
+/// What an incomplete UTF-8 sequence decodes to.
+const REPLACEMENT: char = '\u{FFFD}';
+
+/// The decode state of one request.
+#[derive(Debug, Clone)]
+pub struct DecodeWindow {
+    skip_special_tokens: bool,
+    ids: Vec<u32>,
+    read_offset: usize,
+    prefix_text: String,
+}
+
+impl DecodeWindow {
+    /// A window that decodes after `context_ids` (the last few prompt tokens; ignored when their
+    /// text ends in an incomplete character, which the output would otherwise complete).
+    pub fn new(
+        tokenizer: &Tokenizer,
+        skip_special_tokens: bool,
+        context_ids: Vec<u32>,
+    ) -> Result<Self> {
+        let mut ids = context_ids;
+        let mut prefix_text = decode(tokenizer, &ids, skip_special_tokens)?;
+        if prefix_text.ends_with(REPLACEMENT) {
+            ids.clear();
+            prefix_text.clear();
+        }
+        Ok(DecodeWindow {
+            skip_special_tokens,
+            read_offset: ids.len(),
+            ids,
+            prefix_text,
+        })
+    }
+
+    /// How many ids the window holds (a few, whatever the length of the sequence).
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether the window holds no ids (only before the first step without context).
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Feeds the next ids; returns the text they complete (possibly empty).
+    pub fn step(&mut self, tokenizer: &Tokenizer, new_ids: &[u32]) -> Result<String> {
+        if new_ids.is_empty() {
+            return Ok(String::new());
+        }
+        self.ids.extend_from_slice(new_ids);
+        let text = decode(tokenizer, &self.ids, self.skip_special_tokens)?;
+        // Hold while the last character may be incomplete, or while the new tokens added no
+        // text (skipped special tokens): the prefix must keep a token with text for context.
+        if text.ends_with(REPLACEMENT) || text.len() <= self.prefix_text.len() {
+            return Ok(String::new());
+        }
+        let added = new_part(&text, &self.prefix_text).to_string();
+        self.ids.drain(..self.read_offset);
+        self.read_offset = self.ids.len();
+        self.prefix_text = decode(tokenizer, &self.ids, self.skip_special_tokens)?;
+        Ok(added)
+    }
+
+    /// Returns the text held back, an incomplete character as U+FFFD (as `decode` gives it),
+    /// and empties the window of pending ids.
+    pub fn flush(&mut self, tokenizer: &Tokenizer) -> Result<String> {
+        if self.ids.len() == self.read_offset {
+            return Ok(String::new());
+        }
+        let text = decode(tokenizer, &self.ids, self.skip_special_tokens)?;
+        let added = new_part(&text, &self.prefix_text).to_string();
+        self.ids.drain(..self.read_offset);
+        self.read_offset = self.ids.len();
+        self.prefix_text = decode(tokenizer, &self.ids, self.skip_special_tokens)?;
+        Ok(added)
+    }
+}
+
+fn decode(tokenizer: &Tokenizer, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+    if ids.is_empty() {
+        return Ok(String::new());
+    }
+    tokenizer
+        .decode(ids, skip_special_tokens)
+        .map_err(|e| Error::InvalidArgument(format!("cannot decode token ids: {e}")))
+}
+
+/// The text a window added after its prefix. Every decoder LLMs use is prefix-stable on a
+/// window (the decoded prefix is a prefix of the decoded window); for any other, fall back to
+/// cutting at the prefix's length, on a character boundary, as vLLM does.
+fn new_part<'a>(text: &'a str, prefix_text: &str) -> &'a str {
+    if let Some(added) = text.strip_prefix(prefix_text) {
+        return added;
+    }
+    let mut cut = prefix_text.len().min(text.len());
+    while !text.is_char_boundary(cut) {
+        cut += 1;
+    }
+    &text[cut..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_tokenizer::{
+        bytes_of, tokenizer, BOS, EXTRA, HELLO, IM_END, WORLD, ZHONG_HEAD, ZHONG_TAIL_X,
+    };
+
+    /// Steps `ids` in chunks of `chunk`, flushes, and returns the pieces emitted.
+    fn pieces(
+        window: &mut DecodeWindow,
+        tok: &Tokenizer,
+        ids: &[u32],
+        chunk: usize,
+    ) -> Vec<String> {
+        let mut out: Vec<String> = ids
+            .chunks(chunk)
+            .map(|c| window.step(tok, c).unwrap())
+            .collect();
+        out.push(window.flush(tok).unwrap());
+        out
+    }
+
+    #[test]
+    fn multibyte_characters_are_emitted_whole() {
+        let tok = tokenizer();
+        let text = "héllo 👋 中文 e\u{301}";
+        for chunk in 1..5 {
+            let mut window = DecodeWindow::new(&tok, false, vec![]).unwrap();
+            let out = pieces(&mut window, &tok, &bytes_of(text), chunk);
+            assert!(out.iter().all(|p| !p.contains(REPLACEMENT)), "{out:?}");
+            assert_eq!(out.concat(), text);
+            assert!(window.len() <= 2 * chunk + 4, "the window must stay short");
+        }
+    }
+
+    #[test]
+    fn tokens_that_split_a_character() {
+        let tok = tokenizer();
+        let ids = [HELLO, ZHONG_HEAD, ZHONG_TAIL_X, WORLD];
+        let mut window = DecodeWindow::new(&tok, false, vec![]).unwrap();
+        let out = pieces(&mut window, &tok, &ids, 1);
+        assert_eq!(out, [" hello", "", "中x", " world", ""]);
+        assert_eq!(out.concat(), tok.decode(&ids, false).unwrap());
+    }
+
+    #[test]
+    fn special_tokens_follow_skip_special_tokens() {
+        let tok = tokenizer();
+        let ids = [BOS, HELLO, IM_END, EXTRA, WORLD, IM_END];
+        for (skip, expected) in [
+            (false, "<s> hello<|im_end|><extra> world<|im_end|>"),
+            (true, " hello<extra> world"),
+        ] {
+            let mut window = DecodeWindow::new(&tok, skip, vec![]).unwrap();
+            assert_eq!(pieces(&mut window, &tok, &ids, 1).concat(), expected);
+            assert_eq!(tok.decode(&ids, skip).unwrap(), expected);
+        }
+    }
+
+    #[test]
+    fn flush_gives_up_on_an_incomplete_character() {
+        let tok = tokenizer();
+        let mut window = DecodeWindow::new(&tok, false, vec![]).unwrap();
+        assert_eq!(window.step(&tok, &[b'a'.into(), 0xE4]).unwrap(), "");
+        assert_eq!(window.flush(&tok).unwrap(), "a\u{FFFD}");
+        assert_eq!(window.flush(&tok).unwrap(), "");
+    }
+
+    #[test]
+    fn context_ids_are_not_emitted() {
+        let tok = tokenizer();
+        let mut window = DecodeWindow::new(&tok, false, vec![BOS, HELLO]).unwrap();
+        let ids = [WORLD, ZHONG_HEAD, ZHONG_TAIL_X];
+        assert_eq!(pieces(&mut window, &tok, &ids, 1).concat(), " world中x");
+        // A context that ends inside a character is dropped rather than half-emitted.
+        let mut window = DecodeWindow::new(&tok, false, vec![ZHONG_HEAD]).unwrap();
+        assert!(window.is_empty());
+        assert_eq!(
+            pieces(&mut window, &tok, &[ZHONG_TAIL_X], 1).concat(),
+            "\u{FFFD}x"
+        );
+    }
+
+    #[test]
+    fn prefix_instability_falls_back_to_the_prefix_length() {
+        assert_eq!(new_part("abcdef", "abc"), "def");
+        assert_eq!(new_part("xbcdef", "abc"), "def");
+        assert_eq!(new_part("中文", "a"), "文");
+        assert_eq!(new_part("ab", "abc"), "");
+    }
+}
