@@ -110,8 +110,9 @@ def _run_rust(tokenizer_json: Path, steps: list[_Step]) -> tuple[float, dict[str
         for rid in step.started:
             detok.add_request(rid, skip_special_tokens=SKIP_SPECIAL_TOKENS, stop=STOP)
             texts[rid] = []
-        for rid, result in zip(step.rids, detok.step_batch(step.rids, step.new_ids), strict=True):
-            texts[rid].append(result.text)
+        result = detok.step_batch(step.rids, step.new_ids)
+        for rid, text in zip(step.rids, result.texts, strict=True):
+            texts[rid].append(text)
         for rid in step.finished:
             texts[rid].append(detok.finish(rid).text)
             detok.free(rid)

@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from srt import _rust
 from srt.managers.incremental_detokenizer import (
     PROMPT_CONTEXT_TOKENS,
+    BatchDetokenizeResult,
     DetokenizeResult,
     IncrementalDetokenizer,
 )
@@ -305,7 +306,8 @@ def test_batched_step_equals_sequential_steps(model_dir: Path, hf: PreTrainedTok
     for position in range(max(map(len, streams.values()))):
         rids = [rid for rid, ids in streams.items() if position < len(ids)]
         new_ids = [streams[rid][position : position + 1] for rid in rids]
-        assert batched.step_batch(rids, new_ids) == [
+        texts, matched_stops = batched.step_batch(rids, new_ids)
+        assert list(zip(texts, matched_stops, strict=True)) == [
             single.step(rid, ids) for rid, ids in zip(rids, new_ids, strict=True)
         ]
     assert [batched.finish(rid) for rid in streams] == [single.finish(rid) for rid in streams]
@@ -326,7 +328,7 @@ def test_unknown_and_duplicate_requests_raise(
     # An unknown request anywhere in a batch leaves every request as it was.
     with pytest.raises(ValueError, match="not in the detokenizer"):
         detok.step_batch(["a", "b"], [x, [1]])
-    assert detok.step_batch(["a"], [y]) == [DetokenizeResult("y", None)]
+    assert detok.step_batch(["a"], [y]) == BatchDetokenizeResult(["y"], [None])
     with pytest.raises(ValueError, match="id lists"):
         detok.step_batch(["a"], [])
     assert "a" in detok

@@ -53,6 +53,15 @@ class DetokenizeResult(NamedTuple):
         return self.matched_stop is not None
 
 
+class BatchDetokenizeResult(NamedTuple):
+    """What a step produced for each request of a batch, in the batch's order."""
+
+    texts: list[str]
+    """New text per request, complete characters only."""
+    matched_stops: list[str | None]
+    """Per request, the stop string that ended it in this step, or None."""
+
+
 class IncrementalDetokenizer:
     """The incremental detokenizer of one model, for many requests at once."""
 
@@ -95,10 +104,11 @@ class IncrementalDetokenizer:
 
     def step_batch(
         self, rids: Sequence[str], new_ids: Sequence[Sequence[int]]
-    ) -> list[DetokenizeResult]:
-        """`step` for many requests in one call (the GIL is released meanwhile). Every rid is
-        checked first: an unknown one raises ValueError and changes nothing."""
-        return list(map(DetokenizeResult._make, self._rust.step_batch(rids, new_ids)))
+    ) -> BatchDetokenizeResult:
+        """`step` for many requests in one call (the GIL is released meanwhile); a request may
+        appear more than once, its steps then run in order. Every rid is checked first: an
+        unknown one raises ValueError and changes nothing."""
+        return BatchDetokenizeResult._make(self._rust.step_batch(rids, new_ids))
 
     def finish(self, rid: str) -> DetokenizeResult:
         """Ends `rid` without a stop string and returns the text held back until now (which may

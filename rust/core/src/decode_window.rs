@@ -22,6 +22,64 @@ use crate::error::{Error, Result};
 /// What an incomplete UTF-8 sequence decodes to.
 const REPLACEMENT: char = '\u{FFFD}';
 
+/// How `Tokenizer::decode` treats an id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdKind {
+    /// Decoded.
+    Text,
+    /// A special added token: dropped when skipping special tokens.
+    Special,
+    /// No token has this id: always dropped.
+    Unknown,
+}
+
+/// A tokenizer, plus what its `decode` drops: windows never take in an id that decode would
+/// drop, so a run of skipped special tokens costs nothing and cannot grow a window.
+pub struct StreamDecoder {
+    tokenizer: Tokenizer,
+    kinds: Vec<IdKind>,
+}
+
+impl StreamDecoder {
+    /// Classifies every id up to the largest, the way `decode` looks ids up (added tokens
+    /// first, then the model) and recognises special tokens (by their text).
+    pub fn new(tokenizer: Tokenizer) -> Self {
+        let largest = tokenizer.get_vocab(true).into_values().max();
+        let added = tokenizer.get_added_vocabulary();
+        let kinds = largest
+            .map_or(0..0, |largest| 0..largest + 1)
+            .map(|id| match tokenizer.id_to_token(id) {
+                None => IdKind::Unknown,
+                Some(token) if added.is_special_token(&token) => IdKind::Special,
+                Some(_) => IdKind::Text,
+            })
+            .collect();
+        StreamDecoder { tokenizer, kinds }
+    }
+
+    /// The tokenizer this decoder decodes with.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    fn keeps(&self, id: u32, skip_special_tokens: bool) -> bool {
+        match self.kinds.get(id as usize) {
+            Some(IdKind::Text) => true,
+            Some(IdKind::Special) => !skip_special_tokens,
+            Some(IdKind::Unknown) | None => false,
+        }
+    }
+
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        if ids.is_empty() {
+            return Ok(String::new());
+        }
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| Error::InvalidArgument(format!("cannot decode token ids: {e}")))
+    }
+}
+
 /// The decode state of one request.
 #[derive(Debug, Clone)]
 pub struct DecodeWindow {
@@ -35,12 +93,13 @@ impl DecodeWindow {
     /// A window that decodes after `context_ids` (the last few prompt tokens; ignored when their
     /// text ends in an incomplete character, which the output would otherwise complete).
     pub fn new(
-        tokenizer: &Tokenizer,
+        decoder: &StreamDecoder,
         skip_special_tokens: bool,
         context_ids: Vec<u32>,
     ) -> Result<Self> {
         let mut ids = context_ids;
-        let mut prefix_text = decode(tokenizer, &ids, skip_special_tokens)?;
+        ids.retain(|&id| decoder.keeps(id, skip_special_tokens));
+        let mut prefix_text = decoder.decode(&ids, skip_special_tokens)?;
         if prefix_text.ends_with(REPLACEMENT) {
             ids.clear();
             prefix_text.clear();
@@ -64,46 +123,40 @@ impl DecodeWindow {
     }
 
     /// Feeds the next ids; returns the text they complete (possibly empty).
-    pub fn step(&mut self, tokenizer: &Tokenizer, new_ids: &[u32]) -> Result<String> {
-        if new_ids.is_empty() {
+    pub fn step(&mut self, decoder: &StreamDecoder, new_ids: &[u32]) -> Result<String> {
+        let held = self.ids.len();
+        let skip = self.skip_special_tokens;
+        self.ids
+            .extend(new_ids.iter().filter(|&&id| decoder.keeps(id, skip)));
+        if self.ids.len() == held {
             return Ok(String::new());
         }
-        self.ids.extend_from_slice(new_ids);
-        let text = decode(tokenizer, &self.ids, self.skip_special_tokens)?;
+        let text = decoder.decode(&self.ids, skip)?;
         // Hold while the last character may be incomplete, or while the new tokens added no
-        // text (skipped special tokens): the prefix must keep a token with text for context.
+        // text: the prefix must keep a token with text for context.
         if text.ends_with(REPLACEMENT) || text.len() <= self.prefix_text.len() {
             return Ok(String::new());
         }
         let added = new_part(&text, &self.prefix_text).to_string();
         self.ids.drain(..self.read_offset);
         self.read_offset = self.ids.len();
-        self.prefix_text = decode(tokenizer, &self.ids, self.skip_special_tokens)?;
+        self.prefix_text = decoder.decode(&self.ids, self.skip_special_tokens)?;
         Ok(added)
     }
 
     /// Returns the text held back, an incomplete character as U+FFFD (as `decode` gives it),
     /// and empties the window of pending ids.
-    pub fn flush(&mut self, tokenizer: &Tokenizer) -> Result<String> {
+    pub fn flush(&mut self, decoder: &StreamDecoder) -> Result<String> {
         if self.ids.len() == self.read_offset {
             return Ok(String::new());
         }
-        let text = decode(tokenizer, &self.ids, self.skip_special_tokens)?;
+        let text = decoder.decode(&self.ids, self.skip_special_tokens)?;
         let added = new_part(&text, &self.prefix_text).to_string();
         self.ids.drain(..self.read_offset);
         self.read_offset = self.ids.len();
-        self.prefix_text = decode(tokenizer, &self.ids, self.skip_special_tokens)?;
+        self.prefix_text = decoder.decode(&self.ids, self.skip_special_tokens)?;
         Ok(added)
     }
-}
-
-fn decode(tokenizer: &Tokenizer, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-    if ids.is_empty() {
-        return Ok(String::new());
-    }
-    tokenizer
-        .decode(ids, skip_special_tokens)
-        .map_err(|e| Error::InvalidArgument(format!("cannot decode token ids: {e}")))
 }
 
 /// The text a window added after its prefix. Every decoder LLMs use is prefix-stable on a
@@ -130,7 +183,7 @@ mod tests {
     /// Steps `ids` in chunks of `chunk`, flushes, and returns the pieces emitted.
     fn pieces(
         window: &mut DecodeWindow,
-        tok: &Tokenizer,
+        tok: &StreamDecoder,
         ids: &[u32],
         chunk: usize,
     ) -> Vec<String> {
@@ -144,7 +197,7 @@ mod tests {
 
     #[test]
     fn multibyte_characters_are_emitted_whole() {
-        let tok = tokenizer();
+        let tok = StreamDecoder::new(tokenizer());
         let text = "héllo 👋 中文 e\u{301}";
         for chunk in 1..5 {
             let mut window = DecodeWindow::new(&tok, false, vec![]).unwrap();
@@ -157,17 +210,17 @@ mod tests {
 
     #[test]
     fn tokens_that_split_a_character() {
-        let tok = tokenizer();
+        let tok = StreamDecoder::new(tokenizer());
         let ids = [HELLO, ZHONG_HEAD, ZHONG_TAIL_X, WORLD];
         let mut window = DecodeWindow::new(&tok, false, vec![]).unwrap();
         let out = pieces(&mut window, &tok, &ids, 1);
         assert_eq!(out, [" hello", "", "中x", " world", ""]);
-        assert_eq!(out.concat(), tok.decode(&ids, false).unwrap());
+        assert_eq!(out.concat(), tok.tokenizer().decode(&ids, false).unwrap());
     }
 
     #[test]
     fn special_tokens_follow_skip_special_tokens() {
-        let tok = tokenizer();
+        let tok = StreamDecoder::new(tokenizer());
         let ids = [BOS, HELLO, IM_END, EXTRA, WORLD, IM_END];
         for (skip, expected) in [
             (false, "<s> hello<|im_end|><extra> world<|im_end|>"),
@@ -175,13 +228,30 @@ mod tests {
         ] {
             let mut window = DecodeWindow::new(&tok, skip, vec![]).unwrap();
             assert_eq!(pieces(&mut window, &tok, &ids, 1).concat(), expected);
-            assert_eq!(tok.decode(&ids, skip).unwrap(), expected);
+            assert_eq!(tok.tokenizer().decode(&ids, skip).unwrap(), expected);
+        }
+    }
+
+    #[test]
+    fn ids_that_decode_drops_never_enter_the_window() {
+        let tok = StreamDecoder::new(tokenizer());
+        let mut ids = vec![HELLO];
+        ids.extend([BOS, 10_000].repeat(200));
+        ids.push(WORLD);
+        for skip in [true, false] {
+            let mut window = DecodeWindow::new(&tok, skip, vec![BOS, 10_000]).unwrap();
+            let out = pieces(&mut window, &tok, &ids, 1);
+            assert_eq!(out.concat(), tok.tokenizer().decode(&ids, skip).unwrap());
+            assert!(
+                window.len() <= 2,
+                "skipped and unknown ids must not pile up"
+            );
         }
     }
 
     #[test]
     fn flush_gives_up_on_an_incomplete_character() {
-        let tok = tokenizer();
+        let tok = StreamDecoder::new(tokenizer());
         let mut window = DecodeWindow::new(&tok, false, vec![]).unwrap();
         assert_eq!(window.step(&tok, &[b'a'.into(), 0xE4]).unwrap(), "");
         assert_eq!(window.flush(&tok).unwrap(), "a\u{FFFD}");
@@ -190,7 +260,7 @@ mod tests {
 
     #[test]
     fn context_ids_are_not_emitted() {
-        let tok = tokenizer();
+        let tok = StreamDecoder::new(tokenizer());
         let mut window = DecodeWindow::new(&tok, false, vec![BOS, HELLO]).unwrap();
         let ids = [WORLD, ZHONG_HEAD, ZHONG_TAIL_X];
         assert_eq!(pieces(&mut window, &tok, &ids, 1).concat(), " world中x");

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use tokenizers::Tokenizer;
 
-use crate::decode_window::DecodeWindow;
+use crate::decode_window::{DecodeWindow, StreamDecoder};
 use crate::error::{Error, Result};
 use crate::stop::StopMatcher;
 
@@ -49,7 +49,7 @@ struct RequestState {
 
 /// Turns streams of token ids into streams of text, for many requests keyed by request id.
 pub struct IncrementalDetokenizer {
-    tokenizer: Tokenizer,
+    decoder: StreamDecoder,
     requests: HashMap<String, RequestState>,
 }
 
@@ -57,7 +57,7 @@ impl IncrementalDetokenizer {
     /// A detokenizer over an already loaded tokenizer.
     pub fn new(tokenizer: Tokenizer) -> Self {
         IncrementalDetokenizer {
-            tokenizer,
+            decoder: StreamDecoder::new(tokenizer),
             requests: HashMap::new(),
         }
     }
@@ -73,7 +73,7 @@ impl IncrementalDetokenizer {
 
     /// The tokenizer this detokenizer decodes with.
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        self.decoder.tokenizer()
     }
 
     /// How many requests are held (added and not yet freed).
@@ -96,7 +96,7 @@ impl IncrementalDetokenizer {
         let state = RequestState {
             stop: StopMatcher::new(options.stop, options.include_stop_str_in_output)?,
             window: DecodeWindow::new(
-                &self.tokenizer,
+                &self.decoder,
                 options.skip_special_tokens,
                 options.context_ids,
             )?,
@@ -112,7 +112,7 @@ impl IncrementalDetokenizer {
             .requests
             .get_mut(rid)
             .ok_or_else(|| unknown_request(rid))?;
-        step_request(&self.tokenizer, state, new_ids)
+        step_request(&self.decoder, state, new_ids)
     }
 
     /// [`Self::step`] for many requests, in order; checks every id first, so an unknown id
@@ -149,7 +149,7 @@ impl IncrementalDetokenizer {
         if state.finished {
             return Ok(StepOutput::default());
         }
-        let text = state.window.flush(&self.tokenizer)?;
+        let text = state.window.flush(&self.decoder)?;
         let mut output = release(state, &text);
         if !state.finished {
             output.text.push_str(&state.stop.flush());
@@ -173,14 +173,14 @@ fn unknown_request(rid: &str) -> Error {
 
 /// One step of one request: complete characters first, then stop strings.
 fn step_request(
-    tokenizer: &Tokenizer,
+    decoder: &StreamDecoder,
     state: &mut RequestState,
     new_ids: &[u32],
 ) -> Result<StepOutput> {
     if state.finished {
         return Ok(StepOutput::default());
     }
-    let text = state.window.step(tokenizer, new_ids)?;
+    let text = state.window.step(decoder, new_ids)?;
     Ok(release(state, &text))
 }
 

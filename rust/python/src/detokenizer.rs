@@ -4,12 +4,17 @@
 //! pyo3's "already borrowed" error rather than a data race.
 
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use srt_core::detokenizer::{IncrementalDetokenizer, RequestOptions, StepOutput};
 
 use crate::to_py_err;
 
 /// A step's result as it crosses: (new text, matched stop string or None).
 type PyStepOutput = (String, Option<String>);
+
+/// A batch's results as they cross: the texts and the matched stop strings, in request order
+/// (two lists rather than a tuple per request: fewer Python objects per step).
+type PyBatchOutput = (Vec<String>, Vec<Option<String>>);
 
 fn to_py(output: StepOutput) -> PyStepOutput {
     (output.text, output.matched_stop)
@@ -62,14 +67,17 @@ impl PyIncrementalDetokenizer {
     fn step_batch(
         &mut self,
         py: Python<'_>,
-        rids: Vec<String>,
+        rids: Vec<PyBackedStr>,
         new_ids: Vec<Vec<u32>>,
-    ) -> PyResult<Vec<PyStepOutput>> {
+    ) -> PyResult<PyBatchOutput> {
         let inner = &mut self.inner;
         let outputs = py
             .detach(|| inner.step_batch(&rids, &new_ids))
             .map_err(to_py_err)?;
-        Ok(outputs.into_iter().map(to_py).collect())
+        Ok(outputs
+            .into_iter()
+            .map(|output| (output.text, output.matched_stop))
+            .unzip())
     }
 
     fn finish(&mut self, py: Python<'_>, rid: &str) -> PyResult<PyStepOutput> {
