@@ -34,8 +34,8 @@ from typing import NamedTuple
 
 from srt import _rust
 
-# SGLang's INIT_INCREMENTAL_DETOKENIZATION_OFFSET and vLLM's INITIAL_INCREMENTAL_DETOKENIZATION
-# _OFFSET: enough prompt context for any decoder's look-behind.
+# How many prompt tokens to decode ahead of the output: SGLang's and vLLM's value (their
+# INIT[IAL]_INCREMENTAL_DETOKENIZATION_OFFSET); LLM tokenizers' decoders look back one token.
 PROMPT_CONTEXT_TOKENS = 5
 
 

@@ -137,11 +137,7 @@ impl DecodeWindow {
         if text.ends_with(REPLACEMENT) || text.len() <= self.prefix_text.len() {
             return Ok(String::new());
         }
-        let added = new_part(&text, &self.prefix_text).to_string();
-        self.ids.drain(..self.read_offset);
-        self.read_offset = self.ids.len();
-        self.prefix_text = decoder.decode(&self.ids, self.skip_special_tokens)?;
-        Ok(added)
+        self.slide(decoder, &text)
     }
 
     /// Returns the text held back, an incomplete character as U+FFFD (as `decode` gives it),
@@ -151,7 +147,13 @@ impl DecodeWindow {
             return Ok(String::new());
         }
         let text = decoder.decode(&self.ids, self.skip_special_tokens)?;
-        let added = new_part(&text, &self.prefix_text).to_string();
+        self.slide(decoder, &text)
+    }
+
+    /// Emits what `text` (the decoded window) adds after the prefix, and makes the ids just
+    /// emitted the new prefix.
+    fn slide(&mut self, decoder: &StreamDecoder, text: &str) -> Result<String> {
+        let added = new_part(text, &self.prefix_text).to_string();
         self.ids.drain(..self.read_offset);
         self.read_offset = self.ids.len();
         self.prefix_text = decoder.decode(&self.ids, self.skip_special_tokens)?;
