@@ -2,8 +2,13 @@
 //! `srt-python` crate, which is the only place where Python types appear.
 
 pub mod allocator;
+pub mod decode_window;
+pub mod detokenizer;
 pub mod error;
 pub mod radix;
+pub mod stop;
+#[cfg(test)]
+mod test_tokenizer;
 
 pub use allocator::TokenAllocator;
 pub use error::{Error, Result};

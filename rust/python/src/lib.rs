@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 mod allocator;
 mod boundary;
+mod detokenizer;
 mod radix;
 
 create_exception!(
@@ -32,5 +33,6 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InvariantError", m.py().get_type::<InvariantError>())?;
     radix::register(m)?;
     allocator::register(m)?;
+    detokenizer::register(m)?;
     Ok(())
 }
