@@ -10,6 +10,11 @@ the cache for everything their conversation said before. Up to 32 requests run a
 decode step allocates one slot per running request, evicting LRU cache leaves when the pool runs
 short, and a finished request inserts its tokens, frees its duplicate slots and unlocks.
 
+Token ids are `array('i')` throughout, as srt's scheduler holds them (its `Req` gets them from
+the tokenizer in that form), and both implementations get the same array objects: the Python
+baseline iterates, indexes and slices them as it would lists. Slots are whatever each allocator
+hands out: `array('i')` from Rust, lists from the Python free list.
+
     python benches/rust_core_radix.py      # prints the JSON of both benchmarks
 """
 
@@ -20,6 +25,7 @@ import json
 import random
 import sys
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,17 +46,17 @@ MAX_RUNNING = 32
 class Workload:
     """Pre-generated token ids: system prompts and, per chat, its turns (user ids, output ids)."""
 
-    systems: list[list[int]]
-    chats: list[tuple[int, list[tuple[list[int], list[int]]]]]
+    systems: list[array[int]]
+    chats: list[tuple[int, list[tuple[array[int], array[int]]]]]
 
 
 @dataclass
 class _Req:
     chat: int
     turn: int
-    tokens: list[int]
-    output: list[int]
-    slots: list[int]
+    tokens: array[int]
+    output: array[int]
+    slots: Any
     prefix_len: int
     node: Any
     generated: int = 0
@@ -67,8 +73,8 @@ def make_workload(seed: int, num_chats: int = 600, max_turns: int = 6) -> Worklo
     """About 2,000 requests over 4 shared system prompts."""
     rng = random.Random(seed)
 
-    def ids(lo: int, hi: int) -> list[int]:
-        return [rng.randrange(VOCAB) for _ in range(rng.randint(lo, hi))]
+    def ids(lo: int, hi: int) -> array[int]:
+        return array("i", [rng.randrange(VOCAB) for _ in range(rng.randint(lo, hi))])
 
     systems = [ids(200, 2000) for _ in range(4)]
     chats = [
@@ -82,13 +88,13 @@ def simulate(cache: Any, allocator: Any, work: Workload, seed: int) -> _Timers:
     """Runs the workload through `cache` and `allocator`, timing their calls only."""
     t = _Timers()
     clock = time.perf_counter
-    history = [list(work.systems[system]) for system, _ in work.chats]
+    history = [work.systems[system] for system, _ in work.chats]
     waiting = deque((chat, 0) for chat in range(len(work.chats)))
     random.Random(seed).shuffle(waiting)
     running: list[_Req] = []
     hits = evicted = 0
 
-    def alloc(n: int) -> list[int] | None:
+    def alloc(n: int) -> Any:
         nonlocal evicted
         start = clock()
         short = allocator.available_size() < n
@@ -100,7 +106,7 @@ def simulate(cache: Any, allocator: Any, work: Workload, seed: int) -> _Timers:
         start = clock()
         slots = allocator.alloc(n)
         t.alloc += clock() - start
-        return slots  # type: ignore[no-any-return]
+        return slots
 
     while waiting or running:
         while waiting and len(running) < MAX_RUNNING:

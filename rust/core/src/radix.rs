@@ -136,17 +136,6 @@ impl RadixTree {
                 slots.len()
             )));
         }
-        self.insert_with(tokens, |start, end| Some(slots[start..end].to_vec()))
-    }
-
-    /// [`RadixTree::insert`] for a caller that fetches slots lazily: `tail(start, end)` is asked
-    /// (at most once) for `slots[start..end]`, the part not cached yet, so the slots of the
-    /// cached prefix are never read. When it returns `None` nothing new is inserted (edges may
-    /// have been split, which changes no content) and an `InvalidArgument` error is returned.
-    pub fn insert_with<F>(&mut self, tokens: &[u32], tail: F) -> Result<usize>
-    where
-        F: FnOnce(usize, usize) -> Option<Vec<u32>>,
-    {
         let len = self.aligned(tokens.len());
         let now = self.tick();
         let mut node = ROOT;
@@ -166,20 +155,11 @@ impl RadixTree {
             node = child;
         }
         if pos < len {
-            let value = tail(pos, len).ok_or_else(|| {
-                Error::InvalidArgument("the slots to insert are unreadable".into())
-            })?;
-            if value.len() != len - pos {
-                return Err(Error::InvalidArgument(format!(
-                    "insert needs {} slots from {pos} on, got {}",
-                    len - pos,
-                    value.len()
-                )));
-            }
             // A new leaf counts as newer than the path it hangs from, as in SGLang, where it is
             // stamped after the walk; so two leaves never tie in the LRU order.
             let created = self.tick();
-            let leaf = self.new_node(tokens[pos..len].to_vec(), value, node, created);
+            let (key, value) = (tokens[pos..len].to_vec(), slots[pos..len].to_vec());
+            let leaf = self.new_node(key, value, node, created);
             self.nodes[node as usize]
                 .children
                 .insert(&tokens[pos..pos + self.page_size], leaf);
