@@ -5,6 +5,7 @@
 
 use pyo3::buffer::{PyBuffer, PyUntypedBuffer};
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::marker::Ungil;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -38,14 +39,14 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Ids {
             )));
         }
         if raw.item_count() == 0 && raw.item_size() == 4 {
-            // An empty `array` exposes a 1-byte-aligned dummy pointer, which `into_typed`
+            // An empty `array` exposes a 1-byte-aligned dummy pointer, which `as_typed`
             // would reject as misaligned; there is nothing to read anyway.
             return Ok(Ids(Vec::new()));
         }
-        let format = raw.format().to_string_lossy().into_owned();
-        let buffer: PyBuffer<i32> = raw.into_typed().map_err(|_| {
+        let buffer: &PyBuffer<i32> = raw.as_typed().map_err(|_| {
             PyTypeError::new_err(format!(
-                "expected int32 ids (array('i'), numpy int32), got buffer format {format:?}"
+                "expected int32 ids (array('i'), numpy int32), got buffer format {:?}",
+                raw.format().to_string_lossy()
             ))
         })?;
         // One copy (a memcpy when contiguous, strided otherwise); the buffer is released after.
@@ -76,7 +77,8 @@ pub(crate) fn int32_array<'py>(py: Python<'py>, ids: &[u32]) -> PyResult<Bound<'
         }
         Ok(())
     })?;
-    ARRAY_TYPE.import(py, "array", "array")?.call1(("i", bytes))
+    let array = ARRAY_TYPE.import(py, "array", "array")?;
+    array.call1((intern!(py, "i"), bytes))
 }
 
 /// Runs `f` with the GIL released when `n` (the size of its work) is large enough to pay for it.
