@@ -17,10 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from rust_core_detok import bench_detok  # noqa: E402
-from rust_core_radix import bench_allocator, bench_radix  # noqa: E402
+from rust_core_detok import bench_detok
+from rust_core_radix import bench_allocator, bench_radix
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,16 +10,27 @@ the cache for everything their conversation said before. Up to 32 requests run a
 decode step allocates one slot per running request, evicting LRU cache leaves when the pool runs
 short, and a finished request inserts its tokens, frees its duplicate slots and unlocks.
 
-    python benches/rust_core_radix.py      # prints the JSON of both benchmarks
+Token ids are `array('i')` throughout, as srt's scheduler holds them (its `Req` gets them from
+the tokenizer in that form), and both implementations get the same array objects: the Python
+baseline iterates, indexes and slices them as it would lists. Slots are whatever each allocator
+hands out: `array('i')` from Rust, lists from the Python free list.
+
+    python benches/rust_core_radix.py [--repeats 5] [--json OUT]   # prints the JSON of both
+
+Both run `--repeats` times, interleaved, in one process; each speedup compares the fastest run
+of each side (the one least disturbed by other load), and the raw times of every run are kept.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import random
+import statistics
 import sys
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,23 +45,24 @@ from srt.mem_cache import RadixCache, TokenToKVPoolAllocator
 VOCAB = 32_000
 POOL_SIZE = 200_000
 MAX_RUNNING = 32
+REPEATS = 5
 
 
 @dataclass
 class Workload:
     """Pre-generated token ids: system prompts and, per chat, its turns (user ids, output ids)."""
 
-    systems: list[list[int]]
-    chats: list[tuple[int, list[tuple[list[int], list[int]]]]]
+    systems: list[array[int]]
+    chats: list[tuple[int, list[tuple[array[int], array[int]]]]]
 
 
 @dataclass
 class _Req:
     chat: int
     turn: int
-    tokens: list[int]
-    output: list[int]
-    slots: list[int]
+    tokens: array[int]
+    output: array[int]
+    slots: Any
     prefix_len: int
     node: Any
     generated: int = 0
@@ -67,8 +79,8 @@ def make_workload(seed: int, num_chats: int = 600, max_turns: int = 6) -> Worklo
     """About 2,000 requests over 4 shared system prompts."""
     rng = random.Random(seed)
 
-    def ids(lo: int, hi: int) -> list[int]:
-        return [rng.randrange(VOCAB) for _ in range(rng.randint(lo, hi))]
+    def ids(lo: int, hi: int) -> array[int]:
+        return array("i", [rng.randrange(VOCAB) for _ in range(rng.randint(lo, hi))])
 
     systems = [ids(200, 2000) for _ in range(4)]
     chats = [
@@ -82,13 +94,13 @@ def simulate(cache: Any, allocator: Any, work: Workload, seed: int) -> _Timers:
     """Runs the workload through `cache` and `allocator`, timing their calls only."""
     t = _Timers()
     clock = time.perf_counter
-    history = [list(work.systems[system]) for system, _ in work.chats]
+    history = [work.systems[system] for system, _ in work.chats]
     waiting = deque((chat, 0) for chat in range(len(work.chats)))
     random.Random(seed).shuffle(waiting)
     running: list[_Req] = []
     hits = evicted = 0
 
-    def alloc(n: int) -> list[int] | None:
+    def alloc(n: int) -> Any:
         nonlocal evicted
         start = clock()
         short = allocator.available_size() < n
@@ -151,38 +163,68 @@ def simulate(cache: Any, allocator: Any, work: Workload, seed: int) -> _Timers:
 
 
 @functools.lru_cache(maxsize=4)
-def _run_both(seed: int) -> tuple[_Timers, _Timers]:
+def _run_both(seed: int, repeats: int) -> tuple[list[_Timers], list[_Timers]]:
+    """Each implementation `repeats` times, interleaved; their stats must agree every time."""
     work = make_workload(seed)
-    rust_alloc = TokenToKVPoolAllocator(POOL_SIZE)
-    rust = simulate(RadixCache(1, rust_alloc), rust_alloc, work, seed)
-    py_alloc = PyFreeList(POOL_SIZE)
-    python = simulate(PyRadixCache(py_alloc), py_alloc, work, seed)
-    if rust.stats != python.stats:
-        raise RuntimeError(f"Rust and Python disagree: {rust.stats} vs {python.stats}")
-    return rust, python
+    rust_runs, python_runs = [], []
+    for _ in range(repeats):
+        rust_alloc = TokenToKVPoolAllocator(POOL_SIZE)
+        rust = simulate(RadixCache(1, rust_alloc), rust_alloc, work, seed)
+        py_alloc = PyFreeList(POOL_SIZE)
+        python = simulate(PyRadixCache(py_alloc), py_alloc, work, seed)
+        if rust.stats != python.stats:
+            raise RuntimeError(f"Rust and Python disagree: {rust.stats} vs {python.stats}")
+        rust_runs.append(rust)
+        python_runs.append(python)
+    return rust_runs, python_runs
 
 
-def _report(rust_s: float, python_s: float, stats: dict[str, int]) -> dict[str, Any]:
+def _report(rust_s: list[float], python_s: list[float], stats: dict[str, int]) -> dict[str, Any]:
+    """The speedup of the fastest run of each (the least disturbed on a shared machine), and
+    that of the median runs for a sense of the noise."""
     return {
-        "rust_s": round(rust_s, 4),
-        "python_s": round(python_s, 4),
-        "speedup": round(python_s / rust_s, 2),
+        "rust_s": round(min(rust_s), 4),
+        "python_s": round(min(python_s), 4),
+        "speedup": round(min(python_s) / min(rust_s), 2),
+        "median_speedup": round(statistics.median(python_s) / statistics.median(rust_s), 2),
+        "rust_runs_s": [round(x, 4) for x in rust_s],
+        "python_runs_s": [round(x, 4) for x in python_s],
         **stats,
     }
 
 
-def bench_radix(seed: int) -> dict[str, Any]:
+def bench_radix(seed: int = 0, repeats: int = REPEATS) -> dict[str, Any]:
     """Time in radix-cache calls (match, lock, insert, unlock, evict): Rust vs Python."""
-    rust, python = _run_both(seed)
-    return _report(rust.radix, python.radix, rust.stats)
+    rust, python = _run_both(seed, repeats)
+    return _report([t.radix for t in rust], [t.radix for t in python], rust[0].stats)
 
 
-def bench_allocator(seed: int) -> dict[str, Any]:
+def bench_allocator(seed: int = 0, repeats: int = REPEATS) -> dict[str, Any]:
     """Time in allocator calls (alloc, free, available): Rust vs a Python free list."""
-    rust, python = _run_both(seed)
-    return _report(rust.alloc, python.alloc, rust.stats)
+    rust, python = _run_both(seed, repeats)
+    return _report([t.alloc for t in rust], [t.alloc for t in python], rust[0].stats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+    args = parser.parse_args()
+    radix = bench_radix(args.seed, args.repeats)
+    allocator = bench_allocator(args.seed, args.repeats)
+    results = {
+        "radix_speedup": radix["speedup"],
+        "allocator_speedup": allocator["speedup"],
+        "repeats": args.repeats,
+        "radix": radix,
+        "allocator": allocator,
+    }
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
 
 
 if __name__ == "__main__":
-    seed = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    print(json.dumps({"radix": bench_radix(seed), "allocator": bench_allocator(seed)}, indent=2))
+    main()

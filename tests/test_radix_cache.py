@@ -1,9 +1,16 @@
-"""The radix cache and its allocator against a plain-Python radix tree, same random operations."""
+"""The radix cache and its allocator against a plain-Python radix tree, same random operations.
+
+The cache is fed token ids the ways srt and its callers hold them (`array('i')`, numpy int32,
+lists); slots come back as `array('i')` and are compared as lists with the reference.
+"""
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -109,6 +116,23 @@ class RefTree:
 tokens = st.lists(st.integers(0, 3), max_size=14)
 
 
+def _array(ids: list[int]) -> Any:
+    return array("i", ids)
+
+
+def _numpy(ids: list[int]) -> Any:
+    return np.asarray(ids, dtype=np.int32)
+
+
+def _strided(ids: list[int]) -> Any:
+    """A non-contiguous int32 view: every other element of a buffer twice as long."""
+    return np.repeat(np.asarray(ids, dtype=np.int32), 2)[::2]
+
+
+# How a caller may hand over a run of ids: the first is what srt's scheduler passes.
+containers = st.sampled_from([_array, _array, _numpy, _strided, list])
+
+
 class RadixMachine(RuleBasedStateMachine):
     ops = 0
 
@@ -124,24 +148,26 @@ class RadixMachine(RuleBasedStateMachine):
     def _handle(self, handle: int, node: RefNode) -> None:
         self.handles = [*self.handles[-15:], (handle, node)]
 
-    @rule(key=tokens)
-    def insert(self, key: list[int]) -> None:
+    @rule(key=tokens, wrap=containers)
+    def insert(self, key: list[int], wrap: Callable[[list[int]], Any]) -> None:
         n = len(key) + (-len(key)) % self.page
         if self.alloc.available_size() < n:
             assert self.cache.evict(n) == len(self.ref.evict(n))
         full = self.alloc.alloc(n)
         if full is None:
             return
-        cached = self.cache.insert(key, full[: len(key)])
-        assert cached == self.ref.insert(key, full[: len(key)])
+        assert full.typecode == "i"
+        cached = self.cache.insert(wrap(key), wrap(full[: len(key)].tolist()))
+        assert cached == self.ref.insert(key, full[: len(key)].tolist())
         # The caller frees its slots for the cached prefix and for a tail shorter than a page.
         self.alloc.free(full[:cached] + full[len(key) - len(key) % self.page :])
 
-    @rule(key=tokens)
-    def match(self, key: list[int]) -> None:
-        slots, handle = self.cache.match_prefix(key)
+    @rule(key=tokens, wrap=containers)
+    def match(self, key: list[int], wrap: Callable[[list[int]], Any]) -> None:
+        slots, handle = self.cache.match_prefix(wrap(key))
         ref_slots, node = self.ref.match(key)
-        assert slots == ref_slots
+        assert slots.typecode == "i"
+        assert slots.tolist() == ref_slots
         if node is self.ref.root:
             assert handle == self.cache.root_node
         self._handle(handle, node)
@@ -180,7 +206,7 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(n=st.integers(0, 20))
     def evict_slots(self, n: int) -> None:
         slots = self.cache.evict_slots(n)
-        assert slots == self.ref.evict(n)
+        assert slots.tolist() == self.ref.evict(n)
         self.alloc.free(slots)
 
     @rule()
@@ -242,7 +268,7 @@ def test_locked_prefix_survives_eviction_and_bad_arguments_raise() -> None:
     cache.insert([5, 6, 7], [1, 2, 3])
     _, node = cache.match_prefix([5, 6])
     assert cache.inc_lock_ref(node) == -2
-    assert cache.evict_slots(10) == [3]
+    assert cache.evict_slots(10) == array("i", [3])
     assert (cache.protected_size(), cache.evictable_size()) == (2, 0)
     with pytest.raises(ValueError, match="evict needs an allocator"):
         cache.evict(1)
@@ -254,3 +280,22 @@ def test_locked_prefix_survives_eviction_and_bad_arguments_raise() -> None:
     with pytest.raises(OverflowError):
         cache.insert([1], [-1])
     assert isinstance(_rust.InvariantError("x"), RuntimeError)
+
+
+def test_ids_must_be_a_one_dimensional_int32_buffer_of_non_negative_ids() -> None:
+    cache = RadixCache(1)
+    cache.insert(array("i", [5, 6]), _numpy([1, 2]))
+    row: Any = np.array([[5, 6]], dtype=np.int32)
+    assert cache.match_prefix(row[0]).device_indices.tolist() == [1, 2]
+    assert cache.match_prefix(array("i")).device_indices == array("i")
+    with pytest.raises(TypeError, match='buffer format "q"'):
+        cache.match_prefix(array("q", [5]))
+    with pytest.raises(TypeError, match='buffer format "f"'):
+        cache.insert(array("i", [7]), np.array([1.0], dtype=np.float32))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got str"):
+        cache.match_prefix("56")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="1-D"):
+        cache.match_prefix(row)
+    with pytest.raises(OverflowError, match="id -3 is negative"):
+        cache.insert(array("i", [7, 8]), array("i", [4, -3]))
+    assert cache.total_size() == 2, "a rejected insert changed the tree"

@@ -3,13 +3,25 @@
 The KV pool has `size + page_size` slots: page 0 (slot 0 at page size 1) is padding that is never
 handed out, so a padded batch can point its unused positions at it. The work is done by
 `srt._rust.TokenAllocator`; this facade is the only place the scheduler sees it from.
+
+Slots are handed out as `array('i')` (int32: the model runner reads them with `torch.frombuffer`)
+and taken back as any int32 buffer, or, slower, a list of ints.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 from srt import _rust
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+Ids: TypeAlias = "array[int] | Buffer | Sequence[int]"
+"""A run of token or slot ids: an int32 buffer (`array('i')`, numpy int32), the fast path that
+the Rust core copies out in one piece, or a list or tuple of ints."""
 
 
 class TokenToKVPoolAllocator:
@@ -37,14 +49,13 @@ class TokenToKVPoolAllocator:
         """The number of free slots."""
         return self._pool.available()
 
-    def alloc(self, need_size: int) -> list[int] | None:
+    def alloc(self, need_size: int) -> array[int] | None:
         """`need_size` slots (a multiple of the page size), or None when fewer are free."""
         return self._pool.alloc(need_size)
 
-    def free(self, free_index: Sequence[int]) -> None:
+    def free(self, free_index: Ids) -> None:
         """Gives back slots; naming any slot of a page frees the whole page."""
-        if free_index:
-            self._pool.free(free_index)
+        self._pool.free(free_index)
 
     def clear(self) -> None:
         """Frees every slot."""

@@ -5,21 +5,25 @@ the cache, locks the node where the match ends while it runs (so its prefix cann
 inserts its tokens and slots when it finishes (freeing its own slots for the part that was
 cached already), and unlocks. When the allocator runs short, `evict` frees least recently used
 unlocked leaves. Node handles are plain ints; a handle to an evicted node raises `ValueError`.
+
+Token ids and slot ids come in as `array('i')` (int32, how srt carries token ids from the
+tokenizer on; the Rust tree copies them out in one piece) or, slower, as lists of ints; slots come
+back as `array('i')`, ready for `torch.frombuffer`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from array import array
 from typing import NamedTuple
 
 from srt import _rust
-from srt.mem_cache.allocator import TokenToKVPoolAllocator
+from srt.mem_cache.allocator import Ids, TokenToKVPoolAllocator
 
 
 class MatchResult(NamedTuple):
     """The longest cached prefix of a key: its KV slots and the node where it ends."""
 
-    device_indices: list[int]
+    device_indices: array[int]
     last_node: int
 
 
@@ -48,7 +52,7 @@ class RadixCache:
         """The handle of the root (the empty prefix); locking it does nothing."""
         return self._tree.root()
 
-    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+    def match_prefix(self, key: Ids) -> MatchResult:
         """The slots of the longest cached prefix of `key` and the node where it ends.
 
         An edge matched part-way is split, so the node ends exactly at the match; the path
@@ -57,7 +61,7 @@ class RadixCache:
         slots, node = self._tree.match_prefix(key)
         return MatchResult(slots, node)
 
-    def insert(self, key: Sequence[int], value: Sequence[int]) -> int:
+    def insert(self, key: Ids, value: Ids) -> int:
         """Caches `value` as the slots of `key`; returns how many leading tokens were cached.
 
         The caller still owns `value[:returned]` and should free it (the cache keeps its own
@@ -81,7 +85,7 @@ class RadixCache:
             raise ValueError("evict needs an allocator to free into; use evict_slots")
         return self._tree.evict_into(self.token_to_kv_pool_allocator._pool, num_tokens)
 
-    def evict_slots(self, num_tokens: int) -> list[int]:
+    def evict_slots(self, num_tokens: int) -> array[int]:
         """Evicts like `evict` but returns the slots instead of freeing them: the caller must."""
         return self._tree.evict(num_tokens)
 

@@ -9,15 +9,15 @@
 //! - every non-root node has a non-empty key of a whole number of pages, `key.len() == value.len()`,
 //!   and its parent's children map holds it under the first page of its key;
 //! - a node's lock count is at most its parent's (locks run along the path to the root);
-//! - `evictable` is the slot count of unlocked nodes and `protected` that of locked ones.
-
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+//! - `evictable` is the slot count of unlocked nodes and `protected` that of locked ones;
+//! - every unlocked leaf has an entry in the eviction queue `lru` with its current stamp.
 
 use crate::error::{Error, Result};
 use children::Children;
+use lru::LruLeaves;
 
 mod children;
+mod lru;
 mod validate;
 
 /// A node of the tree as Python sees it: the arena index in the low 32 bits and the node's
@@ -44,6 +44,7 @@ pub struct RadixTree {
     page_size: usize,
     nodes: Vec<Node>,
     free_nodes: Vec<u32>,
+    lru: LruLeaves,
     clock: u64,
     evictable: usize,
     protected: usize,
@@ -71,6 +72,7 @@ impl RadixTree {
             page_size,
             nodes: vec![root],
             free_nodes: Vec::new(),
+            lru: LruLeaves::default(),
             clock: 0,
             evictable: 0,
             protected: 0,
@@ -110,7 +112,7 @@ impl RadixTree {
             else {
                 break;
             };
-            self.nodes[child as usize].last_access = now;
+            self.touch(child, now);
             let matched = self.key_match(&self.nodes[child as usize].key, &key[pos..]);
             if matched < self.nodes[child as usize].key.len() {
                 node = self.split(child, matched);
@@ -136,17 +138,6 @@ impl RadixTree {
                 slots.len()
             )));
         }
-        self.insert_with(tokens, |start, end| Some(slots[start..end].to_vec()))
-    }
-
-    /// [`RadixTree::insert`] for a caller that fetches slots lazily: `tail(start, end)` is asked
-    /// (at most once) for `slots[start..end]`, the part not cached yet, so the slots of the
-    /// cached prefix are never read. When it returns `None` nothing new is inserted (edges may
-    /// have been split, which changes no content) and an `InvalidArgument` error is returned.
-    pub fn insert_with<F>(&mut self, tokens: &[u32], tail: F) -> Result<usize>
-    where
-        F: FnOnce(usize, usize) -> Option<Vec<u32>>,
-    {
         let len = self.aligned(tokens.len());
         let now = self.tick();
         let mut node = ROOT;
@@ -156,7 +147,7 @@ impl RadixTree {
             let Some(child) = self.nodes[node as usize].children.get(first) else {
                 break;
             };
-            self.nodes[child as usize].last_access = now;
+            self.touch(child, now);
             let matched = self.key_match(&self.nodes[child as usize].key, &tokens[pos..len]);
             pos += matched;
             if matched < self.nodes[child as usize].key.len() {
@@ -166,24 +157,16 @@ impl RadixTree {
             node = child;
         }
         if pos < len {
-            let value = tail(pos, len).ok_or_else(|| {
-                Error::InvalidArgument("the slots to insert are unreadable".into())
-            })?;
-            if value.len() != len - pos {
-                return Err(Error::InvalidArgument(format!(
-                    "insert needs {} slots from {pos} on, got {}",
-                    len - pos,
-                    value.len()
-                )));
-            }
             // A new leaf counts as newer than the path it hangs from, as in SGLang, where it is
             // stamped after the walk; so two leaves never tie in the LRU order.
             let created = self.tick();
-            let leaf = self.new_node(tokens[pos..len].to_vec(), value, node, created);
+            let (key, value) = (tokens[pos..len].to_vec(), slots[pos..len].to_vec());
+            let leaf = self.new_node(key, value, node, created);
             self.nodes[node as usize]
                 .children
                 .insert(&tokens[pos..pos + self.page_size], leaf);
             self.evictable += len - pos;
+            self.offer(leaf);
         }
         Ok(pos)
     }
@@ -231,12 +214,14 @@ impl RadixTree {
         while index != ROOT {
             let n = &mut self.nodes[index as usize];
             n.lock_ref -= 1;
+            let parent = n.parent;
             if n.lock_ref == 0 {
                 self.protected -= n.value.len();
                 self.evictable += n.value.len();
                 delta += n.value.len() as i64;
+                self.offer(index);
             }
-            index = n.parent;
+            index = parent;
         }
         Ok(delta)
     }
@@ -245,29 +230,21 @@ impl RadixTree {
     /// joins the queue), until at least `num_tokens` slots are out or nothing evictable is left.
     /// Returns the evicted slots, which the caller gives back to its allocator.
     pub fn evict(&mut self, num_tokens: usize) -> Vec<u32> {
-        let mut heap: BinaryHeap<Reverse<(u64, u32)>> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .skip(1)
-            .filter(|(_, n)| n.live && n.lock_ref == 0 && n.children.len() == 0)
-            .map(|(i, n)| Reverse((n.last_access, i as u32)))
-            .collect();
         let mut evicted = Vec::new();
         while evicted.len() < num_tokens {
-            let Some(Reverse((_, leaf))) = heap.pop() else {
+            let Some((stamp, leaf)) = self.lru.pop() else {
                 break;
             };
+            if !self.is_unlocked_leaf(leaf) || self.nodes[leaf as usize].last_access != stamp {
+                continue; // a stale entry (see `lru`)
+            }
             let parent = self.nodes[leaf as usize].parent;
             evicted.extend_from_slice(&self.nodes[leaf as usize].value);
             self.evictable -= self.nodes[leaf as usize].value.len();
             let first = self.nodes[leaf as usize].key[..self.page_size].to_vec();
             self.nodes[parent as usize].children.remove(&first);
             self.free_node(leaf);
-            let p = &self.nodes[parent as usize];
-            if parent != ROOT && p.lock_ref == 0 && p.children.len() == 0 {
-                heap.push(Reverse((p.last_access, parent)));
-            }
+            self.offer(parent);
         }
         evicted
     }
@@ -295,6 +272,7 @@ impl RadixTree {
     /// Drops every node and lock. All handles, the root's included, become stale.
     pub fn reset(&mut self) {
         self.free_nodes.clear();
+        self.lru.clear();
         for (index, node) in self.nodes.iter_mut().enumerate() {
             node.generation = node.generation.wrapping_add(1);
             node.children.clear();
@@ -315,14 +293,39 @@ impl RadixTree {
         self.clock
     }
 
+    /// Stamps `index` as used at `now`, re-queueing it for eviction if it is an unlocked leaf.
+    fn touch(&mut self, index: u32, now: u64) {
+        self.nodes[index as usize].last_access = now;
+        self.offer(index);
+    }
+
+    /// Queues `index` for eviction if it is an unlocked leaf; rebuilds the queue when stale
+    /// entries outnumber the nodes, so it stays O(nodes) in size.
+    fn offer(&mut self, index: u32) {
+        if !self.is_unlocked_leaf(index) {
+            return;
+        }
+        self.lru.push(self.nodes[index as usize].last_access, index);
+        if self.lru.exceeds(2 * self.nodes.len() + 64) {
+            let leaves = (0..self.nodes.len() as u32).filter(|&i| self.is_unlocked_leaf(i));
+            let entries = leaves.map(|i| (self.nodes[i as usize].last_access, i));
+            self.lru.rebuild(entries.collect());
+        }
+    }
+
+    /// Whether `index` is a live non-root node without locks or children (evictable now).
+    fn is_unlocked_leaf(&self, index: u32) -> bool {
+        let n = &self.nodes[index as usize];
+        index != ROOT && n.live && n.lock_ref == 0 && n.children.len() == 0
+    }
+
     fn aligned(&self, len: usize) -> usize {
         len - len % self.page_size
     }
 
     /// The length of the common prefix of `a` and `b`, rounded down to whole pages.
     fn key_match(&self, a: &[u32], b: &[u32]) -> usize {
-        let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
-        self.aligned(common)
+        self.aligned(common_prefix(a, b))
     }
 
     fn handle(&self, index: u32) -> NodeHandle {
@@ -389,6 +392,22 @@ impl RadixTree {
         node.children.clear();
         self.free_nodes.push(index);
     }
+}
+
+/// The length of the common prefix of `a` and `b`: whole chunks are compared as slices (a
+/// `memcmp`, several times faster than a token at a time on long prompts), then the rest.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    const CHUNK: usize = 32;
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
+        i += CHUNK;
+    }
+    i + a[i..n]
+        .iter()
+        .zip(&b[i..n])
+        .take_while(|(x, y)| x == y)
+        .count()
 }
 
 #[cfg(test)]
@@ -476,6 +495,38 @@ mod tests {
         assert_eq!(tree.evict(100), vec![104, 101, 102]);
         assert_eq!(tree.total_size(), 0);
         tree.validate().unwrap();
+    }
+
+    #[test]
+    fn stale_queue_entries_are_skipped_and_the_queue_stays_bounded() {
+        let mut tree = tree_with(1, &[&[1, 2], &[3, 4], &[5]]);
+        for _ in 0..200 {
+            let (_, node) = tree.match_prefix(&[1, 2]);
+            tree.lock(node).unwrap();
+            tree.unlock(node).unwrap();
+        }
+        tree.match_prefix(&[3, 4]);
+        tree.validate().unwrap();
+        assert!(!tree.lru.exceeds(2 * tree.nodes.len() + 64));
+        assert_eq!(tree.evict(1), vec![105]);
+        assert_eq!(tree.evict(2), vec![101, 102]);
+        tree.insert(&[6], &[106]).unwrap();
+        tree.validate().unwrap();
+        assert_eq!(tree.evict(10), vec![103, 104, 106]);
+        assert_eq!(tree.lru.pop(), None);
+    }
+
+    #[test]
+    fn common_prefix_is_exact_around_chunk_boundaries() {
+        let a: Vec<u32> = (0..100).collect();
+        for at in [0, 1, 31, 32, 33, 64, 99] {
+            let mut b = a.clone();
+            b[at] = 1000;
+            assert_eq!(common_prefix(&a, &b), at);
+            assert_eq!(common_prefix(&a[..at], &b), at);
+        }
+        assert_eq!(common_prefix(&a, &a[..70]), 70);
+        assert_eq!(common_prefix(&a, &[]), 0);
     }
 
     #[test]

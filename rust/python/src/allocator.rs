@@ -1,18 +1,17 @@
-//! `srt._rust.TokenAllocator`: the binding of `srt_core::TokenAllocator`. Slots cross as lists
-//! of ints; a shortfall is `None`, a bad free a `ValueError` naming the slot.
+//! `srt._rust.TokenAllocator`: the binding of `srt_core::TokenAllocator`. Slots leave as
+//! `array('i')` and come back as int32 buffers; a shortfall is `None`, a bad free a `ValueError`
+//! naming the slot.
 
 use pyo3::prelude::*;
-use pyo3::types::PyList;
 use srt_core::TokenAllocator;
 
-use crate::boundary::{maybe_detach, IntCache, Ints};
+use crate::boundary::{int32_array, maybe_detach, Ids};
 use crate::to_py_err;
 
 /// The free list of KV slots (whole pages of them when `page_size > 1`); slot 0 is padding.
 #[pyclass(name = "TokenAllocator", module = "srt._rust")]
 pub(crate) struct PyTokenAllocator {
     inner: TokenAllocator,
-    ints: IntCache,
 }
 
 impl PyTokenAllocator {
@@ -28,10 +27,7 @@ impl PyTokenAllocator {
     #[pyo3(signature = (size, page_size = 1))]
     fn new(size: usize, page_size: usize) -> PyResult<Self> {
         let inner = TokenAllocator::new(size, page_size).map_err(to_py_err)?;
-        Ok(PyTokenAllocator {
-            inner,
-            ints: IntCache::default(),
-        })
+        Ok(PyTokenAllocator { inner })
     }
 
     #[getter]
@@ -48,15 +44,15 @@ impl PyTokenAllocator {
         self.inner.available()
     }
 
-    fn alloc<'py>(&mut self, py: Python<'py>, n: usize) -> PyResult<Option<Bound<'py, PyList>>> {
+    fn alloc<'py>(&mut self, py: Python<'py>, n: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
         let inner = &mut self.inner;
         match maybe_detach(py, n, || inner.alloc(n)).map_err(to_py_err)? {
-            Some(slots) => Ok(Some(self.ints.list(py, &slots)?)),
+            Some(slots) => Ok(Some(int32_array(py, &slots)?)),
             None => Ok(None),
         }
     }
 
-    fn free(&mut self, py: Python<'_>, slots: Ints) -> PyResult<()> {
+    fn free(&mut self, py: Python<'_>, slots: Ids) -> PyResult<()> {
         let inner = &mut self.inner;
         maybe_detach(py, slots.0.len(), || inner.free(&slots.0)).map_err(to_py_err)
     }

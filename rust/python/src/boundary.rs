@@ -1,86 +1,84 @@
-//! What crosses the boundary: runs of token or slot ids arrive as Python lists (or any sequence)
-//! of ints and are read into `Vec<u32>` once; long runs are then processed without the GIL.
+//! What crosses the boundary: runs of token or slot ids arrive as int32 buffers (`array('i')`,
+//! numpy int32: what srt passes around) and are copied out in one piece, with no per-item
+//! Python work; lists and tuples of ints are accepted too, for convenience, at Python speed.
+//! Runs of slot ids leave as `array('i')`, which the model runner reads with `torch.frombuffer`.
 
-use pyo3::exceptions::PyOverflowError;
-use pyo3::ffi;
+use pyo3::buffer::{PyBuffer, PyUntypedBuffer};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::marker::Ungil;
 use pyo3::prelude::*;
-use pyo3::types::{PyInt, PyList};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyList, PyTuple, PyType};
 
 /// Runs of at least this many ids are processed with the GIL released. Shorter ones keep it:
 /// releasing and retaking the GIL costs more than the work, and the scheduler is one thread.
 const DETACH_MIN: usize = 1 << 14;
 
-/// A run of ids read from a Python sequence of ints (each must fit in `u32`).
-pub(crate) struct Ints(pub(crate) Vec<u32>);
+/// A run of ids (each a non-negative int32) read from an int32 buffer or a sequence of ints.
+pub(crate) struct Ids(pub(crate) Vec<u32>);
 
-impl<'a, 'py> FromPyObject<'a, 'py> for Ints {
+impl<'a, 'py> FromPyObject<'a, 'py> for Ids {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        let len = obj.len()?;
-        read_ints(&obj, 0, len).map(Ints)
+        if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+            return Ok(Ids(obj.extract()?));
+        }
+        let Ok(raw) = PyUntypedBuffer::get(&obj) else {
+            return Err(PyTypeError::new_err(format!(
+                "expected ids as an int32 buffer (array('i'), numpy int32) or a list of ints, \
+                 got {}",
+                obj.get_type().name()?
+            )));
+        };
+        if raw.dimensions() != 1 {
+            return Err(PyValueError::new_err(format!(
+                "expected a 1-D buffer of ids, got {} dimensions",
+                raw.dimensions()
+            )));
+        }
+        if raw.item_count() == 0 && raw.item_size() == 4 {
+            // An empty `array` exposes a 1-byte-aligned dummy pointer, which `as_typed`
+            // would reject as misaligned; there is nothing to read anyway.
+            return Ok(Ids(Vec::new()));
+        }
+        let buffer: &PyBuffer<i32> = raw.as_typed().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "expected int32 ids (array('i'), numpy int32), got buffer format {:?}",
+                raw.format().to_string_lossy()
+            ))
+        })?;
+        // One copy (a memcpy when contiguous, strided otherwise); the buffer is released after.
+        let ids = buffer.to_vec(obj.py())?;
+        if let Some(bad) = ids.iter().find(|&&id| id < 0) {
+            return Err(PyOverflowError::new_err(format!(
+                "id {bad} is negative (ids must fit in u32)"
+            )));
+        }
+        Ok(Ids(ids.into_iter().map(|id| id as u32).collect()))
     }
 }
 
-/// Items `start..end` of a sequence of ints (`end` at most its length), each fitting in `u32`.
-/// Lists (what the scheduler passes) are read in place without the iterator protocol; other
-/// sequences take pyo3's generic path.
-pub(crate) fn read_ints(obj: &Bound<'_, PyAny>, start: usize, end: usize) -> PyResult<Vec<u32>> {
-    let Ok(list) = obj.cast::<PyList>() else {
-        let all: Vec<u32> = obj.extract()?;
-        return Ok(all.get(start..end).unwrap_or_default().to_vec());
-    };
-    let end = end.min(list.len());
-    let mut ids = Vec::with_capacity(end.saturating_sub(start));
-    for i in start..end {
-        // SAFETY: `list` is a live list (we hold the GIL and a reference to it) and
-        // `i < end <= len`; nothing runs between the calls that could shrink it, since reading
-        // an int runs no Python code. `PyList_GetItem` returns a borrowed reference that stays
-        // valid while the list holds it, and we are done with it before the next call.
-        let item = unsafe { ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t) };
-        if item.is_null() {
-            return Err(PyErr::fetch(obj.py()));
-        }
-        // SAFETY: `item` is a valid borrowed pointer (checked above).
-        let value = unsafe { ffi::PyLong_AsLong(item) };
-        if value == -1 && PyErr::occurred(obj.py()) {
-            return Err(PyErr::fetch(obj.py()));
-        }
-        let id = u32::try_from(value)
-            .map_err(|_| PyOverflowError::new_err(format!("id {value} does not fit in u32")))?;
-        ids.push(id);
-    }
-    Ok(ids)
-}
+/// `array.array`, looked up once.
+static ARRAY_TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
-/// Python int objects for ids `0..len`, made once and shared by every list handed out, as
-/// CPython shares its small ints: building a list of slots is then a pointer copy per slot
-/// rather than an allocation. Grows to the largest id seen (at most the KV pool size).
-#[derive(Default)]
-pub(crate) struct IntCache {
-    ints: Vec<Py<PyInt>>,
-}
-
-impl IntCache {
-    /// A new Python list of `ids`.
-    pub(crate) fn list<'py>(
-        &mut self,
-        py: Python<'py>,
-        ids: &[u32],
-    ) -> PyResult<Bound<'py, PyList>> {
-        if let Some(&max) = ids.iter().max() {
-            let needed = max as usize + 1;
-            let start = self.ints.len();
-            if needed > start {
-                self.ints.reserve(needed - start);
-                for id in start..needed {
-                    self.ints.push(PyInt::new(py, id).unbind());
-                }
-            }
-        }
-        PyList::new(py, ids.iter().map(|&id| self.ints[id as usize].bind(py)))
+/// A new `array('i')` holding `ids`: one bytes object filled in place, copied once by `array`.
+/// Every id must fit in int32 (slot ids are below the KV pool size).
+pub(crate) fn int32_array<'py>(py: Python<'py>, ids: &[u32]) -> PyResult<Bound<'py, PyAny>> {
+    if let Some(bad) = ids.iter().find(|&&id| id > i32::MAX as u32) {
+        return Err(PyOverflowError::new_err(format!(
+            "id {bad} does not fit in int32"
+        )));
     }
+    let bytes = PyBytes::new_with(py, ids.len() * 4, |buf| {
+        for (out, id) in buf.chunks_exact_mut(4).zip(ids) {
+            out.copy_from_slice(&id.to_ne_bytes());
+        }
+        Ok(())
+    })?;
+    let array = ARRAY_TYPE.import(py, "array", "array")?;
+    array.call1((intern!(py, "i"), bytes))
 }
 
 /// Runs `f` with the GIL released when `n` (the size of its work) is large enough to pay for it.

@@ -1,6 +1,7 @@
 //! The binding layer: exposes `srt-core` to Python as the private module `srt._rust`.
-//! Only ints, lists of ints, bytes and strings cross this boundary; the Python facades in `srt`
-//! are its only importers. Each core structure has one binding file that registers its classes.
+//! Only ints, int32 buffers of ids (`array('i')`), bytes and strings cross this boundary; the
+//! Python facades in `srt` are its only importers. Each core structure has one binding file
+//! that registers its classes.
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};

@@ -1,20 +1,18 @@
 //! `srt._rust.RadixTree`: the binding of `srt_core::RadixTree`. Node handles are plain ints;
-//! token and slot runs are lists of ints. Long runs are processed without the GIL.
+//! token and slot runs come in as int32 buffers (see `boundary`) and slots leave as
+//! `array('i')`. Long runs are processed without the GIL.
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
 use srt_core::{Error, NodeHandle, RadixTree};
 
 use crate::allocator::PyTokenAllocator;
-use crate::boundary::{maybe_detach, read_ints, IntCache, Ints};
+use crate::boundary::{int32_array, maybe_detach, Ids};
 use crate::to_py_err;
 
 /// The prefix cache's radix tree: token-id prefixes → the KV slots that hold them.
 #[pyclass(name = "RadixTree", module = "srt._rust")]
 pub(crate) struct PyRadixTree {
     inner: RadixTree,
-    ints: IntCache,
 }
 
 #[pymethods]
@@ -23,10 +21,7 @@ impl PyRadixTree {
     #[pyo3(signature = (page_size = 1))]
     fn new(page_size: usize) -> PyResult<Self> {
         let inner = RadixTree::new(page_size).map_err(to_py_err)?;
-        Ok(PyRadixTree {
-            inner,
-            ints: IntCache::default(),
-        })
+        Ok(PyRadixTree { inner })
     }
 
     #[getter]
@@ -41,32 +36,16 @@ impl PyRadixTree {
     fn match_prefix<'py>(
         &mut self,
         py: Python<'py>,
-        tokens: Ints,
-    ) -> PyResult<(Bound<'py, PyList>, NodeHandle)> {
+        tokens: Ids,
+    ) -> PyResult<(Bound<'py, PyAny>, NodeHandle)> {
         let inner = &mut self.inner;
         let (slots, node) = maybe_detach(py, tokens.0.len(), || inner.match_prefix(&tokens.0));
-        Ok((self.ints.list(py, &slots)?, node))
+        Ok((int32_array(py, &slots)?, node))
     }
 
-    /// Reads only the slots of the part not cached yet (the scheduler's inserts are mostly
-    /// cached already), with the GIL held since they come from a Python list.
-    fn insert(&mut self, tokens: Ints, slots: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let (num_tokens, num_slots) = (tokens.0.len(), slots.len()?);
-        if num_tokens != num_slots {
-            return Err(PyValueError::new_err(format!(
-                "insert got {num_tokens} tokens but {num_slots} slots"
-            )));
-        }
-        let mut read_error = None;
-        let result = self.inner.insert_with(&tokens.0, |start, end| {
-            read_ints(slots, start, end)
-                .map_err(|e| read_error = Some(e))
-                .ok()
-        });
-        match read_error {
-            Some(error) => Err(error),
-            None => result.map_err(to_py_err),
-        }
+    fn insert(&mut self, py: Python<'_>, tokens: Ids, slots: Ids) -> PyResult<usize> {
+        let inner = &mut self.inner;
+        maybe_detach(py, tokens.0.len(), || inner.insert(&tokens.0, &slots.0)).map_err(to_py_err)
     }
 
     fn lock(&mut self, node: NodeHandle) -> PyResult<i64> {
@@ -77,10 +56,10 @@ impl PyRadixTree {
         self.inner.unlock(node).map_err(to_py_err)
     }
 
-    fn evict<'py>(&mut self, py: Python<'py>, num_tokens: usize) -> PyResult<Bound<'py, PyList>> {
+    fn evict<'py>(&mut self, py: Python<'py>, num_tokens: usize) -> PyResult<Bound<'py, PyAny>> {
         let inner = &mut self.inner;
-        let slots = maybe_detach(py, inner.evictable_size(), || inner.evict(num_tokens));
-        self.ints.list(py, &slots)
+        let slots = maybe_detach(py, num_tokens, || inner.evict(num_tokens));
+        int32_array(py, &slots)
     }
 
     /// Evicts like `evict` and frees the slots straight into `allocator`, so they never become
@@ -93,7 +72,7 @@ impl PyRadixTree {
         num_tokens: usize,
     ) -> PyResult<usize> {
         let (tree, pool) = (&mut self.inner, allocator.inner_mut());
-        maybe_detach(py, tree.evictable_size(), || {
+        maybe_detach(py, num_tokens, || {
             let slots = tree.evict(num_tokens);
             pool.free(&slots)
                 .map_err(|e| Error::Invariant(format!("evicted {e}")))?;

@@ -8,6 +8,7 @@ impl RadixTree {
     pub fn validate(&self) -> Result<()> {
         let broken = |what: String| Err(Error::Invariant(what));
         let (mut evictable, mut protected, mut seen) = (0, 0, 0);
+        let queued = self.lru.entries();
         let mut stack = vec![ROOT];
         while let Some(index) = stack.pop() {
             let node = &self.nodes[index as usize];
@@ -28,6 +29,9 @@ impl RadixTree {
                     return broken(format!("radix node {child} is locked more than its parent"));
                 }
                 stack.push(child);
+            }
+            if self.is_unlocked_leaf(index) && !queued.contains(&(node.last_access, index)) {
+                return broken(format!("unlocked leaf {index} is not queued for eviction"));
             }
             if index != ROOT {
                 *(if node.lock_ref == 0 {
