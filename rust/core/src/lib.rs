@@ -2,6 +2,7 @@
 //! `srt-python` crate, which is the only place where Python types appear.
 
 pub mod error;
+pub mod ring;
 
 pub use error::{Error, Result};
 

@@ -6,6 +6,8 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+mod ring;
+
 create_exception!(
     _rust,
     InvariantError,
@@ -26,5 +28,6 @@ pub(crate) fn to_py_err(error: srt_core::Error) -> PyErr {
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", srt_core::VERSION)?;
     m.add("InvariantError", m.py().get_type::<InvariantError>())?;
+    ring::register(m)?;
     Ok(())
 }
