@@ -13,3 +13,10 @@ def cache_dir() -> Path:
         return Path(configured)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
     return Path(base) / "srt"
+
+
+def ring_capacity() -> int:
+    """Bytes in the data area of each inter-process ring (`SRT_RING_CAPACITY`, default 16 MiB;
+    a power of two that bounds the largest message, e.g. a tokenized prompt)."""
+    return int(os.environ.get("SRT_RING_CAPACITY", 16 << 20))
+
