@@ -21,7 +21,7 @@ The headline ratios compare the ring with blocking zmq, the faster zmq mode:
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -125,9 +125,7 @@ def zmq_child(address: tuple[str, str], mode: str, size: int, count: int, aio: b
     ctx.destroy(linger=-1)  # deliver everything before exiting
 
 
-async def zmq_parent(
-    address: tuple[str, str], mode: str, size: int, count: int, aio: bool
-) -> Any:
+async def zmq_parent(address: tuple[str, str], mode: str, size: int, count: int, aio: bool) -> Any:
     import zmq
     import zmq.asyncio
 
@@ -233,10 +231,8 @@ def run(transport: str, mode: str, size: int, count: int) -> Any:
             child.kill()
             child.join()
         for step in cleanup:
-            try:
+            with contextlib.suppress(OSError):
                 step()
-            except OSError:
-                pass
 
 
 def main() -> None:

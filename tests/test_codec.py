@@ -109,15 +109,20 @@ def test_no_pickle_and_unknown_types_refused() -> None:
         decode(bytes([len(MESSAGE_TYPES) + 1]))
     with pytest.raises(CodecError):
         decode(b"")
-    out = BatchTokenIDOut(("a",), ((1, 2),), (None,), (2,), (2,), (0,), (True,), (True,), (False,), ((),))
-    assert b"pickle" not in encode(out) and encode(out)[0] == MESSAGE_TYPES.index(BatchTokenIDOut) + 1
+    out = BatchTokenIDOut(
+        ("a",), ((1, 2),), (None,), (2,), (2,), (0,), (True,), (True,), (False,), ((),)
+    )
+    assert b"pickle" not in encode(out)
+    assert encode(out)[0] == MESSAGE_TYPES.index(BatchTokenIDOut) + 1
 
 
 def test_sampling_params_follow_sglang_defaults_and_ranges() -> None:
     p = SamplingParams()
     assert (p.max_new_tokens, p.temperature, p.top_p, p.top_k, p.min_p) == (128, 1.0, 1.0, -1, 0.0)
     assert (p.repetition_penalty, p.n, p.skip_special_tokens) == (1.0, 1, True)
-    assert p.spaces_between_special_tokens and not p.ignore_eos and p.seed is None
+    assert p.spaces_between_special_tokens
+    assert not p.ignore_eos
+    assert p.seed is None
     for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": 0}, {"min_new_tokens": 200}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SamplingParams(**bad)  # type: ignore[arg-type]

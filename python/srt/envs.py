@@ -19,4 +19,3 @@ def ring_capacity() -> int:
     """Bytes in the data area of each inter-process ring (`SRT_RING_CAPACITY`, default 16 MiB;
     a power of two that bounds the largest message, e.g. a tokenized prompt)."""
     return int(os.environ.get("SRT_RING_CAPACITY", 16 << 20))
-

@@ -16,6 +16,7 @@ Guarantees, whatever way the server ends:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 from srt import envs
 from srt.io_struct import ShutdownReq
@@ -140,19 +142,17 @@ class Launcher:
     def stop(self, sender: Sender) -> None:
         """Asks the stages to finish (a `ShutdownReq` down the pipeline), then cleans up."""
         if self.dead_child() is None:
-            try:
+            with contextlib.suppress(BrokenPipeError):
                 sender.send_blocking(ShutdownReq(rid="shutdown"))
-            except BrokenPipeError:
-                pass
         for child in self.children:
             child.process.join(GRACE_S)
         self.close()
 
-    def close(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        """Signals every live stage, kills those that do not exit in time, removes the rings."""
+    def close(self) -> None:
+        """SIGTERMs every live stage, kills those that do not exit in time, removes the rings."""
         for child in self.children:
             if child.process.exitcode is None:
-                os.kill(child.process.pid or 0, sig)
+                os.kill(child.process.pid or 0, signal.SIGTERM)
         for child in self.children:
             child.process.join(GRACE_S)
             if child.process.exitcode is None:
@@ -162,47 +162,53 @@ class Launcher:
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
+    _set_once(future, None)
+
+
+def _set_once(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
-        future.set_result(None)
+        future.set_result(value)
 
 
-async def serve(launcher: Launcher) -> int:
-    """Runs until SIGINT/SIGTERM (forwarded to the stages; returns 0) or a stage dies (1)."""
+async def serve(server_args: ServerArgs) -> int:
+    """Starts the stages, then runs until SIGINT/SIGTERM (forwarded to the stages; returns 0) or
+    until a stage dies (returns 1). Signal handlers are installed before anything starts, so a
+    signal during start-up is handled once the stages are up."""
     loop = asyncio.get_running_loop()
-    stop: asyncio.Future[signal.Signals] = loop.create_future()
+    stop: asyncio.Future[Any] = loop.create_future()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda s=sig: stop.done() or stop.set_result(s))
-    death = asyncio.ensure_future(launcher.watch())
-    await asyncio.wait({death, stop}, return_when=asyncio.FIRST_COMPLETED)
-    if death.done():
-        print(f"srt: {death.result().why()}; shutting down", file=sys.stderr, flush=True)
-        launcher.close()
-        return 1
-    death.cancel()
-    launcher.close(stop.result())
-    for child in launcher.children:
-        if child.process.exitcode != 0:
-            print(f"srt: {child.why()}", file=sys.stderr)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Starts the stages and serves until a signal or a stage's death (no HTTP server yet)."""
-    launcher = Launcher(parse_args(argv))
+        loop.add_signal_handler(sig, _set_once, stop, sig)
+    launcher = Launcher(server_args)
     try:
         sender, receiver = launcher.start()
     except ChildDied as e:
         print(f"srt: {e}; cannot start", file=sys.stderr)
         return 1
-    pids = ", ".join(f"{c.name} pid {c.process.pid}" for c in launcher.children)
-    print(f"srt: ready ({pids})", flush=True)
-    import uvloop
-
     try:
-        return uvloop.run(serve(launcher))
+        pids = ", ".join(f"{c.name} pid {c.process.pid}" for c in launcher.children)
+        print(f"srt: ready ({pids})", flush=True)
+        death: asyncio.Future[Any] = asyncio.ensure_future(launcher.watch())
+        await asyncio.wait([death, stop], return_when=asyncio.FIRST_COMPLETED)
+        if death.done():
+            print(f"srt: {death.result().why()}; shutting down", file=sys.stderr, flush=True)
+            launcher.close()
+            return 1
+        death.cancel()
+        launcher.close()  # stages take SIGTERM for either signal (they leave ^C to us)
+        for child in launcher.children:
+            if child.process.exitcode != 0:
+                print(f"srt: {child.why()}", file=sys.stderr)
+        return 0
     finally:
         launcher.close()
         del sender, receiver
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Starts the stages and serves until a signal or a stage's death (no HTTP server yet)."""
+    import uvloop
+
+    return uvloop.run(serve(parse_args(argv)))
 
 
 if __name__ == "__main__":

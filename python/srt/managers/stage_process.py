@@ -14,6 +14,7 @@ A stage is started by the launcher with the `spawn` method. It:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import signal
@@ -53,19 +54,17 @@ def run_stage(
 ) -> None:
     """The body of a stage process: build the stage, report ready, serve, clean up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_quietly)  # until the event loop takes over
     try:
         die_with_parent(parent_pid)
         stage = build()
-        ready.send_bytes(READY)
-        _run(_serve(stage, parent_pid))
+        _run(_serve(stage, parent_pid, ready))
     except BaseException as e:
         if isinstance(e, SystemExit) and e.code in (None, 0):
             raise
         report = "".join(traceback.format_exception_only(e)).strip()
-        try:
+        with contextlib.suppress(OSError):  # the launcher may be gone: nobody to tell
             ready.send_bytes(report.encode() + b"\n" + traceback.format_exc().encode())
-        except OSError:
-            pass  # the launcher is gone; nobody to tell
         raise SystemExit(1) from e
     finally:
         rings.unlink()
@@ -77,10 +76,14 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
     uvloop.run(main)
 
 
-async def _serve(stage: Stage, parent_pid: int) -> None:
+def _exit_quietly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+async def _serve(stage: Stage, parent_pid: int, ready: Connection) -> None:
     """Runs the stage until it returns, fails, gets SIGTERM, or the launcher dies."""
     loop = asyncio.get_running_loop()
-    stop: asyncio.Future[str] = loop.create_future()
+    stop: asyncio.Future[Any] = loop.create_future()
 
     def stop_with(reason: str) -> None:
         if not stop.done():
@@ -91,9 +94,10 @@ async def _serve(stage: Stage, parent_pid: int) -> None:
     loop.add_reader(parent, stop_with, "the launcher exited")
     if os.getppid() != parent_pid:  # died between the pdeathsig check and the pidfd
         stop_with("the launcher exited")
-    work = asyncio.ensure_future(stage.event_loop())
+    ready.send_bytes(READY)  # only now: a SIGTERM from here on stops the stage cleanly
+    work: asyncio.Future[Any] = asyncio.ensure_future(stage.event_loop())
     try:
-        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([work, stop], return_when=asyncio.FIRST_COMPLETED)
         if work.done():
             work.result()
         elif stop.result() == "the launcher exited":

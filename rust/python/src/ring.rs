@@ -126,7 +126,9 @@ impl PyShmRing {
             Some(t) => return Err(PyValueError::new_err(format!("bad timeout {t}"))),
             None => None,
         };
-        let wake = py.detach(|| self.inner.wait(need, timeout)).map_err(to_py_err)?;
+        let wake = py
+            .detach(|| self.inner.wait(need, timeout))
+            .map_err(to_py_err)?;
         py.check_signals()?;
         self.wake_to_bool(wake)
     }
@@ -163,7 +165,10 @@ impl PyShmRing {
 
     fn __repr__(&self) -> String {
         let (name, role) = (self.inner.name(), role_name(self.inner.role()));
-        format!("ShmRing(name={name:?}, role={role:?}, capacity={})", self.inner.capacity())
+        format!(
+            "ShmRing(name={name:?}, role={role:?}, capacity={})",
+            self.inner.capacity()
+        )
     }
 }
 
