@@ -18,3 +18,9 @@ def cache_dir() -> Path:
 def cpu_kv_cache_gb() -> float:
     """KV cache budget on CPU when `--max-total-tokens` is not given (`SRT_CPU_KV_CACHE_GB`)."""
     return float(os.environ.get("SRT_CPU_KV_CACHE_GB", "2"))
+
+
+def ring_capacity() -> int:
+    """Bytes in the data area of each inter-process ring (`SRT_RING_CAPACITY`, default 16 MiB;
+    a power of two that bounds the largest message, e.g. a tokenized prompt)."""
+    return int(os.environ.get("SRT_RING_CAPACITY", 16 << 20))

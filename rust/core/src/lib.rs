@@ -6,6 +6,7 @@ pub mod decode_window;
 pub mod detokenizer;
 pub mod error;
 pub mod radix;
+pub mod ring;
 pub mod stop;
 #[cfg(test)]
 mod test_tokenizer;

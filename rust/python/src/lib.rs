@@ -11,6 +11,7 @@ mod allocator;
 mod boundary;
 mod detokenizer;
 mod radix;
+mod ring;
 
 create_exception!(
     _rust,
@@ -35,5 +36,6 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     radix::register(m)?;
     allocator::register(m)?;
     detokenizer::register(m)?;
+    ring::register(m)?;
     Ok(())
 }

@@ -1,0 +1,215 @@
+"""The launcher: creates a server's rings, starts its scheduler and detokenizer processes with
+`spawn`, waits until both are ready, watches them, and stops everything (DESIGN §1).
+
+Guarantees, whatever way the server ends:
+
+- normal stop (`Launcher.stop`, or SIGINT/SIGTERM to `python -m srt.entrypoints.launcher`): the
+  stages get a `ShutdownReq` (or the forwarded signal) and exit 0; stragglers are killed;
+- a child dies: `watch()` returns which one and why (its exception, exit code or signal), the
+  others are stopped, and the command exits 1;
+- the launcher is killed (even `kill -9`): each child gets SIGTERM from the kernel
+  (`PR_SET_PDEATHSIG`) and sees the launcher's pidfd close, and exits;
+- no shared memory is left: the ring names vanish once both ends attached (the second end
+  unlinks them), and whoever exits first (launcher or child) unlinks any that remain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from srt import envs
+from srt.io_struct import ShutdownReq
+from srt.ipc.channel import Receiver, Sender
+from srt.ipc.rings import RingNames
+from srt.managers.detokenizer_manager import run_detokenizer_process
+from srt.managers.scheduler import run_scheduler_process
+from srt.managers.stage_process import READY
+from srt.server_args import ServerArgs, parse_args
+
+STAGES: dict[str, Callable[[ServerArgs, RingNames, int, Connection], None]] = {
+    "scheduler": run_scheduler_process,
+    "detokenizer": run_detokenizer_process,
+}
+GRACE_S = 5.0
+
+
+class ChildDied(RuntimeError):
+    """A stage process exited while the server needed it."""
+
+
+@dataclass
+class Child:
+    name: str
+    process: BaseProcess
+    conn: Connection
+    report: str = field(default="")
+
+    def why(self) -> str:
+        """Why the process ended: its own report if it sent one, else its exit status."""
+        try:
+            while self.conn.poll():
+                message = self.conn.recv_bytes().decode(errors="replace")
+                if message != READY.decode():
+                    self.report = message.splitlines()[0]
+        except (EOFError, OSError):
+            pass
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            status = f"was killed by {signal.Signals(-code).name}"
+        else:
+            status = f"exited with code {code}"
+        pid = self.process.pid
+        return f"{self.name} process (pid {pid}) {status}" + (
+            f": {self.report}" if self.report else ""
+        )
+
+
+class Launcher:
+    """Owns one server's rings and stage processes."""
+
+    def __init__(self, server_args: ServerArgs) -> None:
+        self.server_args = server_args
+        self.rings = RingNames.new()
+        self.children: list[Child] = []
+
+    def start(self) -> tuple[Sender, Receiver]:
+        """Starts the stages and returns the main process's channel ends (to the scheduler, from
+        the detokenizer). Raises `ChildDied` if a stage fails to start."""
+        self.rings.create(envs.ring_capacity())
+        try:
+            spawn = mp.get_context("spawn")
+            for name, target in STAGES.items():
+                ours, theirs = spawn.Pipe(duplex=False)
+                args = (self.server_args, self.rings, mp.current_process().pid, theirs)
+                process = spawn.Process(target=target, args=args, name=f"srt-{name}")
+                process.start()
+                theirs.close()
+                self.children.append(Child(name, process, ours))
+            self._wait_ready()
+            return Sender(self.rings.scheduler), Receiver(self.rings.tokenizer)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self) -> None:
+        pending = {child.conn: child for child in self.children}
+        sentinels = {child.process.sentinel: child for child in self.children}
+        while pending:
+            for obj in wait([*pending, *sentinels]):
+                if obj in sentinels:
+                    raise ChildDied(sentinels[obj].why())
+                child = pending.pop(obj)  # type: ignore[call-overload]
+                try:
+                    message = child.conn.recv_bytes()
+                except EOFError:
+                    message = b""
+                if message != READY:  # a failure report (or silence), then the child exits
+                    child.report = message.decode(errors="replace").partition("\n")[0]
+                    child.process.join(GRACE_S)
+                    raise ChildDied(child.why())
+
+    def dead_child(self) -> Child | None:
+        """The first stage process that has exited, if any."""
+        return next((c for c in self.children if c.process.exitcode is not None), None)
+
+    async def watch(self) -> Child:
+        """Waits (in the event loop) until a stage process exits and returns it."""
+        loop = asyncio.get_running_loop()
+        died: asyncio.Future[None] = loop.create_future()
+        for child in self.children:
+            loop.add_reader(child.process.sentinel, _set_done, died)
+        try:
+            while (dead := self.dead_child()) is None:
+                await died
+                died = loop.create_future()
+                for child in self.children:
+                    loop.add_reader(child.process.sentinel, _set_done, died)
+            return dead
+        finally:
+            for child in self.children:
+                loop.remove_reader(child.process.sentinel)
+
+    def stop(self, sender: Sender) -> None:
+        """Asks the stages to finish (a `ShutdownReq` down the pipeline), then cleans up."""
+        if self.dead_child() is None:
+            with contextlib.suppress(BrokenPipeError):
+                sender.send_blocking(ShutdownReq(rid="shutdown"))
+        for child in self.children:
+            child.process.join(GRACE_S)
+        self.close()
+
+    def close(self) -> None:
+        """SIGTERMs every live stage, kills those that do not exit in time, removes the rings."""
+        for child in self.children:
+            if child.process.exitcode is None:
+                os.kill(child.process.pid or 0, signal.SIGTERM)
+        for child in self.children:
+            child.process.join(GRACE_S)
+            if child.process.exitcode is None:
+                child.process.kill()
+                child.process.join()
+        self.rings.unlink()
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    _set_once(future, None)
+
+
+def _set_once(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+async def serve(server_args: ServerArgs) -> int:
+    """Starts the stages, then runs until SIGINT/SIGTERM (forwarded to the stages; returns 0) or
+    until a stage dies (returns 1). Signal handlers are installed before anything starts, so a
+    signal during start-up is handled once the stages are up."""
+    loop = asyncio.get_running_loop()
+    stop: asyncio.Future[Any] = loop.create_future()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, _set_once, stop, sig)
+    launcher = Launcher(server_args)
+    try:
+        sender, receiver = launcher.start()
+    except ChildDied as e:
+        print(f"srt: {e}; cannot start", file=sys.stderr)
+        return 1
+    try:
+        pids = ", ".join(f"{c.name} pid {c.process.pid}" for c in launcher.children)
+        print(f"srt: ready ({pids})", flush=True)
+        death: asyncio.Future[Any] = asyncio.ensure_future(launcher.watch())
+        await asyncio.wait([death, stop], return_when=asyncio.FIRST_COMPLETED)
+        if death.done():
+            print(f"srt: {death.result().why()}; shutting down", file=sys.stderr, flush=True)
+            launcher.close()
+            return 1
+        death.cancel()
+        launcher.close()  # stages take SIGTERM for either signal (they leave ^C to us)
+        for child in launcher.children:
+            if child.process.exitcode != 0:
+                print(f"srt: {child.why()}", file=sys.stderr)
+        return 0
+    finally:
+        launcher.close()
+        del sender, receiver
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Starts the stages and serves until a signal or a stage's death (no HTTP server yet)."""
+    import uvloop
+
+    return uvloop.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Every message that crosses a process boundary (DESIGN §1-2), one section per receiving ring.
+
+Each message is a frozen, slotted record of ints, floats, bools, strings and tuples of them (no
+tensors, no Python objects), so `srt.ipc.codec` can encode it without pickle. Every message
+carries the request id(s) it concerns; control messages carry an id of their own that the reply
+repeats. Token ids are tuples of ints that fit in int32.
+
+    MAIN ──"scheduler"──▶ SCHEDULER ──"detokenizer"──▶ DETOKENIZER ──"tokenizer"──▶ MAIN
+
+Replies of the scheduler to the main process (flush-cache results, load, health) ride ring
+"detokenizer"; the detokenizer forwards them to ring "tokenizer" unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from srt.sampling_params import SamplingParams
+
+# ---- ring "scheduler": MAIN → SCHEDULER ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedGenerateReq:
+    """A validated, tokenized generate request."""
+
+    rid: str
+    input_text: str
+    input_ids: tuple[int, ...]
+    sampling_params: SamplingParams
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AbortReq:
+    """Stop a request (its client went away or asked to abort); `rid` "" aborts all."""
+
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class FlushCacheReq:
+    """Empty the radix cache (only succeeds while no request runs)."""
+
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class GetLoadReq:
+    """Ask the scheduler how busy it is."""
+
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheckReq:
+    """Ask the scheduler whether its loop is alive."""
+
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownReq:
+    """Stop the pipeline: the scheduler forwards it to the detokenizer, then both exit."""
+
+    rid: str
+
+
+# ---- ring "detokenizer": SCHEDULER → DETOKENIZER ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTokenIDOut:
+    """New token ids of the requests of one scheduler step; all tuples are indexed alike.
+
+    `output_ids[i]` holds only the ids produced since the previous message for `rids[i]`;
+    `finished_reasons[i]` is None while the request runs, else "stop", "length" or "abort".
+    """
+
+    rids: tuple[str, ...]
+    output_ids: tuple[tuple[int, ...], ...]
+    finished_reasons: tuple[str | None, ...]
+    prompt_tokens: tuple[int, ...]
+    completion_tokens: tuple[int, ...]
+    cached_tokens: tuple[int, ...]
+    skip_special_tokens: tuple[bool, ...]
+    spaces_between_special_tokens: tuple[bool, ...]
+    no_stop_trim: tuple[bool, ...]
+    stop: tuple[tuple[str, ...], ...]
+
+
+# ---- ring "tokenizer": DETOKENIZER → MAIN ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStrOut:
+    """New text of the requests of one step; all tuples are indexed alike.
+
+    `output_strs[i]` is the text added since the previous message for `rids[i]` (stop strings
+    trimmed unless `no_stop_trim`), `output_ids[i]` the token ids behind it.
+    """
+
+    rids: tuple[str, ...]
+    output_strs: tuple[str, ...]
+    output_ids: tuple[tuple[int, ...], ...]
+    finished_reasons: tuple[str | None, ...]
+    prompt_tokens: tuple[int, ...]
+    completion_tokens: tuple[int, ...]
+    cached_tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FlushCacheOut:
+    """Reply to `FlushCacheReq` (from the scheduler, forwarded by the detokenizer)."""
+
+    rid: str
+    success: bool
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GetLoadOut:
+    """Reply to `GetLoadReq`."""
+
+    rid: str
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_used_tokens: int
+    max_total_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheckOut:
+    """Reply to `HealthCheckReq`."""
+
+    rid: str
+    healthy: bool
+
+
+# ---- the codec's registry --------------------------------------------------------------------
+
+ToSchedulerMsg = (
+    TokenizedGenerateReq | AbortReq | FlushCacheReq | GetLoadReq | HealthCheckReq | ShutdownReq
+)
+ToDetokenizerMsg = BatchTokenIDOut | FlushCacheOut | GetLoadOut | HealthCheckOut | ShutdownReq
+ToTokenizerMsg = BatchStrOut | FlushCacheOut | GetLoadOut | HealthCheckOut
+Message = ToSchedulerMsg | ToDetokenizerMsg | ToTokenizerMsg
+
+# Wire type tags are positions in this tuple: append new messages, never reorder.
+MESSAGE_TYPES: tuple[type, ...] = (
+    TokenizedGenerateReq,
+    AbortReq,
+    FlushCacheReq,
+    GetLoadReq,
+    HealthCheckReq,
+    ShutdownReq,
+    BatchTokenIDOut,
+    BatchStrOut,
+    FlushCacheOut,
+    GetLoadOut,
+    HealthCheckOut,
+)

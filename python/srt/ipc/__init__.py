@@ -1,0 +1,1 @@
+"""Inter-process communication: the message codec and channels over shared-memory rings."""

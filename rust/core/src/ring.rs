@@ -1,0 +1,691 @@
+//! `ShmRing`: a single-producer single-consumer ring of length-prefixed frames in a named POSIX
+//! shared-memory segment, with FIFO doorbells so that a side with nothing to do sleeps in the
+//! kernel (an idle server uses no CPU). Linux only.
+//!
+//! Layout of the segment `/dev/shm/<name>` (all integers little endian):
+//!
+//! ```text
+//! [0, 64)    magic, version, capacity           written once by `create`
+//! [64, 128)  head: bytes ever pushed             written by the producer only
+//! [128,192)  tail: bytes ever popped             written by the consumer only
+//! [192,256)  producer/consumer pids, the "consumer sleeping" and "producer waiting" flags
+//! [256, 256 + capacity)  the data area; capacity is a power of two
+//! ```
+//!
+//! A frame is an 8-byte header (`u32` length, `u32` bitwise-not of the length) followed by the
+//! payload, padded to a multiple of 8 bytes. Positions are multiples of 8 and the capacity is a
+//! power of two >= 64, so a frame header never straddles the end of the data area; a payload may
+//! wrap around it. `head` and `tail` only grow (a `u64` of bytes never wraps in practice).
+//!
+//! Memory ordering: the producer writes a frame's bytes, then stores `head` with `Release`; the
+//! consumer loads `head` with `Acquire` before reading those bytes. The consumer copies a frame
+//! out, then stores `tail` with `Release`; the producer loads `tail` with `Acquire` before
+//! overwriting that space. Sleeping uses the store-buffering (Dekker) pattern: the sleeper stores
+//! its flag, issues a `SeqCst` fence, and re-checks the ring; the waker stores its position,
+//! issues a `SeqCst` fence, and checks the flag. The two fences forbid both sides from missing
+//! each other's store, so a wake-up is never lost. A waker clears the flag with `swap` before
+//! writing one byte to the doorbell, so a busy ring costs no system call per message.
+//!
+//! Doorbells are two named FIFOs, `<name>.data` (producer rings the consumer) and `<name>.space`
+//! (consumer rings the producer). Each side opens the FIFO it sleeps on read-only and the other
+//! one read-write. When a process dies the kernel closes its descriptors, the FIFO its peer
+//! sleeps on loses its last writer, and the peer's `poll` wakes with `POLLHUP`: a dead peer is
+//! noticed at once, without timers. A nonblocking read that returns 0 tells "no writer" apart from
+//! "no bell yet" (`EAGAIN`); the peer's pid in the header tells "gone" apart from "not attached".
+//!
+//! The names exist only until both ends have attached: the second side to attach unlinks them,
+//! so no crash after start-up can leave anything in `/dev/shm`. The other side may be buggy or
+//! corrupt: every header field and frame length read from shared memory is bounds-checked, a
+//! violation is an `Error::Invariant`, and the ring then stays poisoned.
+
+mod doorbell;
+mod shm;
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::ptr;
+use std::sync::atomic::Ordering::{self, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+use shm::Mapping;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"SRTRING1");
+const VERSION: u32 = 1;
+const HEADER_SIZE: usize = 256;
+const FRAME_HEADER: usize = 8;
+/// The smallest data area a ring may have.
+pub const MIN_CAPACITY: usize = 64;
+/// The largest data area a ring may have (frame lengths are `u32`).
+pub const MAX_CAPACITY: usize = 1 << 31;
+
+/// The header at the start of the segment. Every field is atomic because the other process may
+/// write any of them at any time (legitimately or not); `repr(C)` fixes the layout above.
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: AtomicU32,
+    _reserved: AtomicU32,
+    capacity: AtomicU64,
+    _pad0: [u64; 5],
+    head: AtomicU64,
+    _pad1: [u64; 7],
+    tail: AtomicU64,
+    _pad2: [u64; 7],
+    producer_pid: AtomicU32,
+    consumer_pid: AtomicU32,
+    consumer_sleeping: AtomicU32,
+    producer_waiting: AtomicU32,
+    _pad3: [u64; 6],
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() == HEADER_SIZE);
+
+/// Which end of a ring a handle is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Pushes frames; sleeps on the "space" doorbell when the ring is full.
+    Producer,
+    /// Pops frames; sleeps on the "data" doorbell when the ring is empty.
+    Consumer,
+}
+
+/// The outcome of a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// The condition may hold now (wake-ups can be spurious): try again.
+    Ready,
+    /// The timeout passed without a wake-up.
+    TimedOut,
+    /// The other end is gone (its process exited or dropped the ring), and for a consumer the
+    /// ring is drained.
+    PeerGone,
+}
+
+/// The positions one side keeps to itself, so it reads the other side's cache line only when the
+/// copy it has is not enough.
+struct Local {
+    /// The producer's `head`, or the consumer's `tail`.
+    own: u64,
+    /// The last value of the other side's position that this side loaded.
+    other: u64,
+}
+
+/// One end of a shared-memory ring. Dropping it unmaps the segment and closes the doorbells,
+/// which the peer sees as this end going away.
+pub struct ShmRing {
+    name: String,
+    role: Role,
+    mapping: Mapping,
+    capacity: usize,
+    local: Mutex<Local>,
+    poisoned: AtomicBool,
+    peer_gone_at_attach: bool,
+    wait_fd: OwnedFd,
+    bell_fd: OwnedFd,
+}
+
+// SAFETY: the mapping is process-wide and stays valid until drop (`Mapping` holds a raw
+// pointer, hence no automatic `Send`). All shared header state is
+// atomic; the side-local positions sit behind a mutex that every push/pop holds while it touches
+// the data area, so two threads of one process cannot act as two producers (or consumers).
+unsafe impl Send for ShmRing {}
+// SAFETY: as above; `&self` methods synchronise through the mutex and the atomics.
+unsafe impl Sync for ShmRing {}
+
+/// A frame at the front of the ring, handed to `try_pop_with` for copying out.
+pub struct Frame<'a> {
+    ring: &'a ShmRing,
+    offset: usize,
+    len: usize,
+}
+
+impl Frame<'_> {
+    /// The payload length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies the payload into `dst`, which must be exactly `len()` bytes long.
+    pub fn copy_to(&self, dst: &mut [u8]) {
+        assert_eq!(
+            dst.len(),
+            self.len,
+            "destination must match the frame length"
+        );
+        let first = self.len.min(self.ring.capacity - self.offset);
+        // SAFETY: `offset < capacity` and `first <= capacity - offset`, and the rest wraps to the
+        // start with `len - first <= capacity` (checked when the frame was read), so both source
+        // ranges lie inside the data area; `dst` is a distinct local buffer. The bytes were
+        // published by the producer's `Release` store of `head` that `try_pop_with` acquired, and
+        // the producer does not touch them until our `tail` store; a corrupt producer can only
+        // make us copy wrong bytes, never read out of bounds.
+        unsafe {
+            let data = self.ring.data();
+            ptr::copy_nonoverlapping(data.add(self.offset), dst.as_mut_ptr(), first);
+            ptr::copy_nonoverlapping(data, dst.as_mut_ptr().add(first), self.len - first);
+        }
+    }
+}
+
+/// The bytes a frame with a payload of `len` bytes occupies: header plus padded payload.
+fn frame_size(len: usize) -> usize {
+    FRAME_HEADER + len.div_ceil(8) * 8
+}
+
+impl ShmRing {
+    /// Creates the named segment (data area of `capacity` bytes, a power of two in
+    /// `[MIN_CAPACITY, MAX_CAPACITY]`) and its two doorbell FIFOs. Fails if any name exists.
+    pub fn create(name: &str, capacity: usize) -> Result<()> {
+        shm::check_name(name)?;
+        if !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) || !capacity.is_power_of_two() {
+            return Err(Error::InvalidArgument(format!(
+                "ring capacity must be a power of two in [{MIN_CAPACITY}, {MAX_CAPACITY}], got \
+                 {capacity}"
+            )));
+        }
+        let mapping = shm::create(name, HEADER_SIZE + capacity)?;
+        // SAFETY: the mapping is `HEADER_SIZE + capacity` bytes, page aligned, and zero filled,
+        // which is a valid `Header` (atomics only); it outlives this reference.
+        let header = unsafe { &*(mapping.base() as *const Header) };
+        header.version.store(VERSION, Ordering::Relaxed);
+        header.capacity.store(capacity as u64, Ordering::Relaxed);
+        // Attachers load the magic with `Acquire`, so they see the fields above.
+        header.magic.store(MAGIC, Ordering::Release);
+        Ok(())
+    }
+
+    /// Removes the segment and FIFO names (open handles keep working). Returns whether any of
+    /// them existed. Safe to call more than once and from either side.
+    pub fn unlink(name: &str) -> bool {
+        shm::unlink(name)
+    }
+
+    /// Attaches to an existing ring as `role`. Each role can be attached once in the ring's life.
+    /// Once both roles are attached, the names are unlinked.
+    pub fn attach(name: &str, role: Role) -> Result<ShmRing> {
+        shm::check_name(name)?;
+        let mapping = shm::open(name)?;
+        if mapping.len() < HEADER_SIZE + MIN_CAPACITY {
+            let len = mapping.len();
+            return Err(Error::Invariant(format!(
+                "ring {name:?}: segment of {len} bytes"
+            )));
+        }
+        let (mine, theirs) = match role {
+            Role::Producer => (shm::SPACE, shm::DATA),
+            Role::Consumer => (shm::DATA, shm::SPACE),
+        };
+        let wait_fd = shm::open_fifo(name, mine, libc::O_RDONLY)?;
+        let bell_fd = shm::open_fifo(name, theirs, libc::O_RDWR)?;
+        let ring = ShmRing {
+            name: name.to_owned(),
+            role,
+            mapping,
+            capacity: 0,
+            local: Mutex::new(Local { own: 0, other: 0 }),
+            poisoned: AtomicBool::new(false),
+            peer_gone_at_attach: false,
+            wait_fd,
+            bell_fd,
+        };
+        ring.init_attached()
+    }
+
+    /// Validates the header, claims this side's role and loads the positions.
+    fn init_attached(mut self) -> Result<ShmRing> {
+        let header = self.header();
+        if header.magic.load(Ordering::Acquire) != MAGIC
+            || header.version.load(Ordering::Relaxed) != VERSION
+        {
+            return Err(self.corrupt("bad magic or version in the header".into()));
+        }
+        let capacity = usize::try_from(header.capacity.load(Ordering::Relaxed)).unwrap_or(0);
+        if !capacity.is_power_of_two()
+            || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity)
+            || HEADER_SIZE + capacity != self.mapping.len()
+        {
+            let map_len = self.mapping.len();
+            return Err(self.corrupt(format!("capacity {capacity} does not fit {map_len} bytes")));
+        }
+        self.capacity = capacity;
+        let mine = self.pids().0;
+        if let Err(pid) = mine.compare_exchange(0, std::process::id(), SeqCst, SeqCst) {
+            return Err(Error::InvalidArgument(format!(
+                "ring {:?} already has a {:?} (pid {pid})",
+                self.name, self.role
+            )));
+        }
+        let head = self.header().head.load(Ordering::Acquire);
+        let tail = self.header().tail.load(Ordering::Acquire);
+        self.check_positions(head, tail)?;
+        *self.local.get_mut().unwrap_or_else(|e| e.into_inner()) = match self.role {
+            Role::Producer => Local {
+                own: head,
+                other: tail,
+            },
+            Role::Consumer => Local {
+                own: tail,
+                other: head,
+            },
+        };
+        // Our pid store and this load are both SeqCst: of two sides attaching at once, at least
+        // one sees the other and unlinks the names.
+        if self.pids().1.load(SeqCst) != 0 {
+            shm::unlink(&self.name);
+            // A peer that attached and already died closed its doorbell end before we opened
+            // ours, which `poll` does not report: probe once.
+            self.peer_gone_at_attach = self.drain_bell()?;
+        }
+        Ok(self)
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping is at least `HEADER_SIZE` bytes, page aligned, lives as long as
+        // `self`, and holds only atomics, which tolerate concurrent writes by the other process.
+        unsafe { &*(self.mapping.base() as *const Header) }
+    }
+
+    fn data(&self) -> *mut u8 {
+        // SAFETY: `HEADER_SIZE + capacity == map_len`, so the data area lies inside the mapping.
+        unsafe { self.mapping.base().add(HEADER_SIZE) }
+    }
+
+    /// (this side's pid slot, the peer's pid slot)
+    fn pids(&self) -> (&AtomicU32, &AtomicU32) {
+        let header = self.header();
+        match self.role {
+            Role::Producer => (&header.producer_pid, &header.consumer_pid),
+            Role::Consumer => (&header.consumer_pid, &header.producer_pid),
+        }
+    }
+
+    /// (the flag this side raises before sleeping, the flag the peer raises)
+    fn flags(&self) -> (&AtomicU32, &AtomicU32) {
+        let header = self.header();
+        match self.role {
+            Role::Producer => (&header.producer_waiting, &header.consumer_sleeping),
+            Role::Consumer => (&header.consumer_sleeping, &header.producer_waiting),
+        }
+    }
+
+    /// The ring's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Which end this handle is.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The size of the data area in bytes.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The longest payload a single frame can carry.
+    pub fn max_frame_len(&self) -> usize {
+        self.capacity - FRAME_HEADER
+    }
+
+    /// The peer's pid, or 0 while the peer has not attached.
+    pub fn peer_pid(&self) -> u32 {
+        self.pids().1.load(Ordering::Relaxed)
+    }
+
+    /// The descriptor this side sleeps on: readable when the peer rang or went away.
+    pub fn fileno(&self) -> RawFd {
+        self.wait_fd.as_raw_fd()
+    }
+
+    fn corrupt(&self, what: String) -> Error {
+        self.poisoned.store(true, Ordering::Relaxed);
+        Error::Invariant(format!("ring {:?} is corrupt: {what}", self.name))
+    }
+
+    fn check_positions(&self, head: u64, tail: u64) -> Result<()> {
+        if tail > head || head - tail > self.capacity as u64 || (head | tail) % 8 != 0 {
+            return Err(self.corrupt(format!("head {head} and tail {tail} are inconsistent")));
+        }
+        Ok(())
+    }
+
+    fn lock(&self, role: Role) -> Result<MutexGuard<'_, Local>> {
+        if self.role != role {
+            return Err(Error::InvalidArgument(format!(
+                "ring {:?} is attached as the {:?}",
+                self.name, self.role
+            )));
+        }
+        if self.poisoned.load(Ordering::Relaxed) {
+            return Err(Error::Invariant(format!("ring {:?} is corrupt", self.name)));
+        }
+        // A panic while holding the lock leaves positions that still satisfy the invariants
+        // (they are only written after a frame is complete), so a poisoned mutex is usable.
+        Ok(self.local.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Appends one frame. Returns `Ok(false)` when there is no room for it now; an error when
+    /// it can never fit or the ring is corrupt.
+    pub fn try_push(&self, payload: &[u8]) -> Result<bool> {
+        if payload.len() > self.max_frame_len() {
+            return Err(Error::InvalidArgument(format!(
+                "frame of {} bytes exceeds ring {:?}'s largest frame of {} bytes",
+                payload.len(),
+                self.name,
+                self.max_frame_len()
+            )));
+        }
+        let mut local = self.lock(Role::Producer)?;
+        let size = frame_size(payload.len()) as u64;
+        let head = local.own;
+        if head + size - local.other > self.capacity as u64 {
+            let tail = self.header().tail.load(Ordering::Acquire);
+            self.check_positions(head, tail)?;
+            local.other = tail;
+            if head + size - tail > self.capacity as u64 {
+                return Ok(false);
+            }
+        }
+        let mask = self.capacity - 1;
+        let offset = head as usize & mask;
+        let len = payload.len() as u32;
+        let mut frame_header = [0u8; FRAME_HEADER];
+        frame_header[..4].copy_from_slice(&len.to_le_bytes());
+        frame_header[4..].copy_from_slice(&(!len).to_le_bytes());
+        let body = (offset + FRAME_HEADER) & mask;
+        let first = payload.len().min(self.capacity - body);
+        // SAFETY: `offset` is 8-aligned and the capacity a multiple of 8, so the 8 header bytes
+        // fit before the end; the payload is split at the end of the area and wraps to its start.
+        // All of [head, head + size) is free (`head + size - tail <= capacity`, with `tail`
+        // acquired), so the consumer is not reading these bytes.
+        unsafe {
+            let data = self.data();
+            ptr::copy_nonoverlapping(frame_header.as_ptr(), data.add(offset), FRAME_HEADER);
+            ptr::copy_nonoverlapping(payload.as_ptr(), data.add(body), first);
+            ptr::copy_nonoverlapping(payload.as_ptr().add(first), data, payload.len() - first);
+        }
+        local.own = head + size;
+        self.header().head.store(head + size, Ordering::Release);
+        drop(local);
+        self.wake_peer();
+        Ok(true)
+    }
+
+    /// Removes the frame at the front, letting `take` copy it out first. `Ok(None)` when empty.
+    pub fn try_pop_with<T>(&self, take: impl FnOnce(&Frame<'_>) -> T) -> Result<Option<T>> {
+        let mut local = self.lock(Role::Consumer)?;
+        let tail = local.own;
+        if tail == local.other {
+            let head = self.header().head.load(Ordering::Acquire);
+            self.check_positions(head, tail)?;
+            local.other = head;
+            if head == tail {
+                return Ok(None);
+            }
+        }
+        let offset = tail as usize & (self.capacity - 1);
+        let mut frame_header = [0u8; FRAME_HEADER];
+        // SAFETY: `offset` is 8-aligned inside the area, so 8 bytes fit; they were published by
+        // the `head` we acquired. The copy is into a local array, read once and validated below.
+        unsafe { ptr::copy_nonoverlapping(self.data().add(offset), frame_header.as_mut_ptr(), 8) };
+        let len = u32::from_le_bytes(frame_header[..4].try_into().expect("4 bytes"));
+        let check = u32::from_le_bytes(frame_header[4..].try_into().expect("4 bytes"));
+        let available = local.other - tail;
+        if check != !len || frame_size(len as usize) as u64 > available {
+            return Err(self.corrupt(format!(
+                "frame header at {tail} claims {len} bytes (check {check:#x}) with {available} \
+                 bytes published"
+            )));
+        }
+        let frame = Frame {
+            ring: self,
+            offset: (offset + FRAME_HEADER) & (self.capacity - 1),
+            len: len as usize,
+        };
+        let taken = take(&frame);
+        local.own = tail + frame_size(len as usize) as u64;
+        self.header().tail.store(local.own, Ordering::Release);
+        drop(local);
+        self.wake_peer();
+        Ok(Some(taken))
+    }
+
+    /// Removes and returns the frame at the front, or `None` when the ring is empty.
+    pub fn try_pop(&self) -> Result<Option<Vec<u8>>> {
+        self.try_pop_with(|frame| {
+            let mut out = vec![0; frame.len()];
+            frame.copy_to(&mut out);
+            out
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    fn unique_name() -> String {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, SeqCst);
+        format!("srt-test-ring-{}-{n}", std::process::id())
+    }
+
+    fn pair(capacity: usize) -> (ShmRing, ShmRing) {
+        let name = unique_name();
+        ShmRing::create(&name, capacity).expect("create");
+        let producer = ShmRing::attach(&name, Role::Producer).expect("attach producer");
+        let consumer = ShmRing::attach(&name, Role::Consumer).expect("attach consumer");
+        (producer, consumer)
+    }
+
+    /// xorshift64*: deterministic sizes and bytes without a dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn frames_round_trip_across_wraparound_like_a_queue() {
+        let (producer, consumer) = pair(256);
+        let mut model = VecDeque::new();
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for step in 0..20_000u32 {
+            if rng.below(2) == 0 {
+                let len = rng.below(producer.max_frame_len() + 1);
+                let frame: Vec<u8> = (0..len).map(|i| (i as u32 ^ step) as u8).collect();
+                let used: usize = model.iter().map(|f: &Vec<u8>| frame_size(f.len())).sum();
+                let fits = used + frame_size(len) <= producer.capacity();
+                assert_eq!(producer.try_push(&frame).unwrap(), fits);
+                if fits {
+                    model.push_back(frame);
+                }
+            } else {
+                assert_eq!(consumer.try_pop().unwrap(), model.pop_front());
+            }
+        }
+        while let Some(frame) = model.pop_front() {
+            assert_eq!(consumer.try_pop().unwrap(), Some(frame));
+        }
+        assert_eq!(consumer.try_pop().unwrap(), None);
+    }
+
+    #[test]
+    fn a_full_ring_refuses_until_popped_and_oversized_frames_are_errors() {
+        let (producer, consumer) = pair(64);
+        assert_eq!(producer.max_frame_len(), 56);
+        assert!(matches!(
+            producer.try_push(&[0; 57]),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(producer.try_push(&[1; 24]).unwrap()); // 32 bytes
+        assert!(producer.try_push(&[2; 17]).unwrap()); // 8 + 24 = 32 bytes: full
+        assert!(!producer.try_push(&[]).unwrap());
+        assert!(
+            producer.prepare_wait(0),
+            "a full ring lets the producer sleep"
+        );
+        assert_eq!(consumer.try_pop().unwrap(), Some(vec![1; 24]));
+        let mut fds = libc::pollfd {
+            fd: producer.fileno(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid `pollfd`; a zero timeout only checks the doorbell.
+        let rung = unsafe { libc::poll(&mut fds, 1, 0) };
+        assert_eq!(rung, 1, "the pop rang the doorbell");
+        assert_eq!(producer.finish_wait().unwrap(), Wake::Ready);
+        assert!(!producer.prepare_wait(0), "no sleeping while there is room");
+        assert!(producer.try_push(&[]).unwrap());
+        assert_eq!(consumer.try_pop().unwrap(), Some(vec![2; 17]));
+        assert_eq!(consumer.try_pop().unwrap(), Some(vec![]));
+    }
+
+    #[test]
+    fn roles_are_exclusive_and_checked() {
+        let name = unique_name();
+        ShmRing::create(&name, 64).unwrap();
+        assert!(ShmRing::create(&name, 64).is_err());
+        let producer = ShmRing::attach(&name, Role::Producer).unwrap();
+        assert!(matches!(producer.try_pop(), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            ShmRing::attach(&name, Role::Producer),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(ShmRing::unlink(&name));
+        assert!(matches!(
+            ShmRing::create(&name, 100),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(ShmRing::attach("no-such-ring-for-srt", Role::Consumer).is_err());
+    }
+
+    #[test]
+    fn the_names_go_away_once_both_ends_attached() {
+        let name = unique_name();
+        ShmRing::create(&name, 64).unwrap();
+        let exists = || std::path::Path::new(&format!("/dev/shm/{name}")).exists();
+        let consumer = ShmRing::attach(&name, Role::Consumer).unwrap();
+        assert!(exists());
+        let producer = ShmRing::attach(&name, Role::Producer).unwrap();
+        assert!(!exists());
+        assert!(!ShmRing::unlink(&name));
+        assert!(producer.try_push(b"still works").unwrap());
+        assert_eq!(
+            consumer.try_pop().unwrap().as_deref(),
+            Some(&b"still works"[..])
+        );
+    }
+
+    #[test]
+    fn a_corrupt_frame_header_is_an_error_and_poisons_the_ring() {
+        let (producer, consumer) = pair(64);
+        assert!(producer.try_push(b"hello").unwrap());
+        // SAFETY: the first 4 bytes of the data area are inside the mapping; nobody reads them
+        // concurrently in this test.
+        unsafe { ptr::copy_nonoverlapping(1000u32.to_le_bytes().as_ptr(), consumer.data(), 4) };
+        assert!(matches!(consumer.try_pop(), Err(Error::Invariant(_))));
+        assert!(matches!(consumer.try_pop(), Err(Error::Invariant(_))));
+    }
+
+    #[test]
+    fn an_impossible_head_is_an_error() {
+        let (producer, consumer) = pair(64);
+        producer.header().head.store(1 << 20, SeqCst);
+        assert!(matches!(consumer.try_pop(), Err(Error::Invariant(_))));
+        let (producer, _consumer) = pair(64);
+        assert!(producer.try_push(&[0; 56]).unwrap());
+        producer.header().tail.store(72, SeqCst); // beyond head: the consumer popped air
+        assert!(matches!(
+            producer.try_push(&[0; 1]),
+            Err(Error::Invariant(_))
+        ));
+    }
+
+    #[test]
+    fn a_consumer_drains_then_sees_its_producer_gone() {
+        let (producer, consumer) = pair(64);
+        assert_eq!(
+            consumer.wait(0, Some(Duration::from_millis(10))).unwrap(),
+            Wake::TimedOut
+        );
+        producer.try_push(b"last words").unwrap();
+        drop(producer);
+        assert_eq!(consumer.wait(0, None).unwrap(), Wake::Ready);
+        assert_eq!(
+            consumer.try_pop().unwrap().as_deref(),
+            Some(&b"last words"[..])
+        );
+        assert_eq!(consumer.wait(0, None).unwrap(), Wake::PeerGone);
+    }
+
+    #[test]
+    fn a_full_producer_sees_its_consumer_gone() {
+        let (producer, consumer) = pair(64);
+        producer.try_push(&[0; 56]).unwrap();
+        let waiter = std::thread::spawn(move || producer.wait(1, None));
+        std::thread::sleep(Duration::from_millis(20));
+        drop(consumer);
+        assert_eq!(waiter.join().unwrap().unwrap(), Wake::PeerGone);
+    }
+
+    #[test]
+    fn attaching_after_the_peer_left_reports_it_gone() {
+        let name = unique_name();
+        ShmRing::create(&name, 64).unwrap();
+        drop(ShmRing::attach(&name, Role::Producer).unwrap());
+        let consumer = ShmRing::attach(&name, Role::Consumer).unwrap();
+        assert_eq!(
+            consumer.wait(0, Some(Duration::from_secs(5))).unwrap(),
+            Wake::PeerGone
+        );
+    }
+
+    #[test]
+    fn blocking_threads_pass_every_frame_in_order() {
+        let (producer, consumer) = pair(1024);
+        const N: u32 = 20_000;
+        let sender = std::thread::spawn(move || {
+            let mut rng = Rng(7);
+            for i in 0..N {
+                let len = 4 + rng.below(600);
+                let mut frame = vec![(i % 251) as u8; len];
+                frame[..4].copy_from_slice(&i.to_le_bytes());
+                while !producer.try_push(&frame).unwrap() {
+                    assert_ne!(producer.wait(len, None).unwrap(), Wake::PeerGone);
+                }
+            }
+        });
+        let mut expected = 0u32;
+        loop {
+            match consumer.try_pop().unwrap() {
+                Some(frame) => {
+                    assert_eq!(frame[..4], expected.to_le_bytes());
+                    assert!(frame[4..].iter().all(|&b| b == (expected % 251) as u8));
+                    expected += 1;
+                }
+                None if consumer.wait(0, None).unwrap() == Wake::PeerGone => break,
+                None => {}
+            }
+        }
+        sender.join().unwrap();
+        assert_eq!(expected, N);
+    }
+}

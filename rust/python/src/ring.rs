@@ -1,0 +1,178 @@
+//! Binding of `srt_core::ring::ShmRing` as `srt._rust.ShmRing`: bytes in, bytes out. Blocking
+//! waits and large copies release the GIL. A gone peer raises `BrokenPipeError`.
+
+use std::time::Duration;
+
+use pyo3::exceptions::{PyBrokenPipeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use srt_core::ring::{Role, ShmRing, Wake};
+
+use crate::to_py_err;
+
+/// Pushes of at least this many bytes copy without holding the GIL.
+const DETACH_BYTES: usize = 64 * 1024;
+
+/// One end (producer or consumer) of a shared-memory ring of byte frames.
+#[pyclass(module = "srt._rust", name = "ShmRing", frozen)]
+pub struct PyShmRing {
+    inner: ShmRing,
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Producer => "producer",
+        Role::Consumer => "consumer",
+    }
+}
+
+impl PyShmRing {
+    fn wake_to_bool(&self, wake: Wake) -> PyResult<bool> {
+        match wake {
+            Wake::Ready => Ok(true),
+            Wake::TimedOut => Ok(false),
+            Wake::PeerGone => {
+                let peer = match self.inner.role() {
+                    Role::Producer => Role::Consumer,
+                    Role::Consumer => Role::Producer,
+                };
+                Err(PyBrokenPipeError::new_err(format!(
+                    "ring {:?}: its {} (pid {}) is gone",
+                    self.inner.name(),
+                    role_name(peer),
+                    self.inner.peer_pid()
+                )))
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl PyShmRing {
+    /// Creates the named ring with a data area of `capacity` bytes (a power of two).
+    #[staticmethod]
+    fn create(name: &str, capacity: usize) -> PyResult<()> {
+        ShmRing::create(name, capacity).map_err(to_py_err)
+    }
+
+    /// Removes the ring's names; returns whether any existed. Attached ends keep working.
+    #[staticmethod]
+    fn unlink(name: &str) -> bool {
+        ShmRing::unlink(name)
+    }
+
+    /// Attaches to the named ring as `"producer"` or `"consumer"`.
+    #[staticmethod]
+    fn attach(name: &str, role: &str) -> PyResult<Self> {
+        let role = match role {
+            "producer" => Role::Producer,
+            "consumer" => Role::Consumer,
+            other => {
+                let message = format!("role must be 'producer' or 'consumer', not {other:?}");
+                return Err(PyValueError::new_err(message));
+            }
+        };
+        let inner = ShmRing::attach(name, role).map_err(to_py_err)?;
+        Ok(PyShmRing { inner })
+    }
+
+    /// Appends one frame; `False` when the ring has no room for it now.
+    fn try_push(&self, py: Python<'_>, data: &[u8]) -> PyResult<bool> {
+        let pushed = if data.len() >= DETACH_BYTES {
+            py.detach(|| self.inner.try_push(data))
+        } else {
+            self.inner.try_push(data)
+        };
+        pushed.map_err(to_py_err)
+    }
+
+    /// Removes and returns the oldest frame, or `None` when the ring is empty.
+    fn try_pop<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let popped = self.inner.try_pop_with(|frame| {
+            PyBytes::new_with(py, frame.len(), |buf| {
+                frame.copy_to(buf);
+                Ok(())
+            })
+        });
+        popped.map_err(to_py_err)?.transpose()
+    }
+
+    /// The descriptor this end sleeps on; readable when the peer rang or went away.
+    fn fileno(&self) -> i32 {
+        self.inner.fileno()
+    }
+
+    /// Announces a sleep on `fileno()`; `False` when this end can proceed now and must not sleep.
+    /// A producer passes the length of the frame it waits to push.
+    #[pyo3(signature = (need = 0))]
+    fn prepare_wait(&self, need: usize) -> bool {
+        self.inner.prepare_wait(need)
+    }
+
+    /// Ends a sleep on `fileno()`. Raises `BrokenPipeError` when the peer is gone (for a
+    /// consumer: and the ring is drained).
+    fn finish_wait(&self) -> PyResult<()> {
+        let wake = self.inner.finish_wait().map_err(to_py_err)?;
+        self.wake_to_bool(wake).map(drop)
+    }
+
+    /// Blocks, without the GIL, until this end may proceed or `timeout` seconds pass; returns
+    /// whether it may proceed (wake-ups can be spurious). Raises `BrokenPipeError` when the peer
+    /// is gone.
+    #[pyo3(signature = (timeout = None, need = 0))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>, need: usize) -> PyResult<bool> {
+        let timeout = match timeout {
+            Some(t) if t.is_finite() && t >= 0.0 => Some(Duration::from_secs_f64(t)),
+            Some(t) => return Err(PyValueError::new_err(format!("bad timeout {t}"))),
+            None => None,
+        };
+        let wake = py
+            .detach(|| self.inner.wait(need, timeout))
+            .map_err(to_py_err)?;
+        py.check_signals()?;
+        self.wake_to_bool(wake)
+    }
+
+    /// The ring's name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// `"producer"` or `"consumer"`.
+    #[getter]
+    fn role(&self) -> &'static str {
+        role_name(self.inner.role())
+    }
+
+    /// The data area's size in bytes.
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+
+    /// The longest frame the ring can carry.
+    #[getter]
+    fn max_frame_len(&self) -> usize {
+        self.inner.max_frame_len()
+    }
+
+    /// The peer's pid, or 0 while it has not attached.
+    #[getter]
+    fn peer_pid(&self) -> u32 {
+        self.inner.peer_pid()
+    }
+
+    fn __repr__(&self) -> String {
+        let (name, role) = (self.inner.name(), role_name(self.inner.role()));
+        format!(
+            "ShmRing(name={name:?}, role={role:?}, capacity={})",
+            self.inner.capacity()
+        )
+    }
+}
+
+/// Registers the ring class on the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyShmRing>()
+}

@@ -1,0 +1,194 @@
+"""The launcher: the real three-process wiring, and cleanup in every way a server can end.
+
+Each exit case lists /dev/shm and the launcher's child pids before and after: afterwards no
+child may be alive and no ring of that launcher may be left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from srt.entrypoints.launcher import ChildDied, Launcher
+from srt.io_struct import (
+    BatchStrOut,
+    FlushCacheOut,
+    FlushCacheReq,
+    GetLoadOut,
+    GetLoadReq,
+    HealthCheckOut,
+    HealthCheckReq,
+    Message,
+    TokenizedGenerateReq,
+)
+from srt.ipc.channel import Receiver, Sender
+from srt.sampling_params import SamplingParams
+from srt.server_args import ServerArgs
+from srt.testing.tiny_tokenizer import train_byte_level_bpe
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tokenizer")
+    train_byte_level_bpe(add_bos=False).save(str(path / "tokenizer.json"))
+    return path
+
+
+def rings_of(pid: int) -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"srt-{pid}-"))
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+class Server:
+    """`python -m srt.entrypoints.launcher` in a subprocess."""
+
+    def __init__(self, tokenizer: Path, wait_ready: bool = True) -> None:
+        self.shm_before = set(os.listdir("/dev/shm"))
+        cmd = [sys.executable, "-m", "srt.entrypoints.launcher", "--tokenizer-path", str(tokenizer)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.children: list[int] = []
+        if wait_ready:
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline()
+            assert line.startswith("srt: ready"), line + self.stderr()
+            self.children = [c.pid for c in psutil.Process(self.proc.pid).children()]
+            pids = line.split("(")[1].rstrip(")\n").split(", ")  # "scheduler pid N, ..."
+            self.stage_pids = {p.split()[0]: int(p.split()[-1]) for p in pids}
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            return ""
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()
+
+    def finish(self, timeout: float = 30) -> tuple[int, str]:
+        rc = self.proc.wait(timeout)
+        return rc, self.stderr()
+
+    def assert_clean(self) -> None:
+        assert wait_gone(self.children) == [], "a stage process outlived the launcher"
+        assert rings_of(self.proc.pid) == []
+        assert set(os.listdir("/dev/shm")) - self.shm_before <= {
+            n for n in os.listdir("/dev/shm") if not n.startswith(f"srt-{self.proc.pid}-")
+        }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_everything_and_exits_zero(tokenizer_dir: Path, sig: signal.Signals) -> None:
+    server = Server(tokenizer_dir)
+    assert set(server.stage_pids.values()) <= set(server.children)
+    assert rings_of(server.proc.pid) == []  # unlinked as soon as every end attached
+    server.proc.send_signal(sig)
+    rc, err = server.finish()
+    assert rc == 0, err
+    assert "process" not in err, err  # every stage exited 0
+    server.assert_clean()
+
+
+@pytest.mark.slow
+def test_a_crashed_child_is_named_and_the_launcher_exits_nonzero(tokenizer_dir: Path) -> None:
+    server = Server(tokenizer_dir)
+    os.kill(server.stage_pids["scheduler"], signal.SIGKILL)
+    rc, err = server.finish()
+    assert rc == 1
+    assert "scheduler process" in err, err
+    assert "SIGKILL" in err, err
+    server.assert_clean()
+
+
+@pytest.mark.slow
+def test_a_child_failing_at_startup_is_reported_with_its_error(tmp_path: Path) -> None:
+    server = Server(tmp_path / "missing", wait_ready=False)
+    rc, err = server.finish()
+    assert rc == 1
+    assert "detokenizer process" in err, err
+    assert "Exception" in err, err
+    assert "cannot start" in err, err
+    server.children = []
+    server.assert_clean()
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_launcher_takes_the_children_with_it(tokenizer_dir: Path) -> None:
+    server = Server(tokenizer_dir)
+    server.proc.kill()
+    server.proc.wait()
+    server.assert_clean()
+
+
+@pytest.fixture(scope="module")
+def launched(tokenizer_dir: Path) -> Iterator[tuple[Launcher, Sender, Receiver]]:
+    launcher = Launcher(ServerArgs(tokenizer_path=str(tokenizer_dir)))
+    sender, receiver = launcher.start()
+    yield launcher, sender, receiver
+    launcher.stop(sender)
+
+
+@pytest.mark.slow
+def test_the_pipeline_carries_requests_and_replies(
+    launched: tuple[Launcher, Sender, Receiver], tokenizer_dir: Path
+) -> None:
+    launcher, sender, receiver = launched
+    tokenizer = train_byte_level_bpe(add_bos=False)
+    ids = tuple(tokenizer.encode("def main(): return 42").ids)
+
+    async def scenario() -> list[Message]:
+        params = SamplingParams(max_new_tokens=len(ids))
+        await sender.send(TokenizedGenerateReq("r1", "", ids, params))
+        for msg in (FlushCacheReq("f"), GetLoadReq("l"), HealthCheckReq("h")):
+            await sender.send(msg)
+        return [await receiver.recv() for _ in range(4)]
+
+    out, flushed, load, health = asyncio.run(scenario())
+    assert isinstance(out, BatchStrOut)
+    assert out.rids == ("r1",)
+    assert out.output_ids == (ids,)
+    assert out.output_strs == ("def main(): return 42",)
+    assert out.finished_reasons == ("length",)
+    assert flushed == FlushCacheOut("f", True)
+    assert isinstance(load, GetLoadOut)
+    assert load.rid == "l"
+    assert health == HealthCheckOut("h", True)
+    assert launcher.dead_child() is None
+
+
+@pytest.mark.slow
+def test_idle_stages_use_no_cpu(launched: tuple[Launcher, Sender, Receiver]) -> None:
+    launcher = launched[0]
+    procs = [psutil.Process(c.process.pid) for c in launcher.children]
+    time.sleep(0.5)
+    before = [sum(p.cpu_times()[:2]) for p in procs]
+    time.sleep(2)
+    used = [sum(p.cpu_times()[:2]) - b for p, b in zip(procs, before, strict=True)]
+    assert max(used) < 0.02 * 2, f"idle stages used {used} s of CPU in 2 s"
+
+
+def test_start_failure_raises_child_died_and_cleans_up(tmp_path: Path) -> None:
+    launcher = Launcher(ServerArgs(tokenizer_path=str(tmp_path)))
+    with pytest.raises(ChildDied, match="detokenizer"):
+        launcher.start()
+    assert all(c.process.exitcode is not None for c in launcher.children)
+    assert rings_of(os.getpid()) == []
