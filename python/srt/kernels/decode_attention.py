@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from srt.kernels.attention_blocks import attend_cached_tokens
+
 _LOG2E = 1.4426950408889634
 _BLOCK_H = 16  # tl.dot needs at least 16 rows; unused rows are masked
 
@@ -85,30 +87,27 @@ def _decode_stage1_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     # Every block has a valid first column, so m_i is finite after the first one.
-    for n_start in range(start, end, BLOCK_N):
-        offs_n = n_start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        slots = tl.load(
-            req_to_token_ptr + pool_row * stride_req_to_token + offs_n, mask=mask_n, other=0
-        ).to(tl.int64)
-        k = tl.load(
-            k_buf_ptr + slots[None, :] * stride_kb0 + kv_head * stride_kb1 + offs_d[:, None],
-            mask=mask_n[None, :] & mask_d[:, None],
-            other=0.0,
-        )
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        v = tl.load(
-            v_buf_ptr + slots[:, None] * stride_vb0 + kv_head * stride_vb1 + offs_d[None, :],
-            mask=mask_n[:, None] & mask_d[None, :],
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+    m_i, l_i, acc = attend_cached_tokens(
+        q,
+        m_i,
+        l_i,
+        acc,
+        k_buf_ptr,
+        v_buf_ptr,
+        req_to_token_ptr + pool_row * stride_req_to_token,
+        kv_head,
+        stride_kb0,
+        stride_kb1,
+        stride_vb0,
+        stride_vb1,
+        offs_d,
+        mask_d,
+        start,
+        end,
+        qk_scale,
+        BLOCK_N,
+        PRECISION,
+    )
 
     base = scratch_ptr + req * stride_s0 + heads * stride_s1 + split * stride_s2
     tl.store(

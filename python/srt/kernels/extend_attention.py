@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from srt.kernels.attention_blocks import attend_cached_tokens, online_softmax_update
+
 _LOG2E = 1.4426950408889634
 
 
@@ -92,30 +94,27 @@ def _extend_attention_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # Stage 1: the cached prefix. Every block has a valid first column, so m_i stays finite.
-    for n_start in range(0, prefix_len, BLOCK_N):
-        offs_n = n_start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < prefix_len
-        slots = tl.load(
-            req_to_token_ptr + pool_row * stride_req_to_token + offs_n, mask=mask_n, other=0
-        ).to(tl.int64)
-        k = tl.load(
-            k_buf_ptr + slots[None, :] * stride_kb0 + kv_head * stride_kb1 + offs_d[:, None],
-            mask=mask_n[None, :] & mask_d[:, None],
-            other=0.0,
-        )
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        v = tl.load(
-            v_buf_ptr + slots[:, None] * stride_vb0 + kv_head * stride_vb1 + offs_d[None, :],
-            mask=mask_n[:, None] & mask_d[None, :],
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+    m_i, l_i, acc = attend_cached_tokens(
+        q,
+        m_i,
+        l_i,
+        acc,
+        k_buf_ptr,
+        v_buf_ptr,
+        req_to_token_ptr + pool_row * stride_req_to_token,
+        kv_head,
+        stride_kb0,
+        stride_kb1,
+        stride_vb0,
+        stride_vb1,
+        offs_d,
+        mask_d,
+        0,
+        prefix_len,
+        qk_scale,
+        BLOCK_N,
+        PRECISION,
+    )
 
     # Stage 2: the new tokens, causally. Column 0 is visible to every row, so m_i stays finite.
     n_end = tl.minimum(extend_len, m_start + BLOCK_M)
@@ -128,20 +127,15 @@ def _extend_attention_kernel(
             mask=mask_n[None, :] & mask_d[:, None],
             other=0.0,
         )
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        visible = mask_n[None, :] & (offs_n[None, :] <= offs_m[:, None])
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
         v = tl.load(
             v_ptr + cols[:, None] * stride_v0 + kv_head * stride_v1 + offs_d[None, :],
             mask=mask_n[:, None] & mask_d[None, :],
             other=0.0,
         )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        visible = mask_n[None, :] & (offs_n[None, :] <= offs_m[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+        m_i, l_i, acc = online_softmax_update(qk, v, m_i, l_i, acc, PRECISION)
 
     out = acc / l_i[:, None]
     tl.store(
