@@ -28,5 +28,5 @@ def ring_capacity() -> int:
 
 def ring_spin_us() -> float:
     """Microseconds a ring end that just ran out of work polls before it sleeps on its doorbell
-    (`SRT_RING_SPIN_US`, default 0: off). Idle ends spin once, then sleep."""
-    return float(os.environ.get("SRT_RING_SPIN_US", "0"))
+    (`SRT_RING_SPIN_US`, default 20; 0 turns spinning off). Idle ends spin once, then sleep."""
+    return float(os.environ.get("SRT_RING_SPIN_US", "20"))

@@ -2,12 +2,13 @@
 
 A channel is named after the stage that receives on it (`scheduler`, `detokenizer`,
 `tokenizer`). Sending and receiving bursts costs a plain call per message (`try_send`,
-`recv_frames_nowait`). Waiting never blocks an event loop: an empty receiver (or a sender facing
-a full ring) may first poll the ring for a few microseconds (`SPIN_S`, off by default), then
-announces that it sleeps and lets the loop watch the ring's doorbell descriptor, which stays
-registered between waits; the other side rings it only when it sees that announcement, so a busy
-channel costs no system call per message. When the other process is gone, waiting raises
-`BrokenPipeError` (a receiver first gets every message sent before that).
+`recv_frames_nowait`). Waiting never blocks an event loop for more than a few microseconds: an
+empty receiver (or a sender facing a full ring) first polls the ring briefly (`SPIN_S`, backing
+off while that finds nothing), then announces that it sleeps and lets the loop watch the ring's
+doorbell descriptor, which stays registered between waits; the other side rings it only when it
+sees that announcement, so a busy channel costs no system call per message. When the other
+process is gone, waiting raises `BrokenPipeError` (a receiver first gets every message sent
+before that).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from srt.io_struct import Message
 from srt.ipc.codec import decode, encode
 
 SPIN_S = envs.ring_spin_us() * 1e-6
-"""How long a side that just ran out of work polls the ring before it sleeps. A peer that
-answers within this saves the doorbell's round trip (FIFO write, epoll, callback, task wake-up);
-an idle side spins once, right after its last message, then sleeps without using CPU. Off by
-default: on a machine with fewer free cores than spinning processes, a spinner holds the core its
-peer needs and round trips get slower (see `SRT_RING_SPIN_US`)."""
+"""How long a side that just ran out of work polls the ring (GIL released, the loop blocked)
+before it sleeps. A peer that answers within this saves the doorbell's round trip (FIFO write,
+epoll, callback, task wake-up); an idle side spins once, right after its last message, then
+sleeps without using CPU. Spins that keep finding nothing back off (see `_Doorbell._spin`)."""
+
+_MAX_MISSES = 10
 
 
 class _Doorbell:
@@ -38,11 +40,15 @@ class _Doorbell:
         self._ring = ring
         self._loop: asyncio.AbstractEventLoop | None = None
         self._woken: asyncio.Future[None] | None = None
+        self._misses = 0  # spins in a row that found nothing
+        self._skip = 0  # waits left that sleep without spinning
 
     async def wait(self, need: int = 0) -> None:
         """Returns once `ring` may have data (consumer) or room for `need` bytes (producer)."""
         ring = self._ring
-        if (SPIN_S and ring.spin(SPIN_S, need)) or not ring.prepare_wait(need):
+        if SPIN_S and self._spin(need):
+            return
+        if not ring.prepare_wait(need):
             return
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
@@ -58,6 +64,20 @@ class _Doorbell:
             raise
         finally:
             self._woken = None
+
+    def _spin(self, need: int) -> bool:
+        """Polls the ring for up to `SPIN_S`, unless recent spins found nothing: after `k` misses
+        in a row the next `2**k - 1` waits go straight to sleep (a peer that cannot run while
+        we spin, on a machine short of cores, turns spinning off by itself)."""
+        if self._skip:
+            self._skip -= 1
+            return False
+        if self._ring.spin(SPIN_S, need):
+            self._misses = 0
+            return True
+        self._misses = min(self._misses + 1, _MAX_MISSES)
+        self._skip = (1 << self._misses) - 1
+        return False
 
     def _on_bell(self) -> None:
         woken = self._woken
