@@ -126,7 +126,9 @@ def test_bursts_go_by_plain_calls_and_waits_survive_cancellation_and_new_loops(
     assert 0 < len(sent) < len(frames), "a 4 KiB ring takes some frames, then says it is full"
     assert sent == frames[: len(sent)]
     assert receiver.recv_frames_nowait(10) == sent[:10]
-    assert receiver.recv_frames_nowait() == sent[10:]
+    assert receiver.recv_frames_nowait(max_bytes=250) == sent[10:13]
+    assert receiver.recv_frames_nowait(max_bytes=0) == sent[13:14]
+    assert receiver.recv_frames_nowait() == sent[14:]
     assert receiver.recv_frames_nowait() == []
 
     async def wait_cancelled() -> None:

@@ -166,9 +166,10 @@ class Receiver:
         """The next frame, undecoded, or None when none is waiting."""
         return self._ring.try_pop()
 
-    def recv_frames_nowait(self, max_frames: int = 256) -> list[bytes]:
-        """Up to `max_frames` waiting frames, undecoded, oldest first; empty when none wait."""
-        return self._ring.try_pop_many(max_frames)
+    def recv_frames_nowait(self, max_frames: int = 256, max_bytes: int = 256 << 10) -> list[bytes]:
+        """Up to `max_frames` waiting frames, undecoded, oldest first; empty when none wait.
+        Stops once the frames hold `max_bytes` (a burst that big would fall out of cache)."""
+        return self._ring.try_pop_many(max_frames, max_bytes)
 
     async def recv_frame(self) -> bytes:
         """The next frame, undecoded."""

@@ -97,13 +97,23 @@ impl PyShmRing {
         popped.map_err(to_py_err)?.transpose()
     }
 
-    /// Removes and returns up to `max` frames, oldest first (an empty list when the ring is
-    /// empty): one call for a burst.
-    fn try_pop_many<'py>(&self, py: Python<'py>, max: usize) -> PyResult<Bound<'py, PyList>> {
+    /// Removes and returns up to `max` frames, oldest first, stopping once they hold `max_bytes`
+    /// (at least one frame; an empty list when the ring is empty): one call for a burst, small
+    /// enough to stay in cache.
+    fn try_pop_many<'py>(
+        &self,
+        py: Python<'py>,
+        max: usize,
+        max_bytes: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
         let frames = PyList::empty(py);
-        while frames.len() < max {
+        let mut bytes = 0;
+        while frames.len() < max && (frames.is_empty() || bytes < max_bytes) {
             match self.try_pop(py)? {
-                Some(frame) => frames.append(frame)?,
+                Some(frame) => {
+                    bytes += frame.as_bytes().len();
+                    frames.append(frame)?;
+                }
                 None => break,
             }
         }
