@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 from srt import envs
 from srt._rust import ShmRing
@@ -107,18 +108,19 @@ class Sender:
     A stage that sends bursts calls `try_send`/`try_send_frame` (no coroutine per message) and
     awaits `send` only when that returns False (the ring is full)."""
 
+    try_send_frame: Callable[[bytes], bool]
+    """Sends an already encoded message if the ring has room for it now; False (nothing sent)
+    when full. The ring's own `try_push`, bound once: no Python frame per message."""
+
     def __init__(self, name: str) -> None:
         self._ring = ShmRing.attach(name, "producer")
         self._bell = _Doorbell(self._ring)
+        self.try_send_frame = self._ring.try_push
         self.name = name
 
     def try_send(self, msg: Message) -> bool:
         """Sends one message if the ring has room for it now; False (nothing sent) when full."""
         return self._ring.try_push(encode(msg))
-
-    def try_send_frame(self, frame: bytes) -> bool:
-        """Sends an already encoded message if the ring has room for it now."""
-        return self._ring.try_push(frame)
 
     async def send(self, msg: Message) -> None:
         """Sends one message, waiting (asynchronously) while the ring is full."""
@@ -139,7 +141,7 @@ class Sender:
     def close(self) -> None:
         """Detaches; the receiver sees the sender gone once it has drained the ring."""
         self._bell.close()
-        del self._bell, self._ring
+        del self._bell, self._ring, self.try_send_frame
 
 
 class Receiver:
