@@ -7,6 +7,14 @@ it; pyzmq PUSH/PULL over `ipc://` is measured from asyncio (`zmq.asyncio`, as SG
 manager uses it; round trips only, see below) and blocking (as SGLang's scheduler uses it);
 `multiprocessing.Pipe` blocking.
 
+Each side sends and receives the way its users would at their fastest: the ring's producer
+calls `try_send_frame` (awaiting `send_frame` only when the ring is full) and its consumer awaits
+one frame, then drains bursts with `recv_frames_nowait`; blocking zmq and the Pipe call plain
+`send`/`recv` in a loop, with no coroutine per message. Round trips await each step on all of
+them. The ring spins briefly before sleeping (`SRT_RING_SPIN_US`, default 20; 0 turns it off):
+with a free core per process its round trip is a few microseconds, on a machine short of cores
+the spin backs off and the round trip is the doorbell's.
+
 zmq.asyncio streams are not measured: with pyzmq 27.3 / libzmq 4.3.5 here, a `zmq.asyncio` PULL
 socket fed by another process loses a few hundred of 30,000 back-to-back messages (a blocking PULL
 gets them all), so the stream never completes.
