@@ -35,7 +35,8 @@ _MAX_MISSES = 10
 class _Doorbell:
     """Waits for one ring end on the running loop. The ring's descriptor stays registered with
     the loop between waits (no `add_reader`/`remove_reader` per wait); the reader callback
-    drains the bell and completes the pending wait's future."""
+    drains the bell and completes the pending wait's future. While registered, the loop holds
+    the ring: `close()` the channel to detach it before its loop ends."""
 
     def __init__(self, ring: ShmRing) -> None:
         self._ring = ring
