@@ -90,7 +90,7 @@ class _Doorbell:
             return
         try:
             self._ring.finish_wait()
-        except BaseException as e:  # BrokenPipeError, or a corrupt ring
+        except Exception as e:  # BrokenPipeError, or a corrupt ring
             self.close()
             woken.set_exception(e)
         else:
