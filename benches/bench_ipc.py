@@ -7,6 +7,14 @@ it; pyzmq PUSH/PULL over `ipc://` is measured from asyncio (`zmq.asyncio`, as SG
 manager uses it; round trips only, see below) and blocking (as SGLang's scheduler uses it);
 `multiprocessing.Pipe` blocking.
 
+Each side sends and receives the way its users would at their fastest: the ring's producer
+calls `try_send_frame` (awaiting `send_frame` only when the ring is full) and its consumer awaits
+one frame, then drains bursts with `recv_frames_nowait`; blocking zmq and the Pipe call plain
+`send`/`recv` in a loop, with no coroutine per message. Round trips await each step on all of
+them. The ring spins briefly before sleeping (`SRT_RING_SPIN_US`, default 20; 0 turns it off):
+with a free core per process its round trip is a few microseconds, on a machine short of cores
+the spin backs off and the round trip is the doorbell's.
+
 zmq.asyncio streams are not measured: with pyzmq 27.3 / libzmq 4.3.5 here, a `zmq.asyncio` PULL
 socket fed by another process loses a few hundred of 30,000 back-to-back messages (a blocking PULL
 gets them all), so the stream never completes.
@@ -66,7 +74,9 @@ def ring_child(names: tuple[str, str], mode: str, size: int, count: int) -> None
             sender = Sender(names[0])
             frame = b"x" * size
             for _ in range(count):
-                await sender.send_frame(frame)
+                # As a stage sends: a plain call, awaiting only while the ring is full.
+                if not sender.try_send_frame(frame):
+                    await sender.send_frame(frame)
         else:
             receiver, sender = Receiver(names[0]), Sender(names[1])
             for _ in range(count):
@@ -85,8 +95,7 @@ async def ring_parent(names: tuple[str, str], mode: str, size: int, count: int) 
             # As a stage consumes: await one message, then drain what is already there.
             n = 1
             while n < count:
-                while n < count and receiver.recv_frame_nowait() is not None:
-                    n += 1
+                n += len(receiver.recv_frames_nowait())
                 if n < count:
                     await receiver.recv_frame()
                     n += 1
@@ -136,7 +145,7 @@ async def zmq_parent(address: tuple[str, str], mode: str, size: int, count: int,
         pull = ctx.socket(zmq.PULL)
         pull.bind(address[0] if mode == "stream" else address[1])
         if mode == "stream":
-            return await _time_stream(_awaitable(pull.recv, aio), count)
+            return _time_stream(pull.recv, count)
         push = ctx.socket(zmq.PUSH)
         push.bind(address[0])
         return await _time_ping_pong(
@@ -158,7 +167,7 @@ def pipe_child(conn: Connection, mode: str, size: int, count: int) -> None:
 
 async def pipe_parent(conn: Connection, mode: str, size: int, count: int) -> Any:
     if mode == "stream":
-        return await _time_stream(_awaitable(conn.recv_bytes, False), count)
+        return _time_stream(conn.recv_bytes, count)
     return await _time_ping_pong(
         _awaitable(conn.send_bytes, False), _awaitable(conn.recv_bytes, False), size, count
     )
@@ -174,12 +183,13 @@ def _awaitable(fn: Callable[..., Any], aio: bool) -> Callable[..., Any]:
     return call
 
 
-async def _time_stream(recv: Callable[[], Any], count: int) -> float:
-    """Seconds from the first frame's arrival to the last's, per frame after the first."""
-    await recv()
+def _time_stream(recv: Callable[[], Any], count: int) -> float:
+    """Seconds from the first frame's arrival to the last's, per frame after the first, for a
+    blocking `recv` called directly (no coroutine per message, as a blocking consumer runs)."""
+    recv()
     start = time.perf_counter()
     for _ in range(count - 1):
-        await recv()
+        recv()
     return (time.perf_counter() - start) / (count - 1)
 
 

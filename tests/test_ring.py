@@ -116,6 +116,46 @@ def test_a_full_ring_makes_send_wait_without_blocking_the_loop(ring_name: str) -
     assert receiver.recv_frame_nowait() is None
 
 
+def test_bursts_go_by_plain_calls_and_waits_survive_cancellation_and_new_loops(
+    ring_name: str,
+) -> None:
+    ShmRing.create(ring_name, 4096)
+    receiver, sender = Receiver(ring_name), Sender(ring_name)
+    frames = [bytes([i]) * 100 for i in range(60)]
+    sent = [frame for frame in frames if sender.try_send_frame(frame)]
+    assert 0 < len(sent) < len(frames), "a 4 KiB ring takes some frames, then says it is full"
+    assert sent == frames[: len(sent)]
+    assert receiver.recv_frames_nowait(10) == sent[:10]
+    assert receiver.recv_frames_nowait(max_bytes=250) == sent[10:13]
+    assert receiver.recv_frames_nowait(max_bytes=0) == sent[13:14]
+    assert receiver.recv_frames_nowait() == sent[14:]
+    assert receiver.recv_frames_nowait() == []
+
+    async def wait_cancelled() -> None:
+        waiting = asyncio.ensure_future(receiver.recv_frame())
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    async def wait_woken(frame: bytes) -> bytes:
+        async def send_later() -> None:
+            await asyncio.sleep(0.01)
+            assert sender.try_send_frame(frame)
+
+        sending = asyncio.ensure_future(send_later())
+        received = await receiver.recv_frame()
+        await sending
+        return received
+
+    for i in range(3):  # each run is a new loop: the doorbell registers with it
+        asyncio.run(wait_cancelled())
+        assert asyncio.run(wait_woken(b"%d" % i)) == b"%d" % i
+    assert receiver.recv_frame_nowait() is None
+    receiver.close()
+    sender.close()
+
+
 def idle_consumer(name: str) -> None:
     receiver = Receiver(name)
     asyncio.run(receiver.recv_frame())

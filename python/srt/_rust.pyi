@@ -103,6 +103,13 @@ class ShmRing:
     def try_pop(self) -> bytes | None:
         """Removes and returns the oldest frame, or `None` when the ring is empty."""
 
+    def try_pop_many(self, max: int, max_bytes: int) -> list[bytes]:
+        """Removes and returns up to `max` frames (stopping once they hold `max_bytes`), oldest
+        first; empty when the ring is."""
+
+    def spin(self, timeout: float, need: int = 0) -> bool:
+        """Polls (GIL released, no sleep) up to `timeout` seconds; whether this end may proceed."""
+
     def fileno(self) -> int:
         """The descriptor this end sleeps on; readable when the peer rang or went away."""
 

@@ -24,3 +24,9 @@ def ring_capacity() -> int:
     """Bytes in the data area of each inter-process ring (`SRT_RING_CAPACITY`, default 16 MiB;
     a power of two that bounds the largest message, e.g. a tokenized prompt)."""
     return int(os.environ.get("SRT_RING_CAPACITY", 16 << 20))
+
+
+def ring_spin_us() -> float:
+    """Microseconds a ring end that just ran out of work polls before it sleeps on its doorbell
+    (`SRT_RING_SPIN_US`, default 20; 0 turns spinning off). Idle ends spin once, then sleep."""
+    return float(os.environ.get("SRT_RING_SPIN_US", "20"))

@@ -528,6 +528,21 @@ mod tests {
     }
 
     #[test]
+    fn spin_sees_data_and_room_and_gives_up_after_its_budget() {
+        let (producer, consumer) = pair(64);
+        let budget = Duration::from_millis(2);
+        let start = std::time::Instant::now();
+        assert!(!consumer.spin(0, budget));
+        assert!(start.elapsed() >= budget);
+        assert!(producer.spin(48, Duration::ZERO));
+        assert!(producer.try_push(&[7; 48]).unwrap());
+        assert!(!producer.spin(8, Duration::ZERO));
+        assert!(consumer.spin(0, budget));
+        assert_eq!(consumer.try_pop().unwrap(), Some(vec![7; 48]));
+        assert!(producer.spin(48, Duration::ZERO));
+    }
+
+    #[test]
     fn a_full_ring_refuses_until_popped_and_oversized_frames_are_errors() {
         let (producer, consumer) = pair(64);
         assert_eq!(producer.max_frame_len(), 56);

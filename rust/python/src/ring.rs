@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyBrokenPipeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 use srt_core::ring::{Role, ShmRing, Wake};
 
 use crate::to_py_err;
@@ -95,6 +95,40 @@ impl PyShmRing {
             })
         });
         popped.map_err(to_py_err)?.transpose()
+    }
+
+    /// Removes and returns up to `max` frames, oldest first, stopping once they hold `max_bytes`
+    /// (at least one frame; an empty list when the ring is empty): one call for a burst, small
+    /// enough to stay in cache.
+    fn try_pop_many<'py>(
+        &self,
+        py: Python<'py>,
+        max: usize,
+        max_bytes: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let frames = PyList::empty(py);
+        let mut bytes = 0;
+        while frames.len() < max && (frames.is_empty() || bytes < max_bytes) {
+            match self.try_pop(py)? {
+                Some(frame) => {
+                    bytes += frame.as_bytes().len();
+                    frames.append(frame)?;
+                }
+                None => break,
+            }
+        }
+        Ok(frames)
+    }
+
+    /// Polls, GIL released and without sleeping, for up to `timeout` seconds until this end may
+    /// proceed (data to pop; room for `need` bytes); returns whether it may.
+    #[pyo3(signature = (timeout, need = 0))]
+    fn spin(&self, py: Python<'_>, timeout: f64, need: usize) -> PyResult<bool> {
+        if !(timeout.is_finite() && timeout >= 0.0) {
+            return Err(PyValueError::new_err(format!("bad timeout {timeout}")));
+        }
+        let budget = Duration::from_secs_f64(timeout);
+        Ok(py.detach(|| self.inner.spin(need, budget)))
     }
 
     /// The descriptor this end sleeps on; readable when the peer rang or went away.
