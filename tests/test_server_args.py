@@ -38,7 +38,7 @@ def test_every_field_has_a_flag() -> None:
             "--chunked-prefill-size", "-1", "--page-size", "16", "--schedule-policy", "lpm",
             "--disable-radix-cache", "--attention-backend", "triton", "--stream-interval", "4",
             "--enable-metrics", "--log-level", "debug", "--random-seed", "7",
-            "--watchdog-timeout", "60",
+            "--watchdog-timeout", "60", "--load-format", "dummy",
         ]
     )  # fmt: skip
     expected = ServerArgs(
@@ -48,6 +48,7 @@ def test_every_field_has_a_flag() -> None:
         max_prefill_tokens=2048, chunked_prefill_size=-1, page_size=16, schedule_policy="lpm",
         disable_radix_cache=True, attention_backend="triton", stream_interval=4,
         enable_metrics=True, log_level="debug", random_seed=7, watchdog_timeout=60.0,
+        load_format="dummy",
     )  # fmt: skip
     assert args == expected
     # The command line above sets every field away from its default, so each flag is exercised.

@@ -11,6 +11,7 @@ from runner_helpers import make_runner
 
 from srt.model_executor.model_config import ModelConfig
 from srt.model_executor.weight_loader import iterate_weights
+from srt.testing.make_tiny_model import make_tiny_model
 from srt.testing.smollm2 import smollm2_gguf
 
 
@@ -54,3 +55,32 @@ def test_context_length_beyond_the_model_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match="--context-length 4096 exceeds"):
         make_runner(tiny_model_factory("llama"), context_length=4096)
+
+
+def test_dummy_load_format_reads_no_checkpoint(
+    tiny_model_factory: Callable[[str], Path], tmp_path: Path
+) -> None:
+    source = tiny_model_factory("qwen3")
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    for file in source.iterdir():
+        if file.suffix != ".safetensors":
+            (config_only / file.name).write_bytes(file.read_bytes())
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        make_runner(config_only)
+    dummy = make_runner(config_only, load_format="dummy")
+    loaded = make_runner(source)
+    dummy_weight = dict(dummy.model.named_parameters())["model.embed_tokens.weight"]
+    loaded_weight = dict(loaded.model.named_parameters())["model.embed_tokens.weight"]
+    assert dummy_weight.shape == loaded_weight.shape
+    assert torch.isfinite(dummy_weight).all()
+    assert not torch.equal(dummy_weight, loaded_weight)
+
+
+def test_llama3_8b_preset_writes_a_config_without_weights(tmp_path: Path) -> None:
+    out = make_tiny_model("llama", tmp_path / "l8", preset="llama3-8b", weights=False)
+    assert not list(out.glob("*.safetensors"))
+    config = ModelConfig.load(str(out), "bfloat16", torch.device("cpu"))
+    assert (config.num_layers, config.num_kv_heads, config.head_dim) == (32, 8, 128)
+    assert config.vocab_size == 128256
+    assert config.hf_config.architectures == ["LlamaForCausalLM"]

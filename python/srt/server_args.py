@@ -21,6 +21,7 @@ DEVICES = ("auto", "cpu", "cuda")
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 class ServerArgsError(ValueError):
@@ -67,6 +68,15 @@ class ServerArgs:
     trust_remote_code: bool = field(
         default=False,
         metadata=_arg("model and tokenizer", "Allow custom code from the model directory."),
+    )
+    load_format: str = field(
+        default="auto",
+        metadata=_arg(
+            "model and tokenizer",
+            "auto: the checkpoint's safetensors or GGUF weights; dummy: random weights of the "
+            "config's shapes, read from no checkpoint (for benchmarks).",
+            choices=LOAD_FORMATS,
+        ),
     )
 
     dtype: str = field(

@@ -58,9 +58,10 @@ class ModelRunner:
                 self.model = model_cls(config.hf_config)
             finally:
                 torch.set_default_dtype(default_dtype)
-        self.model.load_weights(  # type: ignore[operator]
-            iterate_weights(config.model_path, config.gguf_file, config.hf_config)
-        )
+        if self.server_args.load_format != "dummy":  # dummy keeps the random initialization
+            self.model.load_weights(  # type: ignore[operator]
+                iterate_weights(config.model_path, config.gguf_file, config.hf_config)
+            )
         self.model.eval()
 
     def init_memory_pool(self) -> None:

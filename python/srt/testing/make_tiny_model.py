@@ -32,7 +32,7 @@ from srt.testing.tiny_tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, train_byte
 
 # Shapes small enough to build and run in well under a second, with grouped-query attention
 # (4 query heads share 2 KV heads) so that every model path sees it.
-_SHAPE = {
+_TINY = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
@@ -43,6 +43,22 @@ _SHAPE = {
     # Wider than transformers' default so that greedy decoding of random weights has clear
     # winners instead of near-ties that rounding could flip.
     "initializer_range": 0.1,
+}
+
+# Real shapes, written as configs without weights, for `--load-format dummy` benchmarks.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": _TINY,
+    "llama3-8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-5,
+        "initializer_range": 0.02,
+        "vocab_size": 128256,
+    },
 }
 
 
@@ -56,12 +72,16 @@ ARCHS = tuple(_CONFIG_CLASSES)
 
 
 def make_config(
-    arch: str, vocab_size: int, context_length: int, special_ids: dict[str, int]
+    arch: str,
+    vocab_size: int,
+    context_length: int,
+    special_ids: dict[str, int],
+    preset: str = "tiny",
 ) -> PretrainedConfig:
-    """The config of a tiny model of one fixture architecture."""
+    """The config of a model of one fixture architecture, tiny unless a preset says otherwise."""
     kwargs: dict[str, Any] = {
-        **_SHAPE,
         "vocab_size": vocab_size,
+        **PRESETS[preset],
         "max_position_embeddings": context_length,
         "bos_token_id": special_ids["bos"],
         "eos_token_id": special_ids["eos"],
@@ -86,8 +106,16 @@ def make_config(
     return _CONFIG_CLASSES[arch](**kwargs)
 
 
-def make_tiny_model(arch: str, out: Path, seed: int = 0, context_length: int = 2048) -> Path:
-    """Writes the model directory `out` and returns it."""
+def make_tiny_model(
+    arch: str,
+    out: Path,
+    seed: int = 0,
+    context_length: int = 2048,
+    preset: str = "tiny",
+    weights: bool = True,
+) -> Path:
+    """Writes the model directory `out` and returns it; without `weights`, only its config,
+    generation config and tokenizer (a preset's vocabulary may then exceed the tokenizer's)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
     add_bos = arch in ("llama", "mistral")
@@ -108,17 +136,22 @@ def make_tiny_model(arch: str, out: Path, seed: int = 0, context_length: int = 2
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
-    config = make_config(arch, backend.get_vocab_size(), context_length, special_ids)
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config = GenerationConfig(
+    config = make_config(arch, backend.get_vocab_size(), context_length, special_ids, preset)
+    generation_config = GenerationConfig(
         bos_token_id=special_ids["bos"],
         eos_token_id=[special_ids["eos"], special_ids["im_end"]],
         pad_token_id=special_ids["pad"],
     )
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    if weights:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.generation_config = generation_config
+        model.save_pretrained(out)
+    else:
+        config.architectures = [type(config).__name__.replace("Config", "ForCausalLM")]
+        config.save_pretrained(out)
+        generation_config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
@@ -131,10 +164,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--context-length", type=int, default=2048)
+    parser.add_argument("--preset", choices=PRESETS, default="tiny")
+    parser.add_argument(
+        "--no-weights", action="store_true", help="config and tokenizer only (--load-format dummy)"
+    )
     args = parser.parse_args(argv)
     if args.context_length < 16:
         parser.error("argument --context-length: must be >= 16")
-    make_tiny_model(args.arch, args.out, seed=args.seed, context_length=args.context_length)
+    make_tiny_model(
+        args.arch,
+        args.out,
+        seed=args.seed,
+        context_length=args.context_length,
+        preset=args.preset,
+        weights=not args.no_weights,
+    )
     print(args.out)
     return 0
 
