@@ -42,7 +42,10 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
+
+from bench_utils import emit
 
 SIZES = {"64B": 64, "1KiB": 1024, "64KiB": 65536}
 COUNTS = {"64B": 100_000, "1KiB": 50_000, "64KiB": 4_000}
@@ -249,7 +252,7 @@ def run(transport: str, mode: str, size: int, count: int) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", metavar="OUT", help="write the results here")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="write the results here")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
     opts = parser.parse_args()
     results: dict[str, Any] = {}
@@ -268,11 +271,7 @@ def main() -> None:
     report = _ratios(results)
     report.update(results)
     report["cpus"] = os.cpu_count()
-    text = json.dumps(report, indent=2)
-    print(text)
-    if opts.json:
-        with open(opts.json, "w") as f:
-            f.write(text + "\n")
+    emit(report, opts.json)
 
 
 def _ratios(results: dict[str, Any]) -> dict[str, Any]:

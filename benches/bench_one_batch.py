@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_utils import emit
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from srt.model_executor.model_runner import ModelRunner
@@ -154,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bs={batch_size}: {json.dumps(entry)}", file=sys.stderr)
     if "32" in results["batches"] and "hf" in results["batches"]["32"]:
         results["decode_speedup_vs_hf_bs32"] = results["batches"]["32"]["decode_speedup_vs_hf"]
-    text = json.dumps(results, indent=2)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
+    emit(results, args.json)
     return 0
 
 

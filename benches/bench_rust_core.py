@@ -12,11 +12,11 @@ checks that both give the same results. Writes `radix_speedup`, `allocator_speed
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from bench_utils import emit
 from rust_core_detok import bench_detok
 from rust_core_radix import bench_allocator, bench_radix
 
@@ -33,10 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in ("radix", "allocator", "detok"):
         results[f"{name}_speedup"] = results[name]["speedup"]
-    text = json.dumps(results, indent=2)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
+    emit(results, args.json)
     return 0
 
 

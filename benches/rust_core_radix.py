@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import random
 import statistics
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_utils import emit
 from py_baselines import PyFreeList, PyRadixCache
 
 from srt.mem_cache import RadixCache, TokenToKVPoolAllocator
@@ -220,10 +220,7 @@ def main() -> None:
         "radix": radix,
         "allocator": allocator,
     }
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
+    emit(results, args.json)
 
 
 if __name__ == "__main__":

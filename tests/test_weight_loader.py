@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,15 @@ from srt.model_executor.model_config import ModelConfig
 from srt.model_executor.weight_loader import iterate_weights
 from srt.testing.make_tiny_model import make_tiny_model
 from srt.testing.smollm2 import smollm2_gguf
+
+
+def copy_model_dir(source: Path, target: Path, skip_suffix: str = "") -> Path:
+    """A copy of a model directory, leaving out files that end in `skip_suffix` (if given)."""
+    target.mkdir()
+    for file in source.iterdir():
+        if not (skip_suffix and file.name.endswith(skip_suffix)):
+            shutil.copyfile(file, target / file.name)
+    return target
 
 
 @pytest.mark.slow
@@ -39,11 +49,7 @@ def test_runner_serves_the_gguf_file(smollm2: Path) -> None:
 def test_unsupported_architecture_lists_the_supported(
     tiny_model_factory: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    source = tiny_model_factory("qwen2")
-    target = tmp_path / "model"
-    target.mkdir()
-    for file in source.iterdir():
-        (target / file.name).write_bytes(file.read_bytes())
+    target = copy_model_dir(tiny_model_factory("qwen2"), tmp_path / "model")
     config = (target / "config.json").read_text().replace("Qwen2ForCausalLM", "GPT2LMHeadModel")
     (target / "config.json").write_text(config)
     with pytest.raises(ValueError, match=r"LlamaForCausalLM.*Qwen3ForCausalLM"):
@@ -61,11 +67,7 @@ def test_dummy_load_format_reads_no_checkpoint(
     tiny_model_factory: Callable[[str], Path], tmp_path: Path
 ) -> None:
     source = tiny_model_factory("qwen3")
-    config_only = tmp_path / "config-only"
-    config_only.mkdir()
-    for file in source.iterdir():
-        if file.suffix != ".safetensors":
-            (config_only / file.name).write_bytes(file.read_bytes())
+    config_only = copy_model_dir(source, tmp_path / "config-only", skip_suffix=".safetensors")
     with pytest.raises(FileNotFoundError, match="safetensors"):
         make_runner(config_only)
     dummy = make_runner(config_only, load_format="dummy")
