@@ -9,6 +9,9 @@ import torch
 from srt.model_executor.model_runner import ModelRunner
 from srt.server_args import ServerArgs
 
+# Where device-level tests (kernels, attention backends) run: the GPU when there is one.
+TEST_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 
 def make_runner(path: Path | str, **overrides: object) -> ModelRunner:
     settings: dict[str, object] = {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runner_helpers import SlotBook, make_runner
+from runner_helpers import TEST_DEVICE, SlotBook, make_runner
 
 from srt.layers.attention.registry import ATTENTION_BACKENDS
 from srt.server_args import ATTENTION_BACKENDS as CLI_BACKENDS
@@ -17,7 +17,9 @@ from srt.server_args import ATTENTION_BACKENDS as CLI_BACKENDS
 def run_steps(path: Path, backend: str) -> list[torch.Tensor]:
     """Logits of: two prompts prefilled together, a third reusing the first's prefix, then
     three decode steps of all three."""
-    runner = make_runner(path, attention_backend=backend, max_total_tokens=256)
+    runner = make_runner(
+        path, attention_backend=backend, max_total_tokens=256, device=TEST_DEVICE.type
+    )
     book = SlotBook(runner)
     rows = runner.req_to_token_pool.alloc(3)
     assert rows is not None

@@ -5,6 +5,8 @@ Every cache slot no request owns, slot 0 (padding) included, and every output ro
 launch hold NaN: a stray read or a missed write shows up as NaN in the comparison. Tolerances:
 1e-5 (float32), 2e-3 (float16), absolute and relative. bfloat16 is left out: the interpreter's
 `tl.dot` is wrong for it; `test_kernels_compile_for_gpu` at least compiles that path.
+Inputs are made (seeded) on the CPU, the kernels run on TEST_DEVICE (the GPU when there is one),
+and results are compared on the CPU.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from runner_helpers import TEST_DEVICE
 
 from srt.kernels.decode_attention import decode_attention_fwd
 from srt.kernels.extend_attention import extend_attention_fwd
@@ -30,6 +33,9 @@ class PagedCache:
     v_buffer: torch.Tensor
     req_to_token: torch.Tensor
     req_pool_indices: torch.Tensor
+
+    def on_device(self) -> PagedCache:
+        return PagedCache(*(t.to(TEST_DEVICE) for t in vars(self).values()))
 
 
 def make_cache(
@@ -76,6 +82,7 @@ def run_extend(
     total = sum(extend_lens)
     width = num_heads + 2 * num_kv_heads
     qkv = torch.randn(total, width + (3 if fused_qkv else 0), head_dim, generator=g).to(dtype)
+    qkv = qkv.to(TEST_DEVICE)  # before slicing, so the views keep their strides there
     q = qkv[:, :num_heads]
     k = qkv[:, num_heads : num_heads + num_kv_heads]
     v = qkv[:, num_heads + num_kv_heads : width]
@@ -86,12 +93,16 @@ def run_extend(
     extend_start_loc = torch.cumsum(extend_seq_lens, 0) - extend_seq_lens
     seq_lens = torch.tensor(prefix_lens) + extend_seq_lens.long()
 
+    on = cache.on_device()
     extend_attention_fwd(
         q, k, v, o,
-        cache.k_buffer, cache.v_buffer, cache.req_to_token, cache.req_pool_indices,
-        seq_lens, extend_seq_lens, extend_start_loc,
+        on.k_buffer, on.v_buffer, on.req_to_token, on.req_pool_indices,
+        seq_lens.to(TEST_DEVICE),
+        extend_seq_lens.to(TEST_DEVICE),
+        extend_start_loc.to(TEST_DEVICE),
         1.0 / math.sqrt(head_dim), max_extend_len,
     )  # fmt: skip
+    q, k, v, o = q.cpu(), k.cpu(), v.cpu(), o.cpu()
 
     expected = []
     for i, (prefix, start, n) in enumerate(
@@ -149,13 +160,16 @@ def run_decode(
     g = torch.Generator().manual_seed(sum(seq_lens) * 17 + num_kv_splits + head_dim)
     cache = make_cache(seq_lens, num_kv_heads, head_dim, dtype, g)
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=g).to(dtype)
-    o = torch.full_like(q, float("nan"))
+    o = torch.full_like(q, float("nan"), device=TEST_DEVICE)
 
+    on = cache.on_device()
     decode_attention_fwd(
-        q, cache.k_buffer, cache.v_buffer, o, cache.req_to_token, cache.req_pool_indices,
-        torch.tensor(seq_lens, dtype=torch.int32), 1.0 / math.sqrt(head_dim),
+        q.to(TEST_DEVICE), on.k_buffer, on.v_buffer, o, on.req_to_token, on.req_pool_indices,
+        torch.tensor(seq_lens, dtype=torch.int32, device=TEST_DEVICE),
+        1.0 / math.sqrt(head_dim),
         num_kv_splits=num_kv_splits, scratch=scratch,
     )  # fmt: skip
+    o = o.cpu()
 
     expected = []
     for i, n in enumerate(seq_lens):
@@ -192,7 +206,7 @@ def test_decode_group_wider_than_one_program() -> None:
 
 
 def test_decode_into_preallocated_scratch() -> None:
-    scratch = torch.full((2, 4, 5, 33), float("nan"))
+    scratch = torch.full((2, 4, 5, 33), float("nan"), device=TEST_DEVICE)
     run_decode(4, 2, 32, [12, 3], 5, torch.float32, scratch=scratch)
 
 

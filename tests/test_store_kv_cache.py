@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from runner_helpers import TEST_DEVICE
 
 from srt.kernels.store_kv_cache import store_kv_cache
 
@@ -15,11 +16,12 @@ def test_matches_indexing(dtype: torch.dtype, slot_dtype: torch.dtype) -> None:
     tokens, heads, head_dim, slots_total = 5, 2, 8, 16
     k = torch.randn(tokens, heads, head_dim, generator=generator).to(dtype)
     v = torch.randn(tokens, heads, head_dim, generator=generator).to(dtype)
-    k_cache = torch.zeros(slots_total, heads, head_dim, dtype=dtype)
-    v_cache = torch.zeros(slots_total, heads, head_dim, dtype=dtype)
+    k_cache = torch.zeros(slots_total, heads, head_dim, dtype=dtype, device=TEST_DEVICE)
+    v_cache = torch.zeros(slots_total, heads, head_dim, dtype=dtype, device=TEST_DEVICE)
     slots = torch.tensor([3, 9, 1, 15, 4], dtype=slot_dtype)
 
-    store_kv_cache(k, v, k_cache, v_cache, slots)
+    store_kv_cache(k.to(TEST_DEVICE), v.to(TEST_DEVICE), k_cache, v_cache, slots.to(TEST_DEVICE))
+    k_cache, v_cache = k_cache.cpu(), v_cache.cpu()
 
     expected_k = torch.zeros_like(k_cache)
     expected_v = torch.zeros_like(v_cache)
@@ -30,11 +32,11 @@ def test_matches_indexing(dtype: torch.dtype, slot_dtype: torch.dtype) -> None:
 
 
 def test_rows_wider_than_one_block() -> None:
-    k = torch.randn(2, 3, 512)
-    v = torch.randn(2, 3, 512)
-    k_cache = torch.zeros(4, 3, 512)
-    v_cache = torch.zeros(4, 3, 512)
-    store_kv_cache(k, v, k_cache, v_cache, torch.tensor([2, 0]))
+    k = torch.randn(2, 3, 512, device=TEST_DEVICE)
+    v = torch.randn(2, 3, 512, device=TEST_DEVICE)
+    k_cache = torch.zeros(4, 3, 512, device=TEST_DEVICE)
+    v_cache = torch.zeros(4, 3, 512, device=TEST_DEVICE)
+    store_kv_cache(k, v, k_cache, v_cache, torch.tensor([2, 0], device=TEST_DEVICE))
     assert torch.equal(k_cache[2], k[0])
     assert torch.equal(v_cache[0], v[1])
     assert not k_cache[1].any()
