@@ -5,8 +5,11 @@
 
 SGLang's `bench_one_batch` shape: for each batch size, a prefill of `input-len` random tokens per
 sequence, then `output-len` decode steps. transformers runs the same shapes through its forward
-with a `DynamicCache`. The two alternate `--repeats` times (a shared machine is noisy); each
-reports its best prefill latency and its best median decode-step latency, and
+with a `DynamicCache` (unless `--load-format dummy`: random weights of a config's shapes, no
+baseline). Each decode step is also set beside its memory-bandwidth floor: weight and KV-cache
+bytes over the bandwidth a large tensor copy reaches on the device. The two alternate
+`--repeats` times (a shared machine is noisy); each reports its best prefill latency and its
+best median decode-step latency, and
 `decode_speedup_vs_hf_bs32` = HF's decode step time over ours at batch 32.
 """
 
@@ -26,6 +29,7 @@ import torch
 from bench_utils import emit
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from srt.mem_cache.memory_pool import KVPool
 from srt.model_executor.model_runner import ModelRunner
 from srt.server_args import ServerArgs
 
@@ -84,6 +88,26 @@ def bench_hf(model: Any, prompts: torch.Tensor, output_len: int) -> dict[str, fl
     return {"prefill_s": prefill_s, "decode_step_s": statistics.median(steps)}
 
 
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28) -> float:
+    """Bytes per second moved (read plus written) by a large tensor copy on `device`."""
+    source = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    seconds = min(timed(partial(target.copy_, source), device)[0] for _ in range(5))
+    return 2 * nbytes / seconds
+
+
+def weight_bytes(runner: ModelRunner) -> int:
+    return sum(p.numel() * p.element_size() for p in runner.model.parameters())
+
+
+def kv_bytes_per_token(runner: ModelRunner) -> int:
+    config = runner.model_config
+    return KVPool.bytes_per_slot(
+        config.num_layers, config.num_kv_heads, config.head_dim, config.dtype
+    )
+
+
 def best(runs: list[dict[str, float]]) -> dict[str, Any]:
     """The fastest of each measurement over the runs, with every run's figures beside."""
     return {
@@ -103,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--load-format", default="auto", help="dummy: random weights, no HF")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     args = parser.parse_args(argv)
 
@@ -112,11 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         max_total_tokens=max_bs * (args.input_len + args.output_len) + 1,
         max_running_requests=max_bs,
+        load_format=args.load_format,
     )
     runner = ModelRunner(server_args, args.model)
     device = runner.device
     hf: Any = None
-    if not args.no_hf:
+    if not args.no_hf and args.load_format != "dummy":
         hf = AutoModelForCausalLM.from_pretrained(
             runner.model_config.model_path,
             gguf_file=runner.model_config.gguf_file,
@@ -133,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(),
         "input_len": args.input_len,
         "output_len": args.output_len,
+        "copy_bandwidth_GBps": copy_bandwidth(device) / 1e9,
         "batches": {},
     }
     for batch_size in args.batch_sizes:
@@ -145,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
             if hf is not None:
                 hf_runs.append(bench_hf(hf, prompts.to(device), args.output_len))
         entry: dict[str, Any] = {"srt": best(srt_runs)}
+        # The least time a decode step can take: reading every weight and the KV cache once.
+        context = args.input_len + args.output_len // 2
+        step_bytes = weight_bytes(runner) + batch_size * context * kv_bytes_per_token(runner)
+        entry["decode_step_floor_s"] = step_bytes / (results["copy_bandwidth_GBps"] * 1e9)
         if hf is not None:
             entry["hf"] = best(hf_runs)
             entry["decode_speedup_vs_hf"] = (
