@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from srt.io_struct import MESSAGE_TYPES, BatchTokenIDOut, TokenizedGenerateReq
+from srt.io_struct import MESSAGE_TYPES, BatchTokenIDOut, FinishReason, TokenizedGenerateReq
 from srt.ipc.codec import CodecError, decode, encode, message_type
 from srt.sampling_params import SamplingParams
 
@@ -51,6 +51,10 @@ def strategy_for(hint: Any) -> st.SearchStrategy[Any]:
     if origin is tuple and args[1:] == (Ellipsis,):
         item = INT32 if args[0] is int else strategy_for(args[0])
         return st.lists(item, max_size=8).map(tuple)
+    if origin is tuple:
+        return st.tuples(*(strategy_for(a) for a in args))
+    if dataclasses.is_dataclass(hint):
+        return message_strategy(hint)  # type: ignore[arg-type]
     raise TypeError(hint)
 
 
@@ -110,10 +114,44 @@ def test_no_pickle_and_unknown_types_refused() -> None:
     with pytest.raises(CodecError):
         decode(b"")
     out = BatchTokenIDOut(
-        ("a",), ((1, 2),), (None,), (2,), (2,), (0,), (True,), (True,), (False,), ((),)
-    )
+        ("a",), ((1, 2),), (None,), (2,), (2,), (0,), ((),), (True,), (True,), (False,), ((),),
+        ((),), ((),),
+    )  # fmt: skip
     assert b"pickle" not in encode(out)
     assert encode(out)[0] == MESSAGE_TYPES.index(BatchTokenIDOut) + 1
+
+
+def test_finish_reasons_and_logprobs_round_trip() -> None:
+    reasons = (
+        FinishReason("stop", matched_token=2),
+        FinishReason("stop", matched_str="\n\n"),
+        FinishReason("length", length=16),
+        FinishReason("abort", message="client disconnected"),
+        None,
+    )
+    out = BatchTokenIDOut(
+        rids=tuple("abcde"),
+        output_ids=((1, 2),) * 5,
+        finished_reasons=reasons,
+        prompt_tokens=(3,) * 5,
+        completion_tokens=(2,) * 5,
+        cached_tokens=(0,) * 5,
+        context_ids=((7, 8, 9),) * 5,
+        skip_special_tokens=(True,) * 5,
+        spaces_between_special_tokens=(True,) * 5,
+        no_stop_trim=(False,) * 5,
+        stop=(("\n\n",),) * 5,
+        output_logprobs=((-0.5, -1.25),) * 5,
+        output_top_logprobs=((((1, -0.5), (4, -2.0)), ((2, -1.25),)),) * 5,
+    )
+    assert decode(encode(out)) == out
+    assert [r.to_json() if r else None for r in reasons] == [
+        {"type": "stop", "matched": 2},
+        {"type": "stop", "matched": "\n\n"},
+        {"type": "length", "length": 16},
+        {"type": "abort", "message": "client disconnected"},
+        None,
+    ]
 
 
 def test_sampling_params_follow_sglang_defaults_and_ranges() -> None:

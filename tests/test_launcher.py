@@ -21,6 +21,7 @@ import pytest
 from srt.entrypoints.launcher import ChildDied, Launcher
 from srt.io_struct import (
     BatchStrOut,
+    FinishReason,
     FlushCacheOut,
     FlushCacheReq,
     GetLoadOut,
@@ -167,7 +168,7 @@ def test_the_pipeline_carries_requests_and_replies(
     assert out.rids == ("r1",)
     assert out.output_ids == (ids,)
     assert out.output_strs == ("def main(): return 42",)
-    assert out.finished_reasons == ("length",)
+    assert out.finished_reasons == (FinishReason("length", length=len(ids)),)
     assert flushed == FlushCacheOut("f", True)
     assert isinstance(load, GetLoadOut)
     assert load.rid == "l"

@@ -72,23 +72,53 @@ class ShutdownReq:
 
 
 @dataclass(frozen=True, slots=True)
+class FinishReason:
+    """Why a request ended, in SGLang's terms (`to_json` gives SGLang's `finish_reason` dict).
+
+    - "stop": an EOS or stop token id (`matched_token`) or a stop string (`matched_str`);
+    - "length": `length` tokens were generated (max_new_tokens, or the context ran out);
+    - "abort": the client or the server stopped it; `message` says why.
+    """
+
+    type: str
+    matched_token: int | None = None
+    matched_str: str | None = None
+    length: int = 0
+    message: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        if self.type == "stop":
+            matched = self.matched_str if self.matched_str is not None else self.matched_token
+            return {"type": "stop", "matched": matched}
+        if self.type == "length":
+            return {"type": "length", "length": self.length}
+        return {"type": self.type, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
 class BatchTokenIDOut:
     """New token ids of the requests of one scheduler step; all tuples are indexed alike.
 
     `output_ids[i]` holds only the ids produced since the previous message for `rids[i]`;
-    `finished_reasons[i]` is None while the request runs, else "stop", "length" or "abort".
+    `finished_reasons[i]` is None while the request runs. `context_ids[i]` are the last prompt
+    ids (decoded ahead of the output by the incremental detokenizer). With `return_logprob`,
+    `output_logprobs[i]` has the logprob of each id of `output_ids[i]` and
+    `output_top_logprobs[i]` its `top_logprobs_num` best (id, logprob) pairs; else both are ().
     """
 
     rids: tuple[str, ...]
     output_ids: tuple[tuple[int, ...], ...]
-    finished_reasons: tuple[str | None, ...]
+    finished_reasons: tuple[FinishReason | None, ...]
     prompt_tokens: tuple[int, ...]
     completion_tokens: tuple[int, ...]
     cached_tokens: tuple[int, ...]
+    context_ids: tuple[tuple[int, ...], ...]
     skip_special_tokens: tuple[bool, ...]
     spaces_between_special_tokens: tuple[bool, ...]
     no_stop_trim: tuple[bool, ...]
     stop: tuple[tuple[str, ...], ...]
+    output_logprobs: tuple[tuple[float, ...], ...]
+    output_top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...]
 
 
 # ---- ring "tokenizer": DETOKENIZER → MAIN ----------------------------------------------------
@@ -105,10 +135,12 @@ class BatchStrOut:
     rids: tuple[str, ...]
     output_strs: tuple[str, ...]
     output_ids: tuple[tuple[int, ...], ...]
-    finished_reasons: tuple[str | None, ...]
+    finished_reasons: tuple[FinishReason | None, ...]
     prompt_tokens: tuple[int, ...]
     completion_tokens: tuple[int, ...]
     cached_tokens: tuple[int, ...]
+    output_logprobs: tuple[tuple[float, ...], ...]
+    output_top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...]
 
 
 @dataclass(frozen=True, slots=True)

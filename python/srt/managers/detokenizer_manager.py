@@ -73,6 +73,8 @@ class DetokenizerManager(Stage):
             prompt_tokens=batch.prompt_tokens,
             completion_tokens=batch.completion_tokens,
             cached_tokens=batch.cached_tokens,
+            output_logprobs=batch.output_logprobs,
+            output_top_logprobs=batch.output_top_logprobs,
         )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from srt.io_struct import (
     AbortReq,
     BatchTokenIDOut,
+    FinishReason,
     FlushCacheOut,
     FlushCacheReq,
     GetLoadOut,
@@ -68,14 +69,17 @@ class Scheduler(Stage):
             BatchTokenIDOut(
                 rids=(req.rid,),
                 output_ids=(output,),
-                finished_reasons=("length",),
+                finished_reasons=(FinishReason("length", length=params.max_new_tokens),),
                 prompt_tokens=(len(req.input_ids),),
                 completion_tokens=(len(output),),
                 cached_tokens=(0,),
+                context_ids=(req.input_ids[-5:],),
                 skip_special_tokens=(params.skip_special_tokens,),
                 spaces_between_special_tokens=(params.spaces_between_special_tokens,),
                 no_stop_trim=(params.no_stop_trim,),
                 stop=(params.stop,),
+                output_logprobs=((),),
+                output_top_logprobs=((),),
             )
         )
 
