@@ -30,3 +30,9 @@ def ring_spin_us() -> float:
     """Microseconds a ring end that just ran out of work polls before it sleeps on its doorbell
     (`SRT_RING_SPIN_US`, default 20; 0 turns spinning off). Idle ends spin once, then sleep."""
     return float(os.environ.get("SRT_RING_SPIN_US", "20"))
+
+
+def check_invariants() -> bool:
+    """Whether the scheduler checks its KV bookkeeping after every step, not only when it goes
+    idle (`SRT_CHECK_INVARIANTS=1`; tests set it)."""
+    return os.environ.get("SRT_CHECK_INVARIANTS", "0") == "1"

@@ -161,6 +161,7 @@ class GetLoadOut:
     num_waiting_reqs: int
     num_used_tokens: int
     max_total_tokens: int
+    invariant_violations: int = 0
 
 
 @dataclass(frozen=True, slots=True)

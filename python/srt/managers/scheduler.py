@@ -1,15 +1,30 @@
-"""The scheduler stage (DESIGN §1, §4). For now a thin stage on the real wiring: it answers the
-control messages and "generates" by echoing each prompt's token ids, at most `max_new_tokens` of
-them, as one finished `BatchTokenIDOut`. Continuous batching and the model runner replace the
-echo in the next issues; the rings, messages and process life cycle stay as they are.
+"""The scheduler (DESIGN §3-4): continuous batching over one model runner.
+
+`Scheduler` is the synchronous core: requests come in through `add_request`/`abort`, each `step`
+runs one forward pass (an extend batch if any waiting request or prompt chunk can be admitted,
+else a decode batch of every running request) and returns what the detokenizer should hear.
+`SchedulerStage` wraps it in the scheduler process's asyncio loop, between rings "scheduler" and
+"detokenizer". See `schedule_batch` for the data flow and `schedule_policy` for admission.
+
+Memory: every KV slot is free (allocator), in the radix cache (evictable or locked), or held by a
+request that runs. `check_invariants` verifies free + evictable + locked + held = total (and, when
+idle, that no request row or lock is left); it runs whenever the loop goes idle, and after every
+step when `SRT_CHECK_INVARIANTS=1` (tests).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import logging
+import random
+from array import array
+from collections.abc import Iterable
 from multiprocessing.connection import Connection
-from typing import Any
+from pathlib import Path
 
+import torch
+
+from srt import envs
 from srt.io_struct import (
     AbortReq,
     BatchTokenIDOut,
@@ -20,92 +35,570 @@ from srt.io_struct import (
     GetLoadReq,
     HealthCheckOut,
     HealthCheckReq,
+    Message,
     ShutdownReq,
     TokenizedGenerateReq,
 )
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.rings import RingNames
+from srt.layers.sampler import sample
+from srt.managers.incremental_detokenizer import IncrementalDetokenizer
+from srt.managers.schedule_batch import ForwardKind, Req, ScheduleBatch
+from srt.managers.schedule_policy import (
+    CLIP_MAX_NEW_TOKENS,
+    AddResult,
+    PrefillAdder,
+    order_waiting,
+)
 from srt.managers.stage_process import Stage, run_stage
+from srt.mem_cache import RadixCache, TokenToKVPoolAllocator
+from srt.model_executor.model_runner import ModelRunner
 from srt.server_args import ServerArgs
 
+logger = logging.getLogger(__name__)
 
-class Scheduler(Stage):
-    """Receives on ring "scheduler", sends on ring "detokenizer"."""
+# Admission expects running requests to produce `new_token_ratio` of their remaining tokens:
+# it starts at INIT, decays by DECAY per decode step down to MIN, and is re-estimated after a
+# retraction (SGLang's schedule conservativeness).
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+RETRACT_DECODE_STEPS = 20
+
+
+class Scheduler:
+    def __init__(
+        self, server_args: ServerArgs, model_runner: ModelRunner, tokenizer_path: str | None
+    ) -> None:
+        if server_args.page_size != 1:
+            raise ValueError("the scheduler supports --page-size 1 only")
+        self.server_args = server_args
+        self.runner = model_runner
+        config = model_runner.model_config
+        self.context_length = config.context_length
+        self.vocab_size = int(config.hf_config.vocab_size)
+        self.eos_token_ids = config.eos_token_ids
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.max_running_requests = min(
+            model_runner.max_running_requests, self.req_to_token_pool.size
+        )
+        self.allocator = TokenToKVPoolAllocator(model_runner.max_total_tokens)
+        self.tree_cache = None if server_args.disable_radix_cache else RadixCache(1, self.allocator)
+        self.tokenizer_path = tokenizer_path
+        self._stop_checker: IncrementalDetokenizer | None = None
+        self.rng = random.Random(server_args.random_seed)
+        if server_args.random_seed is not None:
+            torch.manual_seed(server_args.random_seed)
+        self.check_every_step = envs.check_invariants()
+
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Req | None = None
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.outbox: list[Req] = []
+        self.invariant_violations = 0
+        self.forward_ct = 0
+        self.num_retracted = 0
+
+    # ---- requests in ---------------------------------------------------------------------------
+
+    def add_request(self, recv: TokenizedGenerateReq) -> None:
+        req = Req(recv, self.eos_token_ids)
+        problem = self._admission_problem(req)
+        if problem is None and req.sampling_params.stop:
+            problem = self._register_stop_strings(req)
+        if problem is not None:
+            req.finished_reason = FinishReason("abort", message=problem)
+            self.outbox.append(req)
+            return
+        if req.sampling_params.max_new_tokens == 0:  # nothing to generate: done at once
+            req.finished_reason = FinishReason("length", length=0)
+            self._forget_stop_strings(req)
+            self.outbox.append(req)
+            return
+        self.waiting.append(req)
+
+    def _admission_problem(self, req: Req) -> str | None:
+        prompt = len(req.origin_input_ids)
+        if prompt == 0:
+            return "the prompt is empty"
+        if self._live(req.rid):
+            return f"request id {req.rid!r} is already in flight"
+        if min(req.origin_input_ids) < 0 or max(req.origin_input_ids) >= self.vocab_size:
+            return f"token ids must be in [0, {self.vocab_size})"
+        total = prompt + req.sampling_params.max_new_tokens
+        if total > self.context_length:
+            return (
+                f"the prompt ({prompt} tokens) plus max_new_tokens "
+                f"({req.sampling_params.max_new_tokens}) exceeds the context length "
+                f"({self.context_length} tokens)"
+            )
+        if total > self.allocator.size:
+            return (
+                f"the prompt ({prompt} tokens) plus max_new_tokens "
+                f"({req.sampling_params.max_new_tokens}) exceeds the KV cache "
+                f"({self.allocator.size} tokens)"
+            )
+        return None
+
+    def _live(self, rid: str) -> bool:
+        return any(r.rid == rid for r in self._all_reqs())
+
+    def _all_reqs(self) -> Iterable[Req]:
+        yield from self.waiting
+        yield from self.running
+        if self.chunked_req is not None:
+            yield self.chunked_req
+
+    def abort(self, rid: str) -> None:
+        """Aborts request `rid` wherever it is ("" aborts all); unknown ids are ignored (the
+        request may have finished meanwhile)."""
+        for req in list(self._all_reqs()):
+            if rid and req.rid != rid:
+                continue
+            req.finished_reason = FinishReason("abort", message="aborted by request")
+            if req in self.waiting:
+                self.waiting.remove(req)
+            elif req in self.running:
+                self.running.remove(req)
+            else:
+                self.chunked_req = None
+            self._release(req)
+            self.outbox.append(req)
+
+    # ---- one step --------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked_req or self.outbox)
+
+    def is_idle(self) -> bool:
+        return not (self.waiting or self.running or self.chunked_req)
+
+    def step(self) -> BatchTokenIDOut | None:
+        """Runs one forward pass, if there is anything to run; returns the output to send."""
+        batch = self.get_new_batch_prefill() or self.get_decode_batch()
+        if batch is not None:
+            self.run_batch(batch)
+            self.forward_ct += 1
+        if self.check_every_step:
+            self.check_and_count()
+        return self.take_output()
+
+    def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        if not self.waiting and self.chunked_req is None:
+            return None
+        running = len(self.running) + (self.chunked_req is not None)
+        reserved = (
+            sum(min(r.remaining_new_tokens, CLIP_MAX_NEW_TOKENS) for r in self.running)
+            * self.new_token_ratio
+        )
+        chunk = self.server_args.chunked_prefill_size
+        adder = PrefillAdder(
+            rem_total_tokens=self._available_with_cache() - reserved,
+            rem_input_tokens=self.server_args.max_prefill_tokens,
+            rem_chunk_tokens=None if chunk == -1 else chunk,
+            rem_requests=min(
+                self.max_running_requests - running, self.req_to_token_pool.available()
+            ),
+        )
+        chunked = self.chunked_req
+        if chunked is not None:
+            # Bounded by the memory there is: running requests retract if they run short later.
+            rest = list(chunked.fill_ids()[chunked.kv_len :])
+            adder.add_chunked_req(chunked, rest[: self._available_with_cache()], len(rest))
+        ordered = order_waiting(
+            self.waiting, self.server_args.schedule_policy, self._cached_prefix, self.rng
+        )
+        for req in ordered:
+            result = self._try_admit(req, adder)
+            if result is not AddResult.CONTINUE:
+                break
+        self.chunked_req = adder.new_chunked_req
+        admitted = adder.can_run
+        if adder.new_chunked_req is not None and adder.new_chunked_req.extend_ids:
+            admitted = [*admitted, adder.new_chunked_req]
+        for req in admitted:
+            if req in self.waiting:
+                self.waiting.remove(req)
+        if self.chunked_req in self.waiting:
+            self.waiting.remove(self.chunked_req)
+        return ScheduleBatch(ForwardKind.EXTEND, admitted) if admitted else None
+
+    def _cached_prefix(self, req: Req) -> list[int]:
+        """The ids of the longest cached prefix of `req` (at least one token left to compute)."""
+        if self.tree_cache is None:
+            return []
+        fill = req.fill_ids()
+        slots, _ = self.tree_cache.match_prefix(fill[:-1])
+        return list(fill[: len(slots)])
+
+    def _try_admit(self, req: Req, adder: PrefillAdder) -> AddResult:
+        fill = req.fill_ids()
+        slots, node = array("i"), None
+        if self.tree_cache is not None:
+            slots, node = self.tree_cache.match_prefix(fill[:-1])
+            adder.rem_total_tokens += self.tree_cache.inc_lock_ref(node)
+        result = adder.add_one_req(req, list(fill[len(slots) :]))
+        admitted = req in adder.can_run or adder.new_chunked_req is req
+        if not admitted:
+            if self.tree_cache is not None and node is not None:
+                adder.rem_total_tokens += self.tree_cache.dec_lock_ref(node)
+            return result
+        row = self.req_to_token_pool.alloc(1)
+        assert row is not None, "the adder counted free rows"
+        req.row = row[0]
+        req.kv_slots, req.prefix_len, req.last_node = slots, len(slots), node
+        if not req.admitted:
+            req.cached_tokens = len(slots)
+            req.admitted = True
+        if slots:
+            self.req_to_token_pool.write(req.row, 0, _tensor(slots))
+        return result
+
+    def get_decode_batch(self) -> ScheduleBatch | None:
+        if not self.running:
+            return None
+        if self._available_with_cache() < len(self.running):
+            self._retract_until_decodable()
+            if not self.running:
+                return None
+        self.new_token_ratio = max(
+            self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO
+        )
+        return ScheduleBatch(ForwardKind.DECODE, list(self.running))
+
+    def _retract_until_decodable(self) -> None:
+        """Retracts running requests (fewest outputs first, then longest prompt) until every
+        remaining one can get a slot for its next token."""
+        victims = sorted(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
+        retracted: list[Req] = []
+        while self.running and self._available_with_cache() < len(self.running):
+            victim = victims.pop(0)
+            self.running.remove(victim)
+            self._release(victim, keep_stop_state=True)
+            victim.num_retractions += 1
+            retracted.append(victim)
+        self.waiting[:0] = retracted
+        self.num_retracted += len(retracted)
+        total_max_new = sum(r.sampling_params.max_new_tokens for r in self.running)
+        decoded = sum(len(r.output_ids) for r in self.running)
+        if total_max_new:
+            self.new_token_ratio = min(
+                1.0, (decoded + RETRACT_DECODE_STEPS * len(self.running)) / total_max_new
+            )
+        logger.warning(
+            "KV cache full: retracted %d request(s); new_token_ratio %.3f",
+            len(retracted),
+            self.new_token_ratio,
+        )
+
+    def run_batch(self, batch: ScheduleBatch) -> None:
+        slots = self._alloc(batch.num_new_tokens)
+        if batch.kind is ForwardKind.EXTEND:
+            prefix_lens = [req.kv_len for req in batch.reqs]
+            forward_batch = self.runner.prepare_extend(
+                [_row(req) for req in batch.reqs],
+                prefix_lens,
+                [req.extend_ids for req in batch.reqs],
+                _tensor(slots),
+            )
+            start = 0
+            for req in batch.reqs:
+                req.kv_slots.extend(slots[start : start + len(req.extend_ids)])
+                start += len(req.extend_ids)
+        else:
+            for req, slot in zip(batch.reqs, slots, strict=True):
+                req.kv_slots.append(slot)
+            forward_batch = self.runner.prepare_decode(
+                [_row(req) for req in batch.reqs],
+                [req.kv_len for req in batch.reqs],
+                [req.output_ids[-1] for req in batch.reqs],
+                _tensor(slots),
+            )
+        logits = self.runner.forward(forward_batch)
+        self.process_batch_result(batch, logits)
+
+    def _alloc(self, n: int) -> array[int]:
+        if self.tree_cache is not None and self.allocator.available_size() < n:
+            self.tree_cache.evict(n - self.allocator.available_size())
+        slots = self.allocator.alloc(n)
+        if slots is None:
+            raise RuntimeError(f"out of KV slots: {n} needed, admission should have prevented it")
+        return slots
+
+    def process_batch_result(self, batch: ScheduleBatch, logits: torch.Tensor) -> None:
+        complete = [i for i, req in enumerate(batch.reqs) if req.kv_len == req.fill_len]
+        for req in batch.reqs:
+            if req.kv_len < req.fill_len:  # a chunk of a longer prompt: cache it, no token
+                self._cache_unfinished(req)
+        if not complete:
+            return
+        reqs = [batch.reqs[i] for i in complete]
+        if len(complete) < len(batch.reqs):
+            logits = logits[complete]
+        out = sample(logits, [req.sampling_row() for req in reqs])
+        for j, req in enumerate(reqs):
+            req.output_ids.append(out.next_ids[j])
+            if req.return_logprob:
+                req.output_logprobs.append(out.logprobs[j])
+                req.output_top_logprobs.append(tuple(out.top_logprobs[j]))
+            req.check_finished(self.context_length)
+            if not req.finished() and req.sampling_params.stop:
+                self._check_stop_strings(req)
+            if batch.kind is ForwardKind.EXTEND and not req.finished():
+                self._cache_unfinished(req)  # later requests can share the prompt at once
+                self.running.append(req)
+            if req.finished():
+                if req in self.running:
+                    self.running.remove(req)
+                self._release(req)
+                self.outbox.append(req)
+            elif req.stream and self._stream_due(req):
+                self.outbox.append(req)
+
+    def _stream_due(self, req: Req) -> bool:
+        new = len(req.output_ids) - req.sent_len
+        return req.sent_len == 0 or new >= self.server_args.stream_interval
+
+    # ---- stop strings ----------------------------------------------------------------------
+
+    def _register_stop_strings(self, req: Req) -> str | None:
+        if self._stop_checker is None:
+            if (
+                self.tokenizer_path is None
+                or not (Path(self.tokenizer_path) / "tokenizer.json").exists()
+            ):
+                return "stop strings need the model's tokenizer.json"
+            self._stop_checker = IncrementalDetokenizer(self.tokenizer_path)
+        params = req.sampling_params
+        self._stop_checker.add_request(
+            req.rid,
+            prompt_ids=req.origin_input_ids,
+            skip_special_tokens=params.skip_special_tokens,
+            stop=params.stop,
+        )
+        return None
+
+    def _check_stop_strings(self, req: Req) -> None:
+        assert self._stop_checker is not None
+        result = self._stop_checker.step(req.rid, req.output_ids[-1:])
+        if (
+            result.matched_stop is not None
+            and len(req.output_ids) >= req.sampling_params.min_new_tokens
+        ):
+            req.finished_reason = FinishReason("stop", matched_str=result.matched_stop)
+
+    def _forget_stop_strings(self, req: Req) -> None:
+        if self._stop_checker is not None and req.rid in self._stop_checker:
+            self._stop_checker.free(req.rid)
+
+    # ---- KV memory -------------------------------------------------------------------------
+
+    def _available_with_cache(self) -> int:
+        evictable = self.tree_cache.evictable_size() if self.tree_cache is not None else 0
+        return self.allocator.available_size() + evictable
+
+    def _cache_unfinished(self, req: Req) -> None:
+        """Puts a prefilled chunk into the cache and re-locks the request's prefix there, so the
+        chunk is shared and counted as the cache's."""
+        if self.tree_cache is None:
+            return
+        key = req.fill_ids()[: req.kv_len]
+        self._insert(req, key)
+        slots, node = self.tree_cache.match_prefix(key)
+        self.tree_cache.inc_lock_ref(node)
+        assert req.last_node is not None
+        self.tree_cache.dec_lock_ref(req.last_node)
+        req.kv_slots = slots
+        req.prefix_len, req.last_node = len(slots), node
+        self.req_to_token_pool.write(_row(req), 0, _tensor(slots))
+
+    def _insert(self, req: Req, key: array[int]) -> None:
+        """Inserts the request's KV for `key` and frees its slots the cache already held."""
+        assert self.tree_cache is not None
+        cached = self.tree_cache.insert(key, req.kv_slots[: len(key)])
+        if cached > req.prefix_len:
+            self.allocator.free(req.kv_slots[req.prefix_len : cached])
+
+    def _release(self, req: Req, keep_stop_state: bool = False) -> None:
+        """Gives back everything `req` holds: its KV (into the cache when there is one), its
+        lock and its row."""
+        if req.row is not None:
+            if self.tree_cache is not None:
+                self._insert(req, req.fill_ids()[: req.kv_len])
+                assert req.last_node is not None
+                self.tree_cache.dec_lock_ref(req.last_node)
+            else:
+                self.allocator.free(req.kv_slots)
+            self.req_to_token_pool.free([req.row])
+        req.row, req.kv_slots, req.prefix_len, req.last_node = None, array("i"), 0, None
+        if not keep_stop_state:
+            self._forget_stop_strings(req)
+
+    def flush_cache(self) -> str | None:
+        """Empties the radix cache; refused (returns why) while any request is in flight."""
+        if not self.is_idle():
+            return "requests are in flight"
+        if self.tree_cache is not None:
+            self.tree_cache.evict(self.tree_cache.evictable_size())
+            self.tree_cache.reset()
+        return None
+
+    # ---- output ------------------------------------------------------------------------------
+
+    def take_output(self) -> BatchTokenIDOut | None:
+        if not self.outbox:
+            return None
+        reqs, self.outbox = self.outbox, []
+        out = make_output(reqs)
+        for req in reqs:
+            req.sent_len = len(req.output_ids)
+        return out
+
+    # ---- integrity ---------------------------------------------------------------------------
+
+    def check_invariants(self) -> list[str]:
+        """What is wrong with the KV bookkeeping (empty when all is well)."""
+        problems = []
+        free = self.allocator.available_size()
+        evictable = locked = 0
+        if self.tree_cache is not None:
+            evictable, locked = self.tree_cache.evictable_size(), self.tree_cache.protected_size()
+            try:
+                self.tree_cache.check_invariants()
+            except Exception as e:  # InvariantError from Rust
+                problems.append(f"radix tree: {e}")
+        holders = self.running + ([self.chunked_req] if self.chunked_req else [])
+        held = sum(req.held_slots for req in holders)
+        if free + evictable + locked + held != self.allocator.size:
+            problems.append(
+                f"free {free} + evictable {evictable} + locked {locked} + held {held} "
+                f"!= total {self.allocator.size}"
+            )
+        rows = self.req_to_token_pool.size - self.req_to_token_pool.available()
+        if rows != len(holders):
+            problems.append(f"{rows} request rows in use by {len(holders)} requests")
+        if self.is_idle() and locked:
+            problems.append(f"{locked} slots still locked with no request in flight")
+        return problems
+
+    def check_and_count(self) -> None:
+        problems = self.check_invariants()
+        if problems:
+            self.invariant_violations += 1
+            logger.error("KV integrity violated: %s", "; ".join(problems))
+
+    def num_used_tokens(self) -> int:
+        """Slots held by requests or locked in the cache (free and evictable ones excluded)."""
+        return self.allocator.size - self._available_with_cache()
+
+
+def make_output(reqs: list[Req]) -> BatchTokenIDOut:
+    """The detokenizer's message for `reqs`: each one's output ids since its last message."""
+    sent = [req.sent_len for req in reqs]
+    with_logprobs = [req.return_logprob for req in reqs]
+    return BatchTokenIDOut(
+        rids=tuple(req.rid for req in reqs),
+        output_ids=tuple(tuple(req.output_ids[s:]) for req, s in zip(reqs, sent, strict=True)),
+        finished_reasons=tuple(req.finished_reason for req in reqs),
+        prompt_tokens=tuple(len(req.origin_input_ids) for req in reqs),
+        completion_tokens=tuple(len(req.output_ids) for req in reqs),
+        cached_tokens=tuple(req.cached_tokens for req in reqs),
+        context_ids=tuple(req.context_ids() for req in reqs),
+        skip_special_tokens=tuple(req.sampling_params.skip_special_tokens for req in reqs),
+        spaces_between_special_tokens=tuple(
+            req.sampling_params.spaces_between_special_tokens for req in reqs
+        ),
+        no_stop_trim=tuple(req.sampling_params.no_stop_trim for req in reqs),
+        stop=tuple(req.sampling_params.stop for req in reqs),
+        output_logprobs=tuple(
+            tuple(req.output_logprobs[s:]) if lp else ()
+            for req, s, lp in zip(reqs, sent, with_logprobs, strict=True)
+        ),
+        output_top_logprobs=tuple(
+            tuple(req.output_top_logprobs[s:]) if lp else ()
+            for req, s, lp in zip(reqs, sent, with_logprobs, strict=True)
+        ),
+    )
+
+
+def _row(req: Req) -> int:
+    assert req.row is not None, f"request {req.rid} has no row"
+    return req.row
+
+
+def _tensor(ids: array[int]) -> torch.Tensor:
+    return (
+        torch.frombuffer(ids, dtype=torch.int32) if len(ids) else torch.empty(0, dtype=torch.int32)
+    )
+
+
+class SchedulerStage(Stage):
+    """The scheduler process's loop: receives on ring "scheduler", sends on ring "detokenizer".
+
+    Between forward passes it takes every message that has arrived; when nothing is left to run
+    it checks the KV invariants and sleeps until the next message.
+    """
 
     def __init__(self, server_args: ServerArgs, rings: RingNames) -> None:
-        self.server_args = server_args
-        self.init_channels(rings)
-        self.init_dispatch()
-
-    def init_channels(self, rings: RingNames) -> None:
+        if server_args.model_path is None:
+            raise ValueError("the scheduler needs --model-path")
+        runner = ModelRunner(server_args, server_args.model_path)
+        tokenizer_path = server_args.tokenizer_path or runner.model_config.model_path
+        self.scheduler = Scheduler(server_args, runner, tokenizer_path)
         self.recv_from_tokenizer = Receiver(rings.scheduler)
         self.send_to_detokenizer = Sender(rings.detokenizer)
 
-    def init_dispatch(self) -> None:
-        self.handlers: dict[type, Callable[[Any], Awaitable[None]]] = {
-            TokenizedGenerateReq: self.handle_generate,
-            AbortReq: self.handle_abort,
-            FlushCacheReq: self.handle_flush_cache,
-            GetLoadReq: self.handle_get_load,
-            HealthCheckReq: self.handle_health_check,
-        }
-
     async def event_loop(self) -> None:
         """Serves until a `ShutdownReq`, which it passes on to the detokenizer."""
+        scheduler = self.scheduler
         while True:
-            msg = await self.recv_from_tokenizer.recv()
-            if isinstance(msg, ShutdownReq):
-                await self.send_to_detokenizer.send(msg)
-                return
-            handler = self.handlers.get(type(msg))
-            if handler is None:
-                raise TypeError(f"the scheduler cannot handle {type(msg).__name__}")
-            await handler(msg)
+            if not scheduler.has_work():
+                scheduler.check_and_count()
+                if not await self.handle(await self.recv_from_tokenizer.recv()):
+                    return
+            while (msg := self.recv_from_tokenizer.recv_nowait()) is not None:
+                if not await self.handle(msg):
+                    return
+            out = scheduler.step()
+            if out is not None:
+                await self.send_to_detokenizer.send(out)
+            await asyncio.sleep(0)  # let signals and the parent watch run between steps
 
-    async def handle_generate(self, req: TokenizedGenerateReq) -> None:
-        output = req.input_ids[: req.sampling_params.max_new_tokens]
-        params = req.sampling_params
-        await self.send_to_detokenizer.send(
-            BatchTokenIDOut(
-                rids=(req.rid,),
-                output_ids=(output,),
-                finished_reasons=(FinishReason("length", length=params.max_new_tokens),),
-                prompt_tokens=(len(req.input_ids),),
-                completion_tokens=(len(output),),
-                cached_tokens=(0,),
-                context_ids=(req.input_ids[-5:],),
-                skip_special_tokens=(params.skip_special_tokens,),
-                spaces_between_special_tokens=(params.spaces_between_special_tokens,),
-                no_stop_trim=(params.no_stop_trim,),
-                stop=(params.stop,),
-                output_logprobs=((),),
-                output_top_logprobs=((),),
+    async def handle(self, msg: Message) -> bool:
+        """Acts on one message; False for `ShutdownReq` (after passing it on)."""
+        scheduler = self.scheduler
+        reply: Message | None = None
+        if isinstance(msg, TokenizedGenerateReq):
+            scheduler.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            scheduler.abort(msg.rid)
+        elif isinstance(msg, FlushCacheReq):
+            refused = scheduler.flush_cache()
+            reply = FlushCacheOut(msg.rid, refused is None, refused or "")
+        elif isinstance(msg, GetLoadReq):
+            reply = GetLoadOut(
+                rid=msg.rid,
+                num_running_reqs=len(scheduler.running) + (scheduler.chunked_req is not None),
+                num_waiting_reqs=len(scheduler.waiting),
+                num_used_tokens=scheduler.num_used_tokens(),
+                max_total_tokens=scheduler.allocator.size,
+                invariant_violations=scheduler.invariant_violations,
             )
-        )
-
-    async def handle_abort(self, req: AbortReq) -> None:
-        """Nothing runs across steps yet, so there is nothing to abort."""
-
-    async def handle_flush_cache(self, req: FlushCacheReq) -> None:
-        await self.send_to_detokenizer.send(FlushCacheOut(rid=req.rid, success=True))
-
-    async def handle_get_load(self, req: GetLoadReq) -> None:
-        await self.send_to_detokenizer.send(
-            GetLoadOut(
-                rid=req.rid,
-                num_running_reqs=0,
-                num_waiting_reqs=0,
-                num_used_tokens=0,
-                max_total_tokens=self.server_args.max_total_tokens or 0,
-            )
-        )
-
-    async def handle_health_check(self, req: HealthCheckReq) -> None:
-        await self.send_to_detokenizer.send(HealthCheckOut(rid=req.rid, healthy=True))
+        elif isinstance(msg, HealthCheckReq):
+            reply = HealthCheckOut(msg.rid, healthy=True)
+        elif isinstance(msg, ShutdownReq):
+            await self.send_to_detokenizer.send(msg)
+            return False
+        else:
+            raise TypeError(f"the scheduler cannot handle {type(msg).__name__}")
+        if reply is not None:
+            await self.send_to_detokenizer.send(reply)
+        return True
 
 
 def run_scheduler_process(
     server_args: ServerArgs, rings: RingNames, parent_pid: int, ready: Connection
 ) -> None:
     """Entry point of the scheduler process (started by the launcher with `spawn`)."""
-    run_stage("scheduler", rings, parent_pid, ready, lambda: Scheduler(server_args, rings))
+    run_stage("scheduler", rings, parent_pid, ready, lambda: SchedulerStage(server_args, rings))

@@ -1,0 +1,164 @@
+"""The scheduler's records: `Req`, one request's mutable state, and `ScheduleBatch`, the requests
+of one forward pass.
+
+Data flow through the scheduler (DESIGN §3-4):
+
+    TokenizedGenerateReq ─▶ Req ─▶ waiting queue ─(policy order, PrefillAdder)─▶ extend batch
+        extend batch ─▶ ModelRunner.forward ─▶ sample ─▶ Req.output_ids ─▶ running batch
+        running batch ─▶ decode batch ─▶ forward ─▶ sample ─▶ ... until a finish condition
+        finished Req ─▶ its KV slots into the radix cache (unlocked) ─▶ BatchTokenIDOut
+
+A request's KV lives in `kv_slots`: its first `prefix_len` slots belong to the radix cache
+(locked through `last_node` while the request holds them), the rest to the request itself. The
+tokens that have KV are `all_ids[:kv_len]`; the newest output token never has KV until the next
+decode step feeds it. A retracted request gives its slots back and keeps its output ids: when it
+is admitted again, its prompt and outputs are extended together (mostly from the cache).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from array import array
+from dataclasses import dataclass, field
+
+import torch
+
+from srt.io_struct import FinishReason, TokenizedGenerateReq
+from srt.layers.sampler import SamplingRow
+from srt.sampling_params import SamplingParams
+
+# How many prompt ids the detokenizer decodes ahead of the output (see incremental_detokenizer).
+CONTEXT_IDS = 5
+
+
+class Req:
+    """One request, from admission to finish (retractions included)."""
+
+    def __init__(self, recv: TokenizedGenerateReq, eos_token_ids: frozenset[int]) -> None:
+        self.rid = recv.rid
+        self.origin_input_ids = array("i", recv.input_ids)
+        self.sampling_params: SamplingParams = recv.sampling_params
+        self.stream = recv.stream
+        self.return_logprob = recv.return_logprob
+        self.top_logprobs_num = recv.top_logprobs_num
+        self.arrival = time.monotonic()
+        params = self.sampling_params
+        self.stop_token_ids = (
+            frozenset() if params.ignore_eos else eos_token_ids | set(params.stop_token_ids)
+        )
+        self.generator = (
+            torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        )
+
+        self.output_ids: list[int] = []
+        self.output_logprobs: list[float] = []
+        self.output_top_logprobs: list[tuple[tuple[int, float], ...]] = []
+        self.finished_reason: FinishReason | None = None
+        self.sent_len = 0  # output ids already sent to the detokenizer
+
+        # KV state (empty while waiting)
+        self.row: int | None = None  # ReqToTokenPool row
+        self.kv_slots = array("i")
+        self.prefix_len = 0  # leading kv_slots owned by the radix cache
+        self.last_node: int | None = None  # radix node locked for them
+        self.cached_tokens = 0  # prompt tokens served from the cache at first admission
+        self.admitted = False
+        # Set by the prefill adder: the tokens the next extend computes (a chunk may be shorter
+        # than the rest of the prompt) and the cache hit it starts after.
+        self.extend_ids: list[int] = []
+        self.num_retractions = 0
+
+    # ---- token views -------------------------------------------------------------------------
+
+    @property
+    def fill_len(self) -> int:
+        """Prompt plus output tokens: everything the model has seen or produced."""
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def fill_ids(self) -> array[int]:
+        """Prompt plus output ids, the key a (re-)admitted request is matched with."""
+        ids = array("i", self.origin_input_ids)
+        ids.extend(self.output_ids)
+        return ids
+
+    @property
+    def kv_len(self) -> int:
+        return len(self.kv_slots)
+
+    @property
+    def held_slots(self) -> int:
+        """KV slots the request owns itself (not the cache's)."""
+        return self.kv_len - self.prefix_len
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return self.sampling_params.max_new_tokens - len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    # ---- sampling ----------------------------------------------------------------------------
+
+    def sampling_row(self) -> SamplingRow:
+        params = self.sampling_params
+        penalized = (
+            params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty
+        )
+        banned: tuple[int, ...] = ()
+        if len(self.output_ids) < params.min_new_tokens:
+            banned = tuple(sorted(self.stop_token_ids))
+        return SamplingRow(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
+            logit_bias=params.logit_bias,
+            banned_ids=banned,
+            prompt_ids=tuple(self.origin_input_ids) if penalized else (),
+            output_ids=tuple(self.output_ids) if penalized else (),
+            generator=self.generator,
+            top_logprobs_num=self.top_logprobs_num if self.return_logprob else 0,
+        )
+
+    def check_finished(self, context_length: int) -> None:
+        """Sets `finished_reason` after a new output token (stop strings are the scheduler's)."""
+        params = self.sampling_params
+        if len(self.output_ids) >= params.max_new_tokens:
+            self.finished_reason = FinishReason("length", length=params.max_new_tokens)
+            return
+        if self.fill_len >= context_length:
+            self.finished_reason = FinishReason("length", length=len(self.output_ids))
+            return
+        if len(self.output_ids) < params.min_new_tokens:
+            return
+        last = self.output_ids[-1]
+        if last in self.stop_token_ids:
+            self.finished_reason = FinishReason("stop", matched_token=last)
+
+    def context_ids(self) -> tuple[int, ...]:
+        return tuple(self.origin_input_ids[-CONTEXT_IDS:])
+
+
+class ForwardKind(enum.Enum):
+    EXTEND = enum.auto()
+    DECODE = enum.auto()
+
+
+@dataclass
+class ScheduleBatch:
+    """The requests of one forward pass. For an extend, each request's `extend_ids` are computed
+    after its first `kv_len` tokens (cache hits and earlier chunks); for a decode, each request's
+    newest output token is."""
+
+    kind: ForwardKind
+    reqs: list[Req] = field(default_factory=list)
+
+    @property
+    def num_new_tokens(self) -> int:
+        if self.kind is ForwardKind.DECODE:
+            return len(self.reqs)
+        return sum(len(req.extend_ids) for req in self.reqs)

@@ -1,0 +1,395 @@
+"""The scheduler's decisions, step by step, with the KV invariant checked after every step.
+
+Scheduling decisions (batch composition, chunk sizes, policy order, retraction order) run over
+`ScriptedRunner`, a model runner whose next token is a fixed function of the last input token, so
+that each step's batch is known in advance. Outputs (continuous batching, cache reuse,
+retraction, chunking, aborts) run over the real `ModelRunner` on a tiny model and are compared
+with each request run alone.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from runner_helpers import make_runner
+
+from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
+from srt.managers.scheduler import Scheduler
+from srt.mem_cache.memory_pool import ReqToTokenPool
+from srt.sampling_params import SamplingParams
+from srt.server_args import ServerArgs
+
+VOCAB = 64
+EOS = 5
+
+
+@dataclass
+class Pass:
+    kind: str
+    rids_rows: list[int]
+    new_tokens: list[int]  # per sequence
+
+
+@dataclass
+class ScriptedRunner:
+    """A model runner whose logits put all mass on `(last input token + 1) % VOCAB`, skipping EOS
+    unless the input token is `EOS - 1`; it records every pass."""
+
+    max_total_tokens: int = 256
+    max_running_requests: int = 8
+    context_length: int = 512
+    passes: list[Pass] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.model_config = SimpleNamespace(
+            context_length=self.context_length,
+            hf_config=SimpleNamespace(vocab_size=VOCAB),
+            eos_token_ids=frozenset({EOS}),
+        )
+        self.req_to_token_pool = ReqToTokenPool(
+            self.max_running_requests, self.context_length, torch.device("cpu")
+        )
+
+    def prepare_extend(
+        self, rows: list[int], prefix_lens: list[int], new_ids: list[list[int]], slots: Any
+    ) -> Any:
+        for row, prefix, ids in zip(rows, prefix_lens, new_ids, strict=True):
+            self.req_to_token_pool.write(row, prefix, slots[: len(ids)])
+            slots = slots[len(ids) :]
+        self.passes.append(Pass("extend", rows, [len(ids) for ids in new_ids]))
+        return [ids[-1] for ids in new_ids]
+
+    def prepare_decode(
+        self, rows: list[int], seq_lens: list[int], ids: list[int], slots: Any
+    ) -> Any:
+        self.passes.append(Pass("decode", rows, [1] * len(rows)))
+        return ids
+
+    def forward(self, last_ids: list[int]) -> torch.Tensor:
+        logits = torch.zeros(len(last_ids), VOCAB)
+        for i, token in enumerate(last_ids):
+            nxt = (token + 1) % VOCAB
+            logits[i, nxt if nxt != EOS or token == EOS - 1 else nxt + 1] = 10.0
+        return logits
+
+
+def scheduler_over(runner: Any, **overrides: Any) -> Scheduler:
+    return Scheduler(ServerArgs(**overrides), runner, tokenizer_path=None)
+
+
+def request(rid: str, ids: Iterable[int], **params: Any) -> TokenizedGenerateReq:
+    params.setdefault("temperature", 0.0)
+    return TokenizedGenerateReq(rid, "", tuple(ids), SamplingParams(**params))
+
+
+@dataclass
+class Finished:
+    output_ids: list[int]
+    reason: FinishReason
+    cached_tokens: int
+
+
+def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000) -> dict[str, Finished]:
+    """Steps until idle, checking the KV invariant after every step."""
+    outputs: dict[str, list[int]] = {}
+    finished: dict[str, Finished] = {}
+    for _ in range(max_steps):
+        if not scheduler.has_work():
+            break
+        out = scheduler.step()
+        assert scheduler.check_invariants() == []
+        collect(out, outputs, finished)
+    else:
+        raise AssertionError("the scheduler did not finish")
+    assert scheduler.is_idle()
+    assert scheduler.check_invariants() == []
+    return finished
+
+
+def collect(
+    out: BatchTokenIDOut | None, outputs: dict[str, list[int]], finished: dict[str, Finished]
+) -> None:
+    if out is None:
+        return
+    for rid, ids, reason, cached in zip(
+        out.rids, out.output_ids, out.finished_reasons, out.cached_tokens, strict=True
+    ):
+        outputs.setdefault(rid, []).extend(ids)
+        if reason is not None:
+            finished[rid] = Finished(outputs[rid], reason, cached)
+
+
+# ---- scheduling decisions -------------------------------------------------------------------
+
+
+def test_new_requests_join_while_others_decode() -> None:
+    runner = ScriptedRunner()
+    scheduler = scheduler_over(runner)
+    scheduler.add_request(request("a", [10, 11, 12], max_new_tokens=4))
+    scheduler.step()  # extend a
+    scheduler.step()  # decode a
+    scheduler.add_request(request("b", [20, 21], max_new_tokens=2))
+    finished = run_to_completion(scheduler)
+    kinds = [(p.kind, p.new_tokens) for p in runner.passes]
+    assert kinds == [
+        ("extend", [3]),
+        ("decode", [1]),
+        ("extend", [2]),  # b is prefilled between a's decode steps
+        ("decode", [1, 1]),  # then both decode together
+        ("decode", [1]),  # b has its 2 tokens
+    ]
+    assert finished["a"].output_ids == [13, 14, 15, 16]
+    assert finished["b"].output_ids == [22, 23]
+    assert finished["a"].reason == FinishReason("length", length=4)
+
+
+def test_long_prompts_are_prefilled_in_chunks() -> None:
+    runner = ScriptedRunner()
+    scheduler = scheduler_over(runner, chunked_prefill_size=8)
+    scheduler.add_request(request("long", range(2, 22), max_new_tokens=2))  # 20 tokens
+    scheduler.add_request(request("short", [30, 31], max_new_tokens=1))
+    finished = run_to_completion(scheduler)
+    assert [(p.kind, p.new_tokens) for p in runner.passes] == [
+        ("extend", [8]),
+        ("extend", [8]),
+        ("extend", [4, 2]),  # the last chunk leaves room for the next request
+        ("decode", [1]),
+    ]
+    assert finished["long"].output_ids == [22, 23]
+    assert finished["short"].output_ids == [32]
+
+
+def test_max_prefill_tokens_and_max_running_requests_bound_a_step() -> None:
+    runner = ScriptedRunner(max_running_requests=3)
+    scheduler = scheduler_over(runner, max_prefill_tokens=10)
+    for i in range(5):
+        scheduler.add_request(request(f"r{i}", range(10 + i * 6, 16 + i * 6), max_new_tokens=2))
+    run_to_completion(scheduler)
+    extends = [p.new_tokens for p in runner.passes if p.kind == "extend"]
+    assert extends[0] == [6]  # a second 6-token prompt would pass 10 prefill tokens
+    assert all(sum(tokens) <= 10 for tokens in extends)
+    assert max(len(p.rids_rows) for p in runner.passes) <= 3
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("fcfs", ["a", "b", "c", "d"]),
+        ("lof", ["c", "a", "d", "b"]),
+        ("lpm", ["d", "b", "a", "c"]),
+        ("dfs-weight", ["b", "d", "a", "c"]),
+    ],
+)
+def test_policies_order_admission(policy: str, expected: list[str]) -> None:
+    runner = ScriptedRunner()
+    scheduler = scheduler_over(runner, schedule_policy=policy, max_prefill_tokens=1)
+    # Cache two prefixes: [40..47] and [50..53].
+    scheduler.add_request(request("warm1", range(40, 48), max_new_tokens=1))
+    scheduler.add_request(request("warm2", range(50, 54), max_new_tokens=1))
+    run_to_completion(scheduler)
+    runner.passes.clear()
+    scheduler.add_request(request("a", [5, 6, 7], max_new_tokens=3))
+    scheduler.add_request(request("b", [*range(50, 54), 9], max_new_tokens=1))
+    scheduler.add_request(request("c", [8, 9], max_new_tokens=9))
+    scheduler.add_request(request("d", [*range(40, 48), 3], max_new_tokens=2))
+    order = []
+    while scheduler.waiting:
+        before = {req.rid for req in scheduler.waiting}
+        scheduler.step()
+        order += sorted(before - {req.rid for req in scheduler.waiting})
+    assert order == expected
+    run_to_completion(scheduler)
+
+
+def test_random_policy_admits_everything() -> None:
+    scheduler = scheduler_over(ScriptedRunner(), schedule_policy="random", random_seed=3)
+    for i in range(6):
+        scheduler.add_request(request(f"r{i}", [10 + i, 20], max_new_tokens=2))
+    assert len(run_to_completion(scheduler)) == 6
+
+
+def test_retraction_takes_the_request_with_fewest_outputs_and_keeps_outputs() -> None:
+    # Admission expects running requests to need only part of their max_new_tokens, so two
+    # 34-token requests share a 60-slot pool until they run short near the end.
+    scheduler = scheduler_over(ScriptedRunner(max_total_tokens=60), disable_radix_cache=True)
+    prompts = {"first": range(10, 14), "second": range(20, 24), "third": range(40, 44)}
+    scheduler.add_request(request("first", prompts["first"], max_new_tokens=30))
+    for _ in range(3):
+        assert scheduler.step() is None  # not streamed: output comes at the finish
+    scheduler.add_request(request("second", prompts["second"], max_new_tokens=30))
+    scheduler.add_request(request("third", prompts["third"], max_new_tokens=20))
+    outputs: dict[str, list[int]] = {}
+    finished: dict[str, Finished] = {}
+    retracted = []
+    while scheduler.has_work():
+        before = scheduler.num_retracted
+        collect(scheduler.step(), outputs, finished)
+        assert scheduler.check_invariants() == []
+        if scheduler.num_retracted > before:
+            retracted.append(scheduler.waiting[0].rid)
+    assert retracted[:1] == ["second"]
+    for rid, prompt in prompts.items():
+        n = len(finished[rid].output_ids)
+        assert finished[rid].output_ids == [(prompt[-1] + 1 + i) % VOCAB for i in range(n)]
+    assert [len(finished[rid].output_ids) for rid in prompts] == [30, 30, 20]
+
+
+def test_finish_reasons() -> None:
+    scheduler = scheduler_over(ScriptedRunner())
+    scheduler.add_request(request("eos", [EOS - 3], max_new_tokens=10))
+    scheduler.add_request(request("ignore", [EOS - 3], max_new_tokens=4, ignore_eos=True))
+    scheduler.add_request(request("stop_id", [5], max_new_tokens=10, stop_token_ids=(8,)))
+    scheduler.add_request(request("min_new", [EOS - 2], max_new_tokens=5, min_new_tokens=3))
+    scheduler.add_request(request("zero", [5], max_new_tokens=0))
+    finished = run_to_completion(scheduler)
+    assert finished["eos"].output_ids == [EOS - 2, EOS - 1, EOS]
+    assert finished["ignore"].output_ids == [EOS - 2, EOS - 1, EOS, EOS + 1]
+    assert finished["eos"].reason.to_json() == {"type": "stop", "matched": EOS}
+    assert finished["ignore"].reason == FinishReason("length", length=4)
+    assert finished["stop_id"].output_ids == [6, 7, 8]
+    assert finished["stop_id"].reason == FinishReason("stop", matched_token=8)
+    # EOS is banned until three tokens are out: the scripted next token after EOS-1 moves on.
+    assert len(finished["min_new"].output_ids) >= 3
+    assert finished["zero"].output_ids == []
+
+
+def test_requests_that_can_never_fit_are_rejected_at_once() -> None:
+    scheduler = scheduler_over(ScriptedRunner(max_total_tokens=64, context_length=100))
+    scheduler.add_request(request("ctx", range(2, 52), max_new_tokens=60))
+    scheduler.add_request(request("kv", range(2, 42), max_new_tokens=30))
+    scheduler.add_request(request("empty", [], max_new_tokens=3))
+    scheduler.add_request(request("vocab", [VOCAB], max_new_tokens=3))
+    finished = run_to_completion(scheduler)
+    messages = {rid: f.reason.message for rid, f in finished.items()}
+    assert finished["ctx"].reason.type == "abort"
+    assert "50 tokens" in messages["ctx"]
+    assert "100 tokens" in messages["ctx"]
+    assert "KV cache (64 tokens)" in messages["kv"]
+    assert "empty" in messages["empty"]
+    assert f"[0, {VOCAB})" in messages["vocab"]
+
+
+def test_duplicate_rid_in_flight_is_rejected() -> None:
+    scheduler = scheduler_over(ScriptedRunner())
+    scheduler.add_request(request("same", [5, 6], max_new_tokens=4))
+    scheduler.add_request(request("same", [7, 8], max_new_tokens=4))
+    out = scheduler.step()
+    assert out is not None
+    rejection = out.finished_reasons[0]
+    assert rejection is not None
+    assert "already in flight" in rejection.message
+    run_to_completion(scheduler)
+
+
+def test_abort_while_waiting_running_and_chunked_frees_everything() -> None:
+    scheduler = scheduler_over(ScriptedRunner(), chunked_prefill_size=4, max_prefill_tokens=4)
+    scheduler.add_request(request("run", [5, 6], max_new_tokens=50))
+    scheduler.add_request(request("chunk", range(10, 30), max_new_tokens=5))
+    scheduler.add_request(request("wait", [7], max_new_tokens=5))
+    scheduler.step()
+    scheduler.step()
+    assert scheduler.chunked_req is not None
+    assert scheduler.running
+    for rid in ("wait", "chunk", "run"):
+        scheduler.abort(rid)
+        assert scheduler.check_invariants() == []
+    finished = run_to_completion(scheduler)
+    assert {f.reason.type for f in finished.values()} == {"abort"}
+    assert scheduler.allocator.available_size() + scheduler.tree_cache.evictable_size() == 256  # type: ignore[union-attr]
+
+
+def test_abort_all_and_flush_cache() -> None:
+    scheduler = scheduler_over(ScriptedRunner())
+    for i in range(4):
+        scheduler.add_request(request(f"r{i}", [5 + i, 6], max_new_tokens=30))
+    scheduler.step()
+    assert scheduler.flush_cache() == "requests are in flight"
+    scheduler.abort("")
+    assert len(run_to_completion(scheduler)) == 4
+    assert scheduler.flush_cache() is None
+    assert scheduler.allocator.available_size() == 256
+
+
+# ---- outputs on a real model ------------------------------------------------------------------
+
+
+def real_scheduler(model: Path, **overrides: Any) -> Scheduler:
+    settings: dict[str, Any] = {"max_total_tokens": 2048, "max_running_requests": 16}
+    settings.update(overrides)
+    runner = make_runner(model, **settings)
+    server_args = ServerArgs(model_path=str(model), **settings)
+    return Scheduler(server_args, runner, str(model))
+
+
+def shared_prefix_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    systems = [[rng.randrange(3, 400) for _ in range(24)] for _ in range(3)]
+    return [
+        systems[i % 3] + [rng.randrange(3, 400) for _ in range(rng.randrange(1, 12))]
+        for i in range(n)
+    ]
+
+
+def generate(scheduler: Scheduler, prompts: list[list[int]], **params: Any) -> dict[str, Finished]:
+    params.setdefault("max_new_tokens", 12)
+    params.setdefault("ignore_eos", True)
+    for i, prompt in enumerate(prompts):
+        scheduler.add_request(request(f"r{i}", prompt, **params))
+    return run_to_completion(scheduler)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_model_factory: Any) -> Path:
+    path: Path = tiny_model_factory("llama")
+    return path
+
+
+@pytest.fixture(scope="module")
+def alone_outputs(tiny_llama: Path) -> list[list[int]]:
+    scheduler = real_scheduler(tiny_llama, disable_radix_cache=True)
+    return [generate(scheduler, [prompt])["r0"].output_ids for prompt in shared_prefix_prompts(16)]
+
+
+@pytest.mark.slow
+def test_concurrent_requests_match_each_alone_and_reuse_the_cache(
+    tiny_llama: Path, alone_outputs: list[list[int]]
+) -> None:
+    scheduler = real_scheduler(tiny_llama, max_prefill_tokens=64)
+    finished = generate(scheduler, shared_prefix_prompts(16))
+    assert [finished[f"r{i}"].output_ids for i in range(16)] == alone_outputs
+    assert sum(f.cached_tokens for f in finished.values()) > 0
+    again = generate(scheduler, shared_prefix_prompts(16)[:4])
+    assert all(f.cached_tokens > 0 for f in again.values())
+
+
+@pytest.mark.slow
+def test_small_kv_pool_forces_retraction_and_chunks_keep_outputs(
+    tiny_llama: Path, alone_outputs: list[list[int]]
+) -> None:
+    scheduler = real_scheduler(tiny_llama, max_total_tokens=160, chunked_prefill_size=16)
+    finished = generate(scheduler, shared_prefix_prompts(16))
+    assert scheduler.num_retracted > 0
+    assert [finished[f"r{i}"].output_ids for i in range(16)] == alone_outputs
+
+
+@pytest.mark.slow
+def test_stop_strings_end_generation(tiny_llama: Path, alone_outputs: list[list[int]]) -> None:
+    from srt.managers.incremental_detokenizer import IncrementalDetokenizer
+
+    prompt = shared_prefix_prompts(1)[0]
+    detok = IncrementalDetokenizer(tiny_llama)
+    detok.add_request("x")
+    text = "".join(detok.step("x", [token]).text for token in alone_outputs[0])
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    scheduler = real_scheduler(tiny_llama)
+    finished = generate(scheduler, [prompt], stop=(stop,))["r0"]
+    assert finished.reason == FinishReason("stop", matched_str=stop)
+    assert len(finished.output_ids) < len(alone_outputs[0])
+    assert finished.output_ids == alone_outputs[0][: len(finished.output_ids)]
