@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from tokenizers import Tokenizer
 
 from srt.entrypoints.launcher import ChildDied, Launcher
 from srt.io_struct import (
@@ -33,15 +34,16 @@ from srt.io_struct import (
 )
 from srt.ipc.channel import Receiver, Sender
 from srt.sampling_params import SamplingParams
-from srt.server_args import ServerArgs
-from srt.testing.tiny_tokenizer import train_byte_level_bpe
+from srt.server_args import ServerArgs, parse_args
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tokenizer")
-    train_byte_level_bpe(add_bos=False).save(str(path / "tokenizer.json"))
-    return path
+def model_dir(tiny_model_factory: Callable[[str], Path]) -> Path:
+    return tiny_model_factory("llama")
+
+
+def stage_flags(model: Path) -> list[str]:
+    return ["--model-path", str(model), "--max-total-tokens", "512", "--max-running-requests", "4"]
 
 
 def rings_of(pid: int) -> list[str]:
@@ -65,9 +67,9 @@ def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
 class Server:
     """`python -m srt.entrypoints.launcher` in a subprocess."""
 
-    def __init__(self, tokenizer: Path, wait_ready: bool = True) -> None:
+    def __init__(self, model: Path, wait_ready: bool = True) -> None:
         self.shm_before = set(os.listdir("/dev/shm"))
-        cmd = [sys.executable, "-m", "srt.entrypoints.launcher", "--tokenizer-path", str(tokenizer)]
+        cmd = [sys.executable, "-m", "srt.entrypoints.launcher", *stage_flags(model)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.children: list[int] = []
         if wait_ready:
@@ -98,8 +100,8 @@ class Server:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_stops_everything_and_exits_zero(tokenizer_dir: Path, sig: signal.Signals) -> None:
-    server = Server(tokenizer_dir)
+def test_a_signal_stops_everything_and_exits_zero(model_dir: Path, sig: signal.Signals) -> None:
+    server = Server(model_dir)
     assert set(server.stage_pids.values()) <= set(server.children)
     assert rings_of(server.proc.pid) == []  # unlinked as soon as every end attached
     server.proc.send_signal(sig)
@@ -110,8 +112,8 @@ def test_a_signal_stops_everything_and_exits_zero(tokenizer_dir: Path, sig: sign
 
 
 @pytest.mark.slow
-def test_a_crashed_child_is_named_and_the_launcher_exits_nonzero(tokenizer_dir: Path) -> None:
-    server = Server(tokenizer_dir)
+def test_a_crashed_child_is_named_and_the_launcher_exits_nonzero(model_dir: Path) -> None:
+    server = Server(model_dir)
     os.kill(server.stage_pids["scheduler"], signal.SIGKILL)
     rc, err = server.finish()
     assert rc == 1
@@ -133,16 +135,16 @@ def test_a_child_failing_at_startup_is_reported_with_its_error(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_launcher_takes_the_children_with_it(tokenizer_dir: Path) -> None:
-    server = Server(tokenizer_dir)
+def test_kill_9_of_the_launcher_takes_the_children_with_it(model_dir: Path) -> None:
+    server = Server(model_dir)
     server.proc.kill()
     server.proc.wait()
     server.assert_clean()
 
 
 @pytest.fixture(scope="module")
-def launched(tokenizer_dir: Path) -> Iterator[tuple[Launcher, Sender, Receiver]]:
-    launcher = Launcher(ServerArgs(tokenizer_path=str(tokenizer_dir)))
+def launched(model_dir: Path) -> Iterator[tuple[Launcher, Sender, Receiver]]:
+    launcher = Launcher(parse_args(stage_flags(model_dir)))
     sender, receiver = launcher.start()
     yield launcher, sender, receiver
     launcher.stop(sender)
@@ -150,28 +152,29 @@ def launched(tokenizer_dir: Path) -> Iterator[tuple[Launcher, Sender, Receiver]]
 
 @pytest.mark.slow
 def test_the_pipeline_carries_requests_and_replies(
-    launched: tuple[Launcher, Sender, Receiver], tokenizer_dir: Path
+    launched: tuple[Launcher, Sender, Receiver], model_dir: Path
 ) -> None:
     launcher, sender, receiver = launched
-    tokenizer = train_byte_level_bpe(add_bos=False)
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ids = tuple(tokenizer.encode("def main(): return 42").ids)
 
-    async def scenario() -> list[Message]:
-        params = SamplingParams(max_new_tokens=len(ids))
+    async def scenario() -> tuple[list[BatchStrOut], list[Message]]:
+        params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
         await sender.send(TokenizedGenerateReq("r1", "", ids, params))
+        outs = [await receiver.recv()]
         for msg in (FlushCacheReq("f"), GetLoadReq("l"), HealthCheckReq("h")):
             await sender.send(msg)
-        return [await receiver.recv() for _ in range(4)]
+        return outs, [await receiver.recv() for _ in range(3)]  # type: ignore[return-value]
 
-    out, flushed, load, health = asyncio.run(scenario())
+    (out,), (flushed, load, health) = asyncio.run(scenario())
     assert isinstance(out, BatchStrOut)
     assert out.rids == ("r1",)
-    assert out.output_ids == (ids,)
-    assert out.output_strs == ("def main(): return 42",)
-    assert out.finished_reasons == (FinishReason("length", length=len(ids)),)
+    assert len(out.output_ids[0]) == 6
+    assert out.output_strs == (tokenizer.decode(list(out.output_ids[0])),)
+    assert out.finished_reasons == (FinishReason("length", length=6),)
     assert flushed == FlushCacheOut("f", True)
     assert isinstance(load, GetLoadOut)
-    assert load.rid == "l"
+    assert (load.rid, load.num_used_tokens, load.invariant_violations) == ("l", 0, 0)
     assert health == HealthCheckOut("h", True)
     assert launcher.dead_child() is None
 
@@ -188,8 +191,8 @@ def test_idle_stages_use_no_cpu(launched: tuple[Launcher, Sender, Receiver]) -> 
 
 
 def test_start_failure_raises_child_died_and_cleans_up(tmp_path: Path) -> None:
-    launcher = Launcher(ServerArgs(tokenizer_path=str(tmp_path)))
-    with pytest.raises(ChildDied, match="detokenizer"):
+    launcher = Launcher(ServerArgs(model_path=str(tmp_path)))
+    with pytest.raises(ChildDied, match=r"scheduler|detokenizer"):
         launcher.start()
     assert all(c.process.exitcode is not None for c in launcher.children)
     assert rings_of(os.getpid()) == []

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import multiprocessing as mp
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -31,16 +32,22 @@ from srt import envs
 from srt.io_struct import ShutdownReq
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.rings import RingNames
-from srt.managers.detokenizer_manager import run_detokenizer_process
-from srt.managers.scheduler import run_scheduler_process
 from srt.managers.stage_process import READY
 from srt.server_args import ServerArgs, parse_args
 
-STAGES: dict[str, Callable[[ServerArgs, RingNames, int, Connection], None]] = {
-    "scheduler": run_scheduler_process,
-    "detokenizer": run_detokenizer_process,
+# Each stage's entry point, imported only in its own process: the launcher (and the HTTP server
+# around it) never loads torch or the model code.
+STAGES: dict[str, str] = {
+    "scheduler": "srt.managers.scheduler:run_scheduler_process",
+    "detokenizer": "srt.managers.detokenizer_manager:run_detokenizer_process",
 }
 GRACE_S = 5.0
+
+
+def run_entry_point(target: str, *args: Any) -> None:
+    """Runs `module:function` with `args` (in a freshly spawned stage process)."""
+    module, function = target.split(":")
+    getattr(importlib.import_module(module), function)(*args)
 
 
 class ChildDied(RuntimeError):
@@ -91,7 +98,9 @@ class Launcher:
             for name, target in STAGES.items():
                 ours, theirs = spawn.Pipe(duplex=False)
                 args = (self.server_args, self.rings, mp.current_process().pid, theirs)
-                process = spawn.Process(target=target, args=args, name=f"srt-{name}")
+                process = spawn.Process(
+                    target=run_entry_point, args=(target, *args), name=f"srt-{name}"
+                )
                 process.start()
                 theirs.close()
                 self.children.append(Child(name, process, ours))

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
 import os
 import signal
+import sys
 import traceback
 from collections.abc import Callable, Coroutine
 from multiprocessing.connection import Connection
@@ -55,19 +57,25 @@ def run_stage(
     """The body of a stage process: build the stage, report ready, serve, clean up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_quietly)  # until the event loop takes over
+    code = 0
     try:
         die_with_parent(parent_pid)
         stage = build()
         _run(_serve(stage, parent_pid, ready))
     except BaseException as e:
-        if isinstance(e, SystemExit) and e.code in (None, 0):
-            raise
-        report = "".join(traceback.format_exception_only(e)).strip()
-        with contextlib.suppress(OSError):  # the launcher may be gone: nobody to tell
-            ready.send_bytes(report.encode() + b"\n" + traceback.format_exc().encode())
-        raise SystemExit(1) from e
+        if not (isinstance(e, SystemExit) and e.code in (None, 0)):
+            code = 1
+            report = "".join(traceback.format_exception_only(e)).strip()
+            with contextlib.suppress(OSError):  # the launcher may be gone: nobody to tell
+                ready.send_bytes(report.encode() + b"\n" + traceback.format_exc().encode())
     finally:
         rings.unlink()
+    # Straight out: a normal interpreter exit garbage-collects every module torch and
+    # transformers loaded, which takes seconds, past the launcher's grace period.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:
