@@ -208,6 +208,18 @@ def test_policies_order_admission(policy: str, expected: list[str]) -> None:
     run_to_completion(scheduler)
 
 
+def test_requests_sharing_a_prefix_wait_a_step_to_find_it_cached() -> None:
+    runner = ScriptedRunner()
+    scheduler = scheduler_over(runner)
+    system = list(range(10, 50))
+    for i in range(3):
+        scheduler.add_request(request(f"q{i}", [*system, 60 + i], max_new_tokens=2))
+    scheduler.add_request(request("other", [7, 8], max_new_tokens=2))
+    finished = run_to_completion(scheduler)
+    assert [p.new_tokens for p in runner.passes[:2]] == [[41, 2], [1, 1]]
+    assert [finished[f"q{i}"].cached_tokens for i in range(3)] == [0, 40, 40]
+
+
 def test_random_policy_admits_everything() -> None:
     scheduler = scheduler_over(ScriptedRunner(), schedule_policy="random", random_seed=3)
     for i in range(6):

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from srt import envs
@@ -64,6 +65,9 @@ INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 RETRACT_DECODE_STEPS = 20
+# A waiting request sharing this many uncached prompt tokens with one admitted in the same step
+# waits one step to take them from the cache instead of computing them twice.
+IN_BATCH_PREFIX_TOKENS = 32
 
 
 class Scheduler:
@@ -209,8 +213,9 @@ class Scheduler:
         ordered = order_waiting(
             self.waiting, self.server_args.schedule_policy, self._cached_prefix, self.rng
         )
+        in_batch = [_ids_array(chunked)] if chunked is not None else []
         for req in ordered:
-            result = self._try_admit(req, adder)
+            result = self._try_admit(req, adder, in_batch)
             if result is not AddResult.CONTINUE:
                 break
         self.chunked_req = adder.new_chunked_req
@@ -232,11 +237,18 @@ class Scheduler:
         slots, _ = self.tree_cache.match_prefix(fill[:-1])
         return list(fill[: len(slots)])
 
-    def _try_admit(self, req: Req, adder: PrefillAdder) -> AddResult:
+    def _try_admit(self, req: Req, adder: PrefillAdder, in_batch: list[np.ndarray]) -> AddResult:
+        """Admits `req` into the step if the budgets allow. A request sharing at least
+        `IN_BATCH_PREFIX_TOKENS` uncached tokens with one admitted in this step waits a step
+        instead, to find them in the cache (SGLang's in-batch prefix caching)."""
         fill = req.fill_ids()
         slots, node = array("i"), None
         if self.tree_cache is not None:
             slots, node = self.tree_cache.match_prefix(fill[:-1])
+            ids = _ids_array(req)
+            shared = max((_common_prefix_len(ids, other) for other in in_batch), default=0)
+            if shared - len(slots) >= IN_BATCH_PREFIX_TOKENS:
+                return AddResult.CONTINUE
             adder.rem_total_tokens += self.tree_cache.inc_lock_ref(node)
         result = adder.add_one_req(req, list(fill[len(slots) :]))
         admitted = req in adder.can_run or adder.new_chunked_req is req
@@ -244,6 +256,8 @@ class Scheduler:
             if self.tree_cache is not None and node is not None:
                 adder.rem_total_tokens += self.tree_cache.dec_lock_ref(node)
             return result
+        if self.tree_cache is not None:
+            in_batch.append(ids)
         row = self.req_to_token_pool.alloc(1)
         assert row is not None, "the adder counted free rows"
         req.row = row[0]
@@ -520,6 +534,16 @@ def make_output(reqs: list[Req]) -> BatchTokenIDOut:
             for req, s, lp in zip(reqs, sent, with_logprobs, strict=True)
         ),
     )
+
+
+def _ids_array(req: Req) -> np.ndarray:
+    return np.frombuffer(req.fill_ids(), dtype=np.int32)
+
+
+def _common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 def _row(req: Req) -> int:
