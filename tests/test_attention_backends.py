@@ -54,6 +54,13 @@ def test_flashinfer_matches_torch_native(
         torch.testing.assert_close(got, expected, rtol=1e-2, atol=3e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_FLASHINFER, reason="needs flashinfer (pip install 'srt[cuda]')")
+def test_flashinfer_refuses_float32(tiny_model_factory: Callable[[str], Path]) -> None:
+    with pytest.raises(ValueError, match=r"float16 or bfloat16, not torch\.float32"):
+        make_runner(tiny_model_factory("llama"), device="cuda", attention_backend="flashinfer")
+
+
 def test_registry_and_cli_agree() -> None:
     assert set(ATTENTION_BACKENDS) == set(CLI_BACKENDS)
 

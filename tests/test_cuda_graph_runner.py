@@ -39,6 +39,8 @@ def test_batches_are_padded_to_the_next_captured_size(
             graphs.padded_size(n)
     with pytest.raises(ValueError, match="increasing"):
         CudaGraphRunner(graphs.model_runner, [4, 2], capture=False)
+    with pytest.raises(ValueError, match="need a CUDA device, not cpu"):
+        CudaGraphRunner(graphs.model_runner, [1, 2], capture=True)
 
 
 class Sequences:

@@ -43,6 +43,8 @@ class CudaGraphRunner:
         (CUDA only), one graph per size, captured now."""
         if not batch_sizes or batch_sizes != sorted(set(batch_sizes)) or batch_sizes[0] < 1:
             raise ValueError(f"batch sizes must be positive and increasing, got {batch_sizes}")
+        if capture and model_runner.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, not {model_runner.device}")
         self.model_runner = model_runner
         self.batch_sizes = batch_sizes
         self.max_bs = batch_sizes[-1]
