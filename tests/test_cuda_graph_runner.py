@@ -76,7 +76,9 @@ def test_padded_decode_matches_the_unpadded_batch(
     """The real rows of a padded batch get the logits of the batch alone, and the padding rows
     write only the padding slot 0 of the KV cache (the real rows rewrite their own new slots
     with the values, up to rounding, that the eager step wrote there)."""
-    runner = make_runner(tiny_model_factory("qwen3"), attention_backend=backend)
+    runner = make_runner(
+        tiny_model_factory("qwen3"), attention_backend=backend, device=TEST_DEVICE.type
+    )
     graphs = CudaGraphRunner(runner, [1, 2, 4, 8], capture=False)
     seqs = Sequences(runner)
     for step, which in enumerate([[0, 1, 2], [0, 1, 2, 3, 4], [5], [1, 3, 4, 5]]):
@@ -86,7 +88,7 @@ def test_padded_decode_matches_the_unpadded_batch(
         padded = graphs.run(batch)
         assert padded.shape == eager.shape
         torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5)
-        untouched = torch.ones(runner.max_total_tokens + 1, dtype=torch.bool)
+        untouched = torch.ones(runner.max_total_tokens + 1, dtype=torch.bool, device=runner.device)
         untouched[0] = False
         untouched[batch.out_cache_loc] = False
         for before, after in zip(k_before, runner.kv_pool.k_buffers, strict=True):
