@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--load-format", default="auto", help="dummy: random weights, no HF")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument(
+        "--disable-cuda-graph", action="store_true", help="decode eagerly on CUDA too"
+    )
     args = parser.parse_args(argv)
 
     max_bs = max(args.batch_sizes)
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         max_total_tokens=max_bs * (args.input_len + args.output_len) + 1,
         max_running_requests=max_bs,
         load_format=args.load_format,
+        disable_cuda_graph=args.disable_cuda_graph,
     )
     runner = ModelRunner(server_args, args.model)
     device = runner.device
@@ -157,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(device),
         "dtype": str(runner.model_config.dtype),
         "torch_threads": torch.get_num_threads(),
+        "cuda_graph": runner.cuda_graph_runner is not None,
         "input_len": args.input_len,
         "output_len": args.output_len,
         "copy_bandwidth_GBps": copy_bandwidth(device) / 1e9,

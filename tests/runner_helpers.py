@@ -39,6 +39,30 @@ class SlotBook:
         return slots
 
 
+def extend_and_decode_logits(path: Path, **overrides: object) -> list[torch.Tensor]:
+    """Logits (copied to the CPU) of: two prompts prefilled together, a third reusing the
+    first's cached prefix, then three decode steps of all three, on TEST_DEVICE by default."""
+    runner = make_runner(path, **{"max_total_tokens": 256, "device": TEST_DEVICE.type, **overrides})
+    book = SlotBook(runner)
+    rows = runner.req_to_token_pool.alloc(3)
+    assert rows is not None
+    prompts = [[5, 17, 42, 99, 7, 300, 12], [8, 9, 10]]
+    batches = [runner.prepare_extend(rows[:2], [0, 0], prompts, book.take(10))]
+    outputs = [runner.forward(batches[0]).cpu()]
+    shared = 4
+    runner.req_to_token_pool.write(
+        rows[2], 0, runner.req_to_token_pool.req_to_token[rows[0], :shared].clone()
+    )
+    batch = runner.prepare_extend([rows[2]], [shared], [[61, 62, 63]], book.take(3))
+    outputs.append(runner.forward(batch).cpu())
+    seq_lens = [7, 3, 7]
+    for step in range(3):
+        seq_lens = [n + 1 for n in seq_lens]
+        batch = runner.prepare_decode(rows, seq_lens, [20 + step] * 3, book.take(3))
+        outputs.append(runner.forward(batch).cpu())
+    return outputs
+
+
 def greedy_generate(
     runner: ModelRunner, prompts: list[list[int]], max_new_tokens: int, banned: set[int]
 ) -> list[list[int]]:

@@ -1,58 +1,98 @@
 """Every attention backend gives the model the same logits as the torch_native reference,
-through extend with a reused cached prefix and decode (Triton runs in its interpreter on CPU)."""
+through extend with a reused cached prefix and decode (Triton runs in its interpreter on CPU;
+flashinfer runs only on CUDA); and the registry picks and refuses backends as documented."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from runner_helpers import TEST_DEVICE, SlotBook, make_runner
+from runner_helpers import extend_and_decode_logits, make_runner
 
-from srt.layers.attention.registry import ATTENTION_BACKENDS
+from srt.layers.attention.registry import (
+    ATTENTION_BACKENDS,
+    create_attention_backend,
+    default_backend,
+    resolve_attention_backend,
+)
+from srt.layers.attention.torch_native import TorchNativeAttnBackend
 from srt.server_args import ATTENTION_BACKENDS as CLI_BACKENDS
+from srt.testing.make_tiny_model import make_tiny_model
 
-
-def run_steps(path: Path, backend: str) -> list[torch.Tensor]:
-    """Logits of: two prompts prefilled together, a third reusing the first's prefix, then
-    three decode steps of all three."""
-    runner = make_runner(
-        path, attention_backend=backend, max_total_tokens=256, device=TEST_DEVICE.type
-    )
-    book = SlotBook(runner)
-    rows = runner.req_to_token_pool.alloc(3)
-    assert rows is not None
-    prompts = [[5, 17, 42, 99, 7, 300, 12], [8, 9, 10]]
-    outputs = [runner.forward(runner.prepare_extend(rows[:2], [0, 0], prompts, book.take(10)))]
-    shared = 4
-    runner.req_to_token_pool.write(
-        rows[2], 0, runner.req_to_token_pool.req_to_token[rows[0], :shared].clone()
-    )
-    outputs.append(
-        runner.forward(runner.prepare_extend([rows[2]], [shared], [[61, 62, 63]], book.take(3)))
-    )
-    seq_lens = [7, 3, 7]
-    for step in range(3):
-        seq_lens = [n + 1 for n in seq_lens]
-        batch = runner.prepare_decode(rows, seq_lens, [20 + step] * 3, book.take(3))
-        outputs.append(runner.forward(batch))
-    return outputs
+CPU = torch.device("cpu")
+CUDA = torch.device("cuda")
+HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_triton_matches_torch_native(arch: str, tiny_model_factory: Callable[[str], Path]) -> None:
     path = tiny_model_factory(arch)
-    reference = run_steps(path, "torch_native")
-    for ours, expected in zip(run_steps(path, "triton"), reference, strict=True):
+    reference = extend_and_decode_logits(path, attention_backend="torch_native")
+    for ours, expected in zip(
+        extend_and_decode_logits(path, attention_backend="triton"), reference, strict=True
+    ):
         torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_FLASHINFER, reason="needs flashinfer (pip install 'srt[cuda]')")
+@pytest.mark.parametrize("disable_cuda_graph", [True, False])
+def test_flashinfer_matches_torch_native(
+    disable_cuda_graph: bool, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """In float16, on a model whose head size flashinfer ships kernels for; decode runs eagerly
+    and through CUDA graphs. The tolerance is a few times the float16-vs-float32 gap of these
+    logits (about 0.014 on values up to 6)."""
+    path = make_tiny_model("llama", tmp_path_factory.mktemp("hd64"), preset="tiny-hd64")
+    settings = {"dtype": "float16", "device": "cuda", "disable_cuda_graph": disable_cuda_graph}
+    reference = extend_and_decode_logits(path, attention_backend="torch_native", **settings)
+    ours = extend_and_decode_logits(path, attention_backend="flashinfer", **settings)
+    for got, expected in zip(ours, reference, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_FLASHINFER, reason="needs flashinfer (pip install 'srt[cuda]')")
+def test_flashinfer_refuses_float32(tiny_model_factory: Callable[[str], Path]) -> None:
+    with pytest.raises(ValueError, match=r"float16 or bfloat16, not torch\.float32"):
+        make_runner(tiny_model_factory("llama"), device="cuda", attention_backend="flashinfer")
+
+
 def test_registry_and_cli_agree() -> None:
-    assert set(ATTENTION_BACKENDS) <= set(CLI_BACKENDS)
-    assert set(CLI_BACKENDS) - set(ATTENTION_BACKENDS) == {"flashinfer"}
+    assert set(ATTENTION_BACKENDS) == set(CLI_BACKENDS)
 
 
-def test_flashinfer_is_refused_where_unavailable(tiny_model_factory: Callable[[str], Path]) -> None:
-    with pytest.raises(ValueError, match="flashinfer"):
+def test_defaults() -> None:
+    assert default_backend(CPU) == "torch_native"
+    assert resolve_attention_backend(None, CPU) == "torch_native"
+    assert default_backend(CUDA) == ("flashinfer" if HAS_FLASHINFER else "triton")
+    assert resolve_attention_backend(None, CUDA) == default_backend(CUDA)
+
+
+def test_unset_backend_on_cpu_is_torch_native(tiny_model_factory: Callable[[str], Path]) -> None:
+    runner = make_runner(tiny_model_factory("llama"), attention_backend=None)
+    assert isinstance(runner.attn_backend, TorchNativeAttnBackend)
+
+
+def test_unknown_backend_lists_the_choices() -> None:
+    with pytest.raises(ValueError, match="'paged' is not available; choose from torch_native"):
+        resolve_attention_backend("paged", CPU)
+
+
+def test_flashinfer_is_refused_on_cpu(tiny_model_factory: Callable[[str], Path]) -> None:
+    with pytest.raises(ValueError, match="needs a CUDA device, but the model runs on cpu") as e:
         make_runner(tiny_model_factory("llama"), attention_backend="flashinfer")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        create_attention_backend("flashinfer", torch.nn.Module(), torch.float16, CPU)
+
+
+@pytest.mark.skipif(HAS_FLASHINFER, reason="flashinfer is installed here")
+def test_flashinfer_is_refused_without_its_package() -> None:
+    """Checked without touching the device, so it runs on machines without CUDA too."""
+    with pytest.raises(ValueError, match=r"flashinfer package.*pip install 'srt\[cuda\]'") as e:
+        resolve_attention_backend("flashinfer", CUDA)
+    assert "\n" not in str(e.value)

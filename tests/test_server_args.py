@@ -20,6 +20,7 @@ def test_defaults_follow_sglang() -> None:
     assert args.trust_remote_code is False
     assert args.device == "auto"
     assert args.dtype == "auto"
+    assert (args.disable_cuda_graph, args.cuda_graph_max_bs) == (False, 160)
 
 
 def test_model_is_an_alias_of_model_path() -> None:
@@ -38,7 +39,8 @@ def test_every_field_has_a_flag() -> None:
             "--chunked-prefill-size", "-1", "--page-size", "16", "--schedule-policy", "lpm",
             "--disable-radix-cache", "--attention-backend", "triton", "--stream-interval", "4",
             "--enable-metrics", "--log-level", "debug", "--random-seed", "7",
-            "--watchdog-timeout", "60", "--load-format", "dummy",
+            "--watchdog-timeout", "60", "--load-format", "dummy", "--disable-cuda-graph",
+            "--cuda-graph-max-bs", "32",
         ]
     )  # fmt: skip
     expected = ServerArgs(
@@ -48,7 +50,7 @@ def test_every_field_has_a_flag() -> None:
         max_prefill_tokens=2048, chunked_prefill_size=-1, page_size=16, schedule_policy="lpm",
         disable_radix_cache=True, attention_backend="triton", stream_interval=4,
         enable_metrics=True, log_level="debug", random_seed=7, watchdog_timeout=60.0,
-        load_format="dummy",
+        load_format="dummy", disable_cuda_graph=True, cuda_graph_max_bs=32,
     )  # fmt: skip
     assert args == expected
     # The command line above sets every field away from its default, so each flag is exercised.
@@ -68,6 +70,7 @@ def test_schedule_policies(policy: str) -> None:
         ({"port": 70000}, "--port"),
         ({"tp_size": 0}, "--tp-size"),
         ({"page_size": 0}, "--page-size"),
+        ({"cuda_graph_max_bs": 0}, "--cuda-graph-max-bs"),
         ({"chunked_prefill_size": 0}, "--chunked-prefill-size"),
         ({"mem_fraction_static": 1.5}, "--mem-fraction-static"),
         ({"mem_fraction_static": math.nan}, "--mem-fraction-static"),
@@ -113,6 +116,7 @@ def test_help_lists_every_field() -> None:
         (["--port", "abc"], "--port"),
         (["--schedule-policy", "nope"], "--schedule-policy"),
         (["--tp-size", "0"], "--tp-size"),
+        (["--cuda-graph-max-bs", "-8"], "--cuda-graph-max-bs"),
         (["--mem-fraction-static", "nan"], "--mem-fraction-static"),
     ],
 )

@@ -100,6 +100,21 @@ class ServerArgs:
             choices=ATTENTION_BACKENDS,
         ),
     )
+    disable_cuda_graph: bool = field(
+        default=False,
+        metadata=_arg(
+            "device and precision",
+            "Run decode batches eagerly instead of replaying CUDA graphs (graphs are used on "
+            "CUDA only).",
+        ),
+    )
+    cuda_graph_max_bs: int = field(
+        default=160,
+        metadata=_arg(
+            "device and precision",
+            "Largest decode batch that replays a CUDA graph; larger ones run eagerly.",
+        ),
+    )
 
     host: str = field(default="127.0.0.1", metadata=_arg("HTTP server", "Address to listen on."))
     port: int = field(default=30000, metadata=_arg("HTTP server", "Port to listen on."))
@@ -177,6 +192,7 @@ class ServerArgs:
         _check_range(self, "max_running_requests", lo=1)
         _check_range(self, "max_prefill_tokens", lo=1)
         _check_range(self, "page_size", lo=1)
+        _check_range(self, "cuda_graph_max_bs", lo=1)
         _check_range(self, "stream_interval", lo=1)
         _check_range(self, "watchdog_timeout", lo=0, open_lo=True)
         if self.chunked_prefill_size != -1:

@@ -11,12 +11,19 @@ import torch
 
 
 class ReqToTokenPool:
-    """One row per running request: position -> KV slot."""
+    """One row per running request: position -> KV slot.
+
+    One more row, `padding_row`, is never handed out and stays all zeros (every position maps to
+    the padding slot 0): the rows that pad a decode batch up to a CUDA graph's size point at it.
+    """
 
     def __init__(self, size: int, max_context_len: int, device: torch.device) -> None:
         self.size = size
         self.max_context_len = max_context_len
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        self.padding_row = size
+        self.req_to_token = torch.zeros(
+            (size + 1, max_context_len), dtype=torch.int32, device=device
+        )
         self._free_rows = list(range(size))
 
     def available(self) -> int:
@@ -34,6 +41,8 @@ class ReqToTokenPool:
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         """Records that positions start.. of `row` live in `slots`."""
+        if not 0 <= row < self.size:
+            raise ValueError(f"request row {row} is not one of the pool's {self.size} rows")
         self.req_to_token[row, start : start + slots.numel()] = slots.to(torch.int32)
 
     def clear(self) -> None:

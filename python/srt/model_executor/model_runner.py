@@ -11,9 +11,10 @@ import logging
 import torch
 
 from srt import envs
-from srt.layers.attention.registry import create_attention_backend
+from srt.layers.attention.registry import create_attention_backend, resolve_attention_backend
 from srt.layers.forward_batch import ForwardBatch, ForwardMode
 from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
+from srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from srt.model_executor.model_config import ModelConfig
 from srt.model_executor.weight_loader import iterate_weights
 from srt.models.registry import model_class_for
@@ -37,6 +38,8 @@ class ModelRunner:
     def __init__(self, server_args: ServerArgs, model_path: str) -> None:
         self.server_args = server_args
         self.device = resolve_device(server_args.device)
+        # Refuse a backend that cannot run here before any weight is loaded.
+        attention_backend = resolve_attention_backend(server_args.attention_backend, self.device)
         self.model_config = ModelConfig.load(
             model_path,
             server_args.dtype,
@@ -46,7 +49,10 @@ class ModelRunner:
         )
         self.init_model()
         self.init_memory_pool()
-        self.attn_backend = create_attention_backend(server_args.attention_backend, self.device)
+        self.attn_backend = create_attention_backend(
+            attention_backend, self.model, self.model_config.dtype, self.device
+        )
+        self.init_cuda_graphs()
 
     def init_model(self) -> None:
         config = self.model_config
@@ -94,6 +100,20 @@ class ModelRunner:
             self.max_total_tokens * bytes_per_slot / 2**30,
             self.max_running_requests,
         )
+
+    def init_cuda_graphs(self) -> None:
+        """Captures decode CUDA graphs on CUDA unless turned off or the backend cannot."""
+        self.cuda_graph_runner: CudaGraphRunner | None = None
+        if self.device.type != "cuda" or self.server_args.disable_cuda_graph:
+            return
+        if not self.attn_backend.supports_cuda_graph:
+            logger.info(
+                "CUDA graphs are off: the %s attention backend cannot run under them",
+                type(self.attn_backend).__name__,
+            )
+            return
+        sizes = capture_batch_sizes(self.server_args.cuda_graph_max_bs, self.max_running_requests)
+        self.cuda_graph_runner = CudaGraphRunner(self, sizes, capture=True)
 
     def _default_kv_slots(self, bytes_per_slot: int) -> int:
         if self.device.type == "cuda":
@@ -166,7 +186,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
-        """[batch, vocab] float32 logits of each sequence's next token."""
+        """[batch, vocab] float32 logits of each sequence's next token (decode logits replayed
+        from a CUDA graph stay valid until the next decode forward)."""
+        graphs = self.cuda_graph_runner
+        if graphs is not None and graphs.can_run(forward_batch):
+            return graphs.run(forward_batch)
         self.attn_backend.init_forward_metadata(forward_batch)
         logits: torch.Tensor = self.model(
             forward_batch.input_ids, forward_batch.positions, forward_batch

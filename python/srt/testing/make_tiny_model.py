@@ -45,9 +45,19 @@ _TINY = {
     "initializer_range": 0.1,
 }
 
-# Real shapes, written as configs without weights, for `--load-format dummy` benchmarks.
+# Real shapes, written as configs without weights, for `--load-format dummy` benchmarks; and
+# `tiny-hd64`, still tiny but with a head size that every CUDA attention kernel (flashinfer's
+# included) ships, and 4 query heads per KV head as in Llama 3.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": _TINY,
+    "tiny-hd64": {
+        **_TINY,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+    },
     "llama3-8b": {
         "hidden_size": 4096,
         "intermediate_size": 14336,

@@ -1,47 +1,95 @@
-"""Attention backends by their `--attention-backend` name."""
+"""Attention backends by their `--attention-backend` name, with what each needs to run."""
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from srt.layers.attention.base import AttentionBackend
 
+# A backend is built from the model it serves (some plan around its attention shapes), the
+# dtype of its activations and KV cache, and the device.
+BackendFactory = Callable[[nn.Module, torch.dtype, torch.device], AttentionBackend]
 
-def _torch_native() -> AttentionBackend:
+
+def _torch_native(model: nn.Module, dtype: torch.dtype, device: torch.device) -> AttentionBackend:
     from srt.layers.attention.torch_native import TorchNativeAttnBackend
 
     return TorchNativeAttnBackend()
 
 
-def _triton() -> AttentionBackend:
+def _triton(model: nn.Module, dtype: torch.dtype, device: torch.device) -> AttentionBackend:
     from srt.layers.attention.triton_backend import TritonAttnBackend
 
     return TritonAttnBackend()
 
 
-ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
-    "torch_native": _torch_native,
-    "triton": _triton,
+def _flashinfer(model: nn.Module, dtype: torch.dtype, device: torch.device) -> AttentionBackend:
+    from srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+    return FlashInferAttnBackend(model, dtype, device)
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    create: BackendFactory
+    needs_cuda: bool = False
+    package: str | None = None  # a module that must be importable, installed as `install` says
+    install: str = ""
+
+
+ATTENTION_BACKENDS: dict[str, BackendEntry] = {
+    "torch_native": BackendEntry(_torch_native),
+    "triton": BackendEntry(_triton),
+    "flashinfer": BackendEntry(
+        _flashinfer,
+        needs_cuda=True,
+        package="flashinfer",
+        install="pip install 'srt[cuda]' (the flashinfer-python package)",
+    ),
 }
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
 
 
 def default_backend(device: torch.device) -> str:
     """flashinfer on CUDA when installed, else triton on CUDA; torch_native on CPU."""
     if device.type != "cuda":
         return "torch_native"
-    if importlib.util.find_spec("flashinfer") is not None and "flashinfer" in ATTENTION_BACKENDS:
-        return "flashinfer"
-    return "triton" if "triton" in ATTENTION_BACKENDS else "torch_native"
+    return "flashinfer" if _installed("flashinfer") else "triton"
 
 
-def create_attention_backend(name: str | None, device: torch.device) -> AttentionBackend:
+def resolve_attention_backend(name: str | None, device: torch.device) -> str:
+    """The backend that `--attention-backend name` (None: unset) runs on `device`. Raises a
+    one-line ValueError when it cannot run there, before anything is loaded."""
     name = name or default_backend(device)
-    if name not in ATTENTION_BACKENDS:
+    entry = ATTENTION_BACKENDS.get(name)
+    if entry is None:
         raise ValueError(
             f"attention backend {name!r} is not available; choose from "
             f"{', '.join(ATTENTION_BACKENDS)}"
         )
-    return ATTENTION_BACKENDS[name]()
+    if entry.needs_cuda and device.type != "cuda":
+        raise ValueError(
+            f"--attention-backend {name} needs a CUDA device, but the model runs on {device.type}"
+        )
+    if entry.package is not None and not _installed(entry.package):
+        raise ValueError(
+            f"--attention-backend {name} needs the {entry.package} package, which is not "
+            f"installed: {entry.install}"
+        )
+    return name
+
+
+def create_attention_backend(
+    name: str | None, model: nn.Module, dtype: torch.dtype, device: torch.device
+) -> AttentionBackend:
+    """The backend `resolve_attention_backend(name, device)` names, built for `model`."""
+    name = resolve_attention_backend(name, device)
+    return ATTENTION_BACKENDS[name].create(model, dtype, device)

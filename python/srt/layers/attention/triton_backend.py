@@ -3,6 +3,10 @@
 The kernels run on CUDA; on CPU they run only under `TRITON_INTERPRET=1` (tests). Per batch,
 the extend metadata (start offsets, longest extend) is derived once, on the host side, so that
 no launch waits on the device.
+
+Decode needs no metadata of its own: the kernels read the batch's `req_pool_indices` and
+`seq_lens` and the pool's `req_to_token` on the device, so a CUDA graph captured over static
+copies of those tensors replays correctly for any lengths.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from srt.kernels.decode_attention import decode_attention_fwd
 from srt.kernels.extend_attention import extend_attention_fwd
 from srt.kernels.store_kv_cache import store_kv_cache
 from srt.layers.attention.base import AttentionBackend
+from srt.layers.attention.kv_indices import indptr_of
 from srt.layers.forward_batch import ForwardMode
 
 if TYPE_CHECKING:
@@ -25,6 +30,8 @@ DEFAULT_NUM_KV_SPLITS = 8
 
 
 class TritonAttnBackend(AttentionBackend):
+    supports_cuda_graph = True
+
     def __init__(self, num_kv_splits: int = DEFAULT_NUM_KV_SPLITS) -> None:
         self.num_kv_splits = num_kv_splits
         self._extend_seq_lens: torch.Tensor | None = None
@@ -35,11 +42,19 @@ class TritonAttnBackend(AttentionBackend):
         if forward_batch.forward_mode is ForwardMode.DECODE:
             return
         lens = forward_batch.extend_seq_lens_cpu
-        starts = [sum(lens[:i]) for i in range(len(lens))]
         device = forward_batch.seq_lens.device
         self._extend_seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
-        self._extend_start_loc = torch.tensor(starts, dtype=torch.int32, device=device)
+        self._extend_start_loc = indptr_of(lens)[:-1].to(device)
         self._max_extend_len = max(lens, default=0)
+
+    def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None:
+        """Nothing to allocate: decode reads only the batch's own (static) tensors."""
+
+    def init_forward_metadata_capture_cuda_graph(self, forward_batch: ForwardBatch) -> None:
+        """Nothing to prepare: see `init_cuda_graph_state`."""
+
+    def init_forward_metadata_replay_cuda_graph(self, forward_batch: ForwardBatch) -> None:
+        """Nothing to rewrite: the static batch tensors already hold the new batch."""
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch) -> None:
         pool = fb.kv_pool
