@@ -39,11 +39,17 @@ class LoopThread:
         self.loop.run_forever()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Runs `coro` on the loop; blocks this (other) thread until it returns or raises."""
+        """Runs `coro` on the loop; blocks this (other) thread until it returns or raises. An
+        interrupt (^C) while waiting cancels `coro`."""
         if threading.current_thread() is self.thread:
             coro.close()
             raise RuntimeError("a blocking call from the loop's own thread would never return")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:  # ^C while waiting: the work stops too
+            future.cancel()
+            raise
 
     async def call_async(self, coro: Coroutine[Any, Any, T]) -> T:
         """Runs `coro` on the loop and awaits it from the caller's loop; cancelling the caller
