@@ -30,6 +30,7 @@ from srt.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from srt.server_args import ServerArgs
 
 CONTEXT = 256
+ONE = {"max_new_tokens": 1}
 M = TypeVar("M")
 
 
@@ -202,6 +203,26 @@ def test_batches_and_samples_stream_with_their_index(model_dir: Path) -> None:
 
 async def _gather(stream: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
     return [c async for c in stream]
+
+
+def test_callers_wait_their_turn_while_the_scheduler_ring_is_full(model_dir: Path) -> None:
+    async def scenario(manager: TokenizerManager, peer: Peer) -> None:
+        ids = list(range(1, 201))  # ~1 KiB a request: 100 of them overfill the 64 KiB ring
+        calls = [
+            asyncio.ensure_future(collect(manager, input_ids=ids, rid=f"r{i}", sampling_params=ONE))
+            for i in range(100)
+        ]
+        await asyncio.sleep(0.1)
+        assert manager.sending > 0, "the ring never filled up"
+        reqs = [await peer.expect(TokenizedGenerateReq) for _ in range(100)]
+        assert sorted(r.rid for r in reqs) == sorted(f"r{i}" for i in range(100))
+        for r in reqs:
+            await peer.out(r.rid, r.rid, (1,), FinishReason("length", length=1))
+        results = await asyncio.gather(*calls)
+        assert [res[0]["text"] for res in results] == [f"r{i}" for i in range(100)]
+        assert manager.sending == 0
+
+    run(model_dir, scenario)
 
 
 def test_a_cancelled_caller_aborts_and_its_id_stays_taken_until_the_scheduler_lets_go(

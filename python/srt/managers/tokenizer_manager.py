@@ -263,12 +263,14 @@ class TokenizerManager:
         self.check_new_rids(reqs)
         indexed = obj.stream and (not obj.is_single or len(reqs) > 1)
         notify = asyncio.Event()
-        states: list[ReqState] = []
+        states = [
+            ReqState(req, len(tok.input_ids), notify)
+            for req, tok in zip(reqs, tokenized, strict=True)
+        ]
+        for state in states:  # all ids taken before the first send may wait
+            self.rid_to_state[state.req.rid] = state
         try:
-            for req, tok in zip(reqs, tokenized, strict=True):
-                state = ReqState(req, len(tok.input_ids), notify)
-                self.rid_to_state[req.rid] = state
-                states.append(state)
+            for state, tok in zip(states, tokenized, strict=True):
                 await self.send(tok)
                 state.sent = True
             if obj.stream:
