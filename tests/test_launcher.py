@@ -128,7 +128,7 @@ def test_a_child_failing_at_startup_is_reported_with_its_error(tmp_path: Path) -
     rc, err = server.finish()
     assert rc == 1
     assert "detokenizer process" in err, err
-    assert "Exception" in err, err
+    assert "ValueError: no tokenizer at" in err, err
     assert "cannot start" in err, err
     server.children = []
     server.assert_clean()

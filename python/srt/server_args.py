@@ -14,6 +14,7 @@ import math
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -204,6 +205,14 @@ class ServerArgs:
     def replace(self, **changes: Any) -> ServerArgs:
         """A copy with some fields changed, validated again."""
         return dataclasses.replace(self, **changes)
+
+
+def split_gguf_path(model_path: str) -> tuple[str, str | None]:
+    """(directory or hub id, GGUF file name or None) for a `--model-path` or `--tokenizer-path`."""
+    path = Path(model_path)
+    if path.suffix == ".gguf":
+        return str(path.parent), path.name
+    return model_path, None
 
 
 def _check_range(

@@ -1,19 +1,24 @@
-"""The detokenizer stage (DESIGN §1). For now a thin stage on the real wiring: it decodes each
-batch's new token ids with the model's `tokenizer.json` and passes the scheduler's replies to
-control messages on to the main process unchanged. Incremental detokenization (Rust) and
-stop-string trimming replace the plain decode in the next issues.
+"""The detokenizer stage (DESIGN §1): token ids in, text out, stop strings trimmed.
+
+Each `BatchTokenIDOut` from the scheduler carries, per request, the ids produced since its
+previous message. A request enters the Rust incremental detokenizer with its first message (its
+prompt context ids, `skip_special_tokens` and stop strings ride along) and leaves it with its
+finished message (`finished_reasons[i]` set: finished, aborted, or stopped by the scheduler), so
+no state outlives a request. The `BatchStrOut` sent on carries only the text each message added.
+
+When a stop string ends the text, the request's finish reason says so (`stop`, `matched` the
+string), whatever the scheduler reported: the text the client sees ended there. Replies of the
+scheduler to control messages are forwarded to the main process as frames, unread.
 """
 
 from __future__ import annotations
 
 from multiprocessing.connection import Connection
-from pathlib import Path
-
-from tokenizers import Tokenizer
 
 from srt.io_struct import (
     BatchStrOut,
     BatchTokenIDOut,
+    FinishReason,
     FlushCacheOut,
     GetLoadOut,
     HealthCheckOut,
@@ -22,6 +27,8 @@ from srt.io_struct import (
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.codec import decode, message_type
 from srt.ipc.rings import RingNames
+from srt.managers.hf_tokenizer import tokenizer_json
+from srt.managers.incremental_detokenizer import IncrementalDetokenizer
 from srt.managers.stage_process import Stage, run_stage
 from srt.server_args import ServerArgs
 
@@ -29,19 +36,20 @@ from srt.server_args import ServerArgs
 FORWARDED = (FlushCacheOut, GetLoadOut, HealthCheckOut)
 
 
-def load_tokenizer(server_args: ServerArgs) -> Tokenizer:
-    """The fast tokenizer of `--tokenizer-path` (or the model directory)."""
-    path = server_args.tokenizer_path or server_args.model_path
-    if path is None:
-        raise ValueError("the detokenizer needs --tokenizer-path or --model-path")
-    return Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
-
-
 class DetokenizerManager(Stage):
     """Receives on ring "detokenizer", sends on ring "tokenizer"."""
 
     def __init__(self, server_args: ServerArgs, rings: RingNames) -> None:
-        self.tokenizer = load_tokenizer(server_args)
+        self.init_detokenizer(server_args)
+        self.init_channels(rings)
+
+    def init_detokenizer(self, server_args: ServerArgs) -> None:
+        with tokenizer_json(server_args) as path:
+            self.detokenizer = IncrementalDetokenizer(path)
+        # Requests whose text a stop string ended, until their finished message passes.
+        self.matched_stops: dict[str, str] = {}
+
+    def init_channels(self, rings: RingNames) -> None:
         self.recv_from_scheduler = Receiver(rings.detokenizer)
         self.send_to_tokenizer = Sender(rings.tokenizer)
 
@@ -61,15 +69,40 @@ class DetokenizerManager(Stage):
             await self.send_to_tokenizer.send(self.detokenize(msg))
 
     def detokenize(self, batch: BatchTokenIDOut) -> BatchStrOut:
-        texts = [
-            self.tokenizer.decode(list(ids), skip_special_tokens=skip)
-            for ids, skip in zip(batch.output_ids, batch.skip_special_tokens, strict=True)
-        ]
+        """The text each entry of `batch` adds; frees the requests that `batch` finishes."""
+        detok = self.detokenizer
+        for i, rid in enumerate(batch.rids):
+            if rid not in detok:
+                detok.add_request(
+                    rid,
+                    prompt_ids=batch.context_ids[i],
+                    skip_special_tokens=batch.skip_special_tokens[i],
+                    spaces_between_special_tokens=batch.spaces_between_special_tokens[i],
+                    stop=batch.stop[i],
+                    include_stop_str_in_output=batch.no_stop_trim[i],
+                )
+        stepped = detok.step_batch(batch.rids, batch.output_ids)
+        texts = stepped.texts
+        reasons = list(batch.finished_reasons)
+        for i, rid in enumerate(batch.rids):
+            matched = stepped.matched_stops[i]
+            reason = reasons[i]
+            if reason is not None:
+                final = detok.finish(rid)
+                texts[i] += final.text
+                matched = matched or final.matched_stop
+                detok.free(rid)
+            if matched is not None:
+                self.matched_stops[rid] = matched
+            if reason is not None:
+                stop = self.matched_stops.pop(rid, None)
+                if stop is not None:
+                    reasons[i] = FinishReason("stop", matched_str=stop)
         return BatchStrOut(
             rids=batch.rids,
             output_strs=tuple(texts),
             output_ids=batch.output_ids,
-            finished_reasons=batch.finished_reasons,
+            finished_reasons=tuple(reasons),
             prompt_tokens=batch.prompt_tokens,
             completion_tokens=batch.completion_tokens,
             cached_tokens=batch.cached_tokens,

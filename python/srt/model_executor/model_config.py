@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoConfig, GenerationConfig
 
 from srt.models.llama import head_dim_of
+from srt.server_args import split_gguf_path
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -19,14 +19,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPES[name]
-
-
-def split_gguf_path(model_path: str) -> tuple[str, str | None]:
-    """(directory or hub id, GGUF file name or None) for a model path."""
-    path = Path(model_path)
-    if path.suffix == ".gguf":
-        return str(path.parent), path.name
-    return model_path, None
 
 
 @dataclass(frozen=True)

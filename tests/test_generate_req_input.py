@@ -1,0 +1,121 @@
+"""Client requests into per-output requests: batches, `n` samples, ids, and every bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from srt.managers.generate_req_input import GenerateReqInput, expand, sampling_kwargs
+from srt.sampling_params import SamplingParams
+
+
+def test_one_prompt_is_one_request_with_a_fresh_id() -> None:
+    obj = GenerateReqInput(text="hi", sampling_params={"max_new_tokens": 4})
+    (a,) = expand(obj)
+    (b,) = expand(obj)
+    assert obj.is_single
+    assert (a.index, a.text, a.input_ids, a.sampling_kwargs) == (
+        0,
+        "hi",
+        None,
+        {"max_new_tokens": 4},
+    )
+    assert a.rid
+    assert a.rid != b.rid
+
+
+def test_a_batch_with_n_samples_is_prompt_major_with_derived_ids_and_seeds() -> None:
+    obj = GenerateReqInput(
+        input_ids=[[1, 2], [3]],
+        sampling_params=[{"n": 2, "seed": 7}, {"n": 1}],
+        rid=["a", "b"],
+        return_logprob=[True, False],
+        stream=True,
+    )
+    reqs = expand(obj)
+    assert not obj.is_single
+    assert [(r.index, r.rid, r.input_ids) for r in reqs] == [
+        (0, "a-0", [1, 2]),
+        (1, "a-1", [1, 2]),
+        (2, "b", [3]),
+    ]
+    assert [r.sampling_kwargs.get("seed") for r in reqs] == [7, 8, None]
+    assert [r.return_logprob for r in reqs] == [True, True, False]
+    assert all(r.stream for r in reqs)
+
+
+def test_a_single_id_list_is_one_prompt() -> None:
+    obj = GenerateReqInput(input_ids=[5, 6, 7])
+    assert obj.is_single
+    assert [r.input_ids for r in expand(obj)] == [[5, 6, 7]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "exactly one of text and input_ids"),
+        ({"text": "a", "input_ids": [1]}, "exactly one of text and input_ids"),
+        ({"text": []}, "no prompt"),
+        ({"text": ["a", 3]}, "list of strings"),
+        ({"input_ids": [[1], [-2]]}, "non-negative integer"),
+        ({"input_ids": [[1], [True]]}, "non-negative integer"),
+        ({"input_ids": "12"}, "list of token ids"),
+        ({"text": ["a", "b"], "rid": "x"}, "list of rids"),
+        ({"text": ["a", "b"], "rid": ["x"]}, "rid has 1 entries for 2 prompts"),
+        ({"text": "a", "rid": ""}, "rid must be a non-empty string"),
+        ({"text": "a", "sampling_params": [{}, {}]}, "2 entries for 1 prompts"),
+        ({"text": "a", "sampling_params": "hot"}, "sampling_params must be a mapping"),
+        ({"text": "a", "return_logprob": 1}, "return_logprob must be a boolean"),
+        ({"text": "a", "top_logprobs_num": -1}, "top_logprobs_num must be an int >= 0"),
+        ({"text": "a", "stream": "yes"}, "stream must be a boolean"),
+        ({"text": "a", "sampling_params": {"n": 0}}, "n must be >= 1"),
+    ],
+)
+def test_malformed_requests_are_refused_with_a_clear_error(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        expand(GenerateReqInput(**kwargs))
+
+
+def test_sampling_parameters_take_json_shapes() -> None:
+    kwargs = sampling_kwargs(
+        {
+            "stop": "###",
+            "stop_token_ids": [3, 4],
+            "logit_bias": {"17": 2, 5: -1.5},
+            "temperature": 0,
+            "max_new_tokens": None,
+            "seed": None,
+        }
+    )
+    assert kwargs == {
+        "stop": ("###",),
+        "stop_token_ids": (3, 4),
+        "logit_bias": ((17, 2.0), (5, -1.5)),
+        "temperature": 0.0,
+        "max_new_tokens": None,
+        "seed": None,
+    }
+    kwargs["max_new_tokens"] = 8
+    assert SamplingParams(**kwargs).is_greedy
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"temprature": 0.5}, "unknown sampling parameter 'temprature'"),
+        ({"temperature": "hot"}, "temperature must be a number"),
+        ({"max_new_tokens": 1.5}, "max_new_tokens must be an integer"),
+        ({"max_new_tokens": True}, "max_new_tokens must be an integer"),
+        ({"ignore_eos": 1}, "ignore_eos must be true or false"),
+        ({"stop": ["a", 1]}, "stop must be a string or a list of strings"),
+        ({"stop_token_ids": [1.0]}, "stop_token_ids must be a list of integers"),
+        ({"logit_bias": {"x": 1}}, "logit_bias must be keyed by token ids"),
+        ({"logit_bias": [1, 2]}, "logit_bias must be a mapping"),
+    ],
+)
+def test_bad_sampling_parameters_are_named(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        sampling_kwargs(raw)
