@@ -13,6 +13,8 @@ import torch
 # kernels run in Triton's interpreter when there is no GPU.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Schedulers (in this process or spawned) check their KV bookkeeping after every step.
+os.environ.setdefault("SRT_CHECK_INVARIANTS", "1")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

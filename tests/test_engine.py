@@ -1,13 +1,12 @@
 """The offline Engine end to end: real scheduler and detokenizer processes on a tiny model.
 
-Expectations on generated ids come from `reference_ids` alone (see ECHO below); everything else
-(result shapes, streaming, stop strings, batches, errors, life cycle) holds for any scheduler
-that generates greedily.
+Generated ids are compared with transformers' greedy `generate` on the same weights.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import threading
@@ -18,7 +17,8 @@ from typing import Any
 
 import psutil
 import pytest
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 import srt
 from srt.entrypoints.engine import Engine
@@ -26,17 +26,25 @@ from srt.io_struct import FlushCacheOut, GetLoadOut, HealthCheckOut
 from srt.managers.tokenizer_manager import EngineDeadError
 from srt.server_args import ServerArgs
 
-# ---- ECHO: the only expectations tied to the current scheduler stage ---------------------------
-# The scheduler stage echoes each prompt's ids (at most max_new_tokens) in one finished message,
-# so requests finish at once (nothing stays in flight) and `reference_ids` is the prompt itself.
-# When the scheduler generates, make `reference_ids` a greedy reference run of the tiny model
-# (e.g. transformers' `generate` with `do_sample=False`, EOS ignored) and set ECHO to False.
-ECHO = True
+
+@functools.cache
+def _reference_model(path: str) -> Any:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval()
 
 
-def reference_ids(prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """The ids a greedy request with EOS ignored generates for `prompt_ids`."""
-    return prompt_ids[:max_new_tokens]
+@torch.inference_mode()
+def reference_ids(model_dir: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """The ids a greedy request with EOS ignored generates: transformers' `generate`."""
+    out = _reference_model(model_dir).generate(
+        torch.tensor([prompt_ids]),
+        attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+    )
+    ids: list[int] = out[0, len(prompt_ids) :].tolist()
+    return ids
 
 
 # ------------------------------------------------------------------------------------------------
@@ -64,10 +72,12 @@ def hf(model_dir: Path) -> PreTrainedTokenizerBase:
 def engine(model_dir: Path) -> Iterator[Engine]:
     with Engine(model_path=str(model_dir), context_length=512) as engine:
         yield engine
+        load = engine.get_load()
+        assert (load.invariant_violations, load.num_used_tokens) == (0, 0)
 
 
 def expected(hf: PreTrainedTokenizerBase, prompt: str, n: int = N) -> tuple[list[int], str]:
-    ids = reference_ids(hf(prompt)["input_ids"], n)
+    ids = reference_ids(hf.name_or_path, hf(prompt)["input_ids"], n)
     text = hf.decode(ids, skip_special_tokens=True)
     assert isinstance(text, str)
     return ids, text
@@ -272,7 +282,6 @@ def test_a_cancelled_caller_frees_its_request_id(engine: Engine) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(ECHO, reason="the echo scheduler finishes every request at once")
 def test_abort_request_ends_a_running_stream(engine: Engine) -> None:
     stream = engine.generate(PROMPTS[0], {**GREEDY, "max_new_tokens": 400}, stream=True, rid="ab")
     first = next(stream)

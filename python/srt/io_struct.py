@@ -162,6 +162,7 @@ class GetLoadOut:
     num_used_tokens: int
     max_total_tokens: int
     invariant_violations: int = 0
+    num_retracted_reqs: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -608,6 +608,7 @@ class SchedulerStage(Stage):
                 num_used_tokens=scheduler.num_used_tokens(),
                 max_total_tokens=scheduler.allocator.size,
                 invariant_violations=scheduler.invariant_violations,
+                num_retracted_reqs=scheduler.num_retracted,
             )
         elif isinstance(msg, HealthCheckReq):
             reply = HealthCheckOut(msg.rid, healthy=True)
