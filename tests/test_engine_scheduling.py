@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,8 @@ def shared_prefix_prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 PROMPTS = shared_prefix_prompts(64)
-PARAMS = [{**GREEDY, "max_new_tokens": 4 + i % 13} for i in range(64)]
-LONG = [{**GREEDY, "max_new_tokens": 48}] * 16  # for the first 16 prompts
+PARAMS: list[Mapping[str, Any]] = [{**GREEDY, "max_new_tokens": 4 + i % 13} for i in range(64)]
+LONG: list[Mapping[str, Any]] = [{**GREEDY, "max_new_tokens": 48}] * 16  # for the first 16 prompts
 
 
 def assert_clean(engine: Engine) -> None:
@@ -44,7 +44,7 @@ def assert_clean(engine: Engine) -> None:
     assert (load.num_running_reqs, load.num_waiting_reqs) == (0, 0)
 
 
-def generate_all(engine: Engine, prompts: list[list[int]], params: list[dict[str, Any]]) -> Any:
+def generate_all(engine: Engine, prompts: list[list[int]], params: list[Mapping[str, Any]]) -> Any:
     results = engine.generate(input_ids=prompts, sampling_params=params)
     assert isinstance(results, list)
     return results
