@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +40,8 @@ class ModelConfig:
         context_length: int | None = None,
         trust_remote_code: bool = False,
     ) -> ModelConfig:
+        if model_path.startswith(("/", ".", "~")) and not Path(model_path).expanduser().exists():
+            raise ValueError(f"no model at {model_path}: the path does not exist")
         path, gguf_file = split_gguf_path(model_path)
         hf_config = AutoConfig.from_pretrained(
             path, gguf_file=gguf_file, trust_remote_code=trust_remote_code
