@@ -80,6 +80,6 @@ def test_runner_packs_every_projection(
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert linears
     assert all(m.packed for m in linears)
-    lm_head = model.lm_head  # type: ignore[union-attr]
+    lm_head = model.lm_head
     tied = arch.startswith("qwen")
     assert (lm_head.weight is model.model.embed_tokens.weight) == tied  # type: ignore[union-attr]
