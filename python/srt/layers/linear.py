@@ -1,13 +1,17 @@
-"""The models' linear layers: `F.linear`, except float32 on the CPU, where a copy of the weight is
-packed once for oneDNN after the weights are loaded.
+"""The models' linear layers: `F.linear`, except float32 on the CPU, where the weights are laid
+out for the CPU once after loading (`prepare_for_device`).
 
 Why: on the CPU, `F.linear` goes to MKL's sgemm, which reaches only a third to a half of the
 machine's float32 throughput at decode-sized batches (a few to a few hundred rows), worst on the
-wide lm_head. oneDNN's inner product on a weight reordered into its blocked layout ahead of time
-runs the same float32 arithmetic (no reduced precision) up to twice as fast there, and its result
-for a row does not depend on the other rows of the batch. A single row (batch-1 decode) is a
-matrix-vector product, bound by memory, where MKL's path over the plain weight is faster; it
-keeps that path.
+wide lm_head. oneDNN's inner product on a copy of the weight reordered into its blocked layout
+ahead of time runs the same float32 arithmetic (no reduced precision) up to twice as fast there,
+and its result for a row does not depend on the other rows of the batch.
+
+A single row (batch-1 decode) is a matrix-vector product bound by memory, where MKL's path over
+the plain weight beats oneDNN's; it keeps that path. Its speed depends on the plain weight's
+layout: with fewer inputs than outputs (the lm_head, q/k/v, gate/up), MKL streams a weight stored
+input-major (column-major [out, in], i.e. the transpose stored contiguously) up to twice as fast
+as one stored row-major, so such weights are re-laid out that way; values and shape stay the same.
 
 What must stay true: the packed copy is made from the weight as it is when `prepare_for_device`
 runs; a weight changed in place afterwards (a reload) is noticed through its version counter and
@@ -53,6 +57,8 @@ class Linear(nn.Linear):
         if not onednn_linear_available():
             return
         with torch.no_grad():
+            if self.out_features >= self.in_features and weight.stride(0) != 1:
+                weight.data = weight.data.t().contiguous().t()  # column-major, see the docstring
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
         self._packed_from = (weight.data_ptr(), weight._version)
 
