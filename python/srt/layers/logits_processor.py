@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from srt.layers.forward_batch import ForwardBatch, ForwardMode
+from srt.layers.linear import Linear
 
 
 def last_token_hidden(hidden: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
@@ -16,7 +17,7 @@ def last_token_hidden(hidden: torch.Tensor, forward_batch: ForwardBatch) -> torc
 
 
 def compute_logits(
-    hidden: torch.Tensor, lm_head_weight: torch.Tensor, forward_batch: ForwardBatch
+    hidden: torch.Tensor, lm_head: Linear, forward_batch: ForwardBatch
 ) -> torch.Tensor:
     """[batch, vocab] float32 logits of each sequence's next token."""
-    return torch.matmul(last_token_hidden(hidden, forward_batch), lm_head_weight.t()).float()
+    return lm_head(last_token_hidden(hidden, forward_batch)).float()

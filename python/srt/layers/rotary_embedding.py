@@ -59,21 +59,30 @@ class RotaryEmbedding(nn.Module):
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, params)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos_cached", emb.cos(), persistent=False)
-        self.register_buffer("sin_cached", emb.sin(), persistent=False)
+        cos, sin = freqs.cos(), freqs.sin()
+        # [cos | cos] and [-sin | sin]: the rotate-half products of `apply_rotary` in one pass.
+        self.register_buffer("cos_cached", torch.cat((cos, cos), dim=-1), persistent=False)
+        self.register_buffer("sin_cached", torch.cat((-sin, sin), dim=-1), persistent=False)
         self.cos_cached: torch.Tensor
         self.sin_cached: torch.Tensor
 
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]."""
-        cos = self.cos_cached[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin_cached[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        """cos and signed sin of each token's position, [tokens, 1, head_dim] in `dtype`: taken
+        once per forward pass and handed to `apply_rotary` in every layer."""
+        cos = self.cos_cached[positions].unsqueeze(1).to(dtype)
+        sin = self.sin_cached[positions].unsqueeze(1).to(dtype)
+        return cos, sin
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x: [tokens, heads, head_dim] rotated by `RotaryEmbedding.forward`'s (cos, sin).
+
+    Equal, bit for bit, to transformers' `x * cos + rotate_half(x) * sin`: swapping the halves
+    and negating sin's first half multiplies the same numbers as negating x's second half.
+    """
+    cos, sin = rope
+    half = x.shape[-1] // 2
+    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
+    return x * cos + swapped * sin

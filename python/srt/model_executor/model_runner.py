@@ -13,6 +13,7 @@ import torch
 from srt import envs
 from srt.layers.attention.registry import create_attention_backend, resolve_attention_backend
 from srt.layers.forward_batch import ForwardBatch, ForwardMode
+from srt.layers.linear import prepare_for_device
 from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from srt.model_executor.model_config import ModelConfig
@@ -69,6 +70,7 @@ class ModelRunner:
                 iterate_weights(config.model_path, config.gguf_file, config.hf_config)
             )
         self.model.eval()
+        prepare_for_device(self.model)
 
     def init_memory_pool(self) -> None:
         config = self.model_config

@@ -16,9 +16,12 @@ from torch import nn
 from srt.layers.activation import SiluAndMul
 from srt.layers.forward_batch import ForwardBatch
 from srt.layers.layernorm import RMSNorm
+from srt.layers.linear import Linear
 from srt.layers.logits_processor import compute_logits
 from srt.layers.radix_attention import RadixAttention
-from srt.layers.rotary_embedding import RotaryEmbedding, rope_parameters
+from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary, rope_parameters
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos and signed sin, see RotaryEmbedding.forward
 
 # checkpoint name part -> (fused parameter name part, shard index)
 STACKED_PARAMS = {
@@ -46,22 +49,19 @@ class LlamaAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         bias = getattr(config, "attention_bias", False)
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias or self.qkv_bias
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias)
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(
-            self.head_dim, config.max_position_embeddings, rope_parameters(config)
-        )
         self.attn = RadixAttention(
             self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id
         )
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
+        self, rope: Rope, hidden: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -70,7 +70,7 @@ class LlamaAttention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = apply_rotary(q, rope), apply_rotary(k, rope)
         return self.o_proj(self.attn(q, k, v, forward_batch))
 
 
@@ -78,8 +78,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,15 +95,11 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
-        self,
-        positions: torch.Tensor,
-        hidden: torch.Tensor,
-        residual: torch.Tensor,
-        forward_batch: ForwardBatch,
+        self, rope: Rope, hidden: torch.Tensor, residual: torch.Tensor, forward_batch: ForwardBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`hidden` is the previous layer's output, not yet added to the residual stream."""
         hidden, residual = self.input_layernorm.forward_with_residual(hidden, residual)
-        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden = self.self_attn(rope, hidden, forward_batch)
         hidden, residual = self.post_attention_layernorm.forward_with_residual(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -116,14 +112,19 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, i, attention_cls) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # One table for all layers; each forward pass takes its positions' rows once.
+        self.rotary_emb = RotaryEmbedding(
+            head_dim_of(config), config.max_position_embeddings, rope_parameters(config)
+        )
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         residual = torch.zeros_like(hidden)
+        rope = self.rotary_emb(positions, hidden.dtype)
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, forward_batch)
+            hidden, residual = layer(rope, hidden, residual, forward_batch)
         hidden, _ = self.norm.forward_with_residual(hidden, residual)
         return hidden
 
@@ -136,14 +137,9 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config, self.attention_cls)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        if self.tie_word_embeddings:
-            return self.model.embed_tokens.weight
-        return self.lm_head.weight
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        if self.tie_word_embeddings:  # one parameter, listed once, under the embedding's name
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     @torch.inference_mode()
     def forward(
@@ -151,7 +147,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """[batch, vocab] float32 logits of each sequence's next token."""
         hidden = self.model(input_ids, positions, forward_batch)
-        return compute_logits(hidden, self.lm_head_weight, forward_batch)
+        return compute_logits(hidden, self.lm_head, forward_batch)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies checkpoint tensors (Hugging Face names) into the parameters; every parameter

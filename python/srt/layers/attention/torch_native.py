@@ -2,7 +2,8 @@
 
 Runs everywhere (it is the CPU path). Extend attends one sequence at a time with a causal mask
 shifted by the sequence's cached prefix; decode gathers every sequence's K/V into one padded
-batch and attends in a single call per layer.
+batch and attends in a single call per layer. What a decode batch's layers share (the flat list
+of slots to gather, the additive padding mask) is derived once per forward pass.
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ class TorchNativeAttnBackend(AttentionBackend):
             return
         max_len = max(forward_batch.seq_lens_cpu)
         rows = forward_batch.req_to_token_pool.req_to_token[forward_batch.req_pool_indices]
-        self._decode_slots = rows[:, :max_len].long()
+        # [batch * max_len]: a sequence's slots, then padding (whatever its row holds past its
+        # length; masked out below).
+        self._decode_slots = rows[:, :max_len].flatten().long()
         positions = torch.arange(max_len, device=forward_batch.seq_lens.device)
-        valid = positions[None, :] < forward_batch.seq_lens[:, None]
-        self._decode_mask = valid[:, None, None, :]  # [batch, 1, 1, max_len]
+        padding = positions[None, :] >= forward_batch.seq_lens[:, None]
+        dtype = forward_batch.kv_pool.k_buffers[0].dtype
+        mask = torch.zeros(padding.shape, dtype=dtype, device=padding.device)
+        self._decode_mask = mask.masked_fill_(padding, float("-inf"))[:, None, None, :]
 
     def forward_extend(
         self,
@@ -56,8 +61,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             row = int(forward_batch.req_pool_indices[i])
             slots = req_to_token[row, :seq_len].long()
             q_i = q[start : start + extend_len].transpose(0, 1)  # [heads, new, head_dim]
-            k_i = k_buffer[slots].transpose(0, 1)  # [kv_heads, seq, head_dim]
-            v_i = v_buffer[slots].transpose(0, 1)
+            k_i = k_buffer.index_select(0, slots).transpose(0, 1)  # [kv_heads, seq, head_dim]
+            v_i = v_buffer.index_select(0, slots).transpose(0, 1)
             query_pos = torch.arange(prefix_len, seq_len, device=q.device)
             key_pos = torch.arange(seq_len, device=q.device)
             mask = key_pos[None, :] <= query_pos[:, None]
@@ -80,14 +85,17 @@ class TorchNativeAttnBackend(AttentionBackend):
         assert self._decode_mask is not None
         pool = forward_batch.kv_pool
         pool.store(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        keys = pool.k_buffers[layer.layer_id][self._decode_slots]  # [batch, len, kv_heads, dim]
-        values = pool.v_buffers[layer.layer_id][self._decode_slots]
+        batch, kv_heads, head_dim = q.shape[0], layer.num_kv_heads, layer.head_dim
+        shape = (batch, -1, kv_heads, head_dim)  # [batch, len, kv_heads, head_dim]
+        keys = pool.k_buffers[layer.layer_id].index_select(0, self._decode_slots).view(shape)
+        values = pool.v_buffers[layer.layer_id].index_select(0, self._decode_slots).view(shape)
+        # The query heads that share a KV head attend as that KV head's rows of queries
+        # ([batch, kv_heads, group, head_dim]): query head h reads KV head h // group.
         o = F.scaled_dot_product_attention(
-            q.unsqueeze(2),  # [batch, heads, 1, head_dim]
+            q.reshape(batch, kv_heads, -1, head_dim),
             keys.transpose(1, 2),
             values.transpose(1, 2),
             attn_mask=self._decode_mask,
             scale=layer.scaling,
-            enable_gqa=True,
         )
-        return o.flatten(1)
+        return o.reshape(batch, -1)
