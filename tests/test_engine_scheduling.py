@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -120,23 +120,31 @@ def test_aborts_while_waiting_and_mid_decode_free_everything(
     engine_of: Callable[..., Engine],
 ) -> None:
     engine = engine_of(max_running_requests=1)
-    long = {**GREEDY, "max_new_tokens": 300}
+    long = {**GREEDY, "max_new_tokens": 1000}  # still decoding when the aborts arrive
+    short = {**GREEDY, "max_new_tokens": 8}
 
-    async def scenario() -> list[Any]:
-        calls = [
+    async def scenario() -> tuple[list[Any], Any, Any]:
+        stream = await engine.async_generate(
+            input_ids=PROMPTS[0], sampling_params=long, rid="r0", stream=True
+        )
+        assert isinstance(stream, AsyncIterator)
+        waiting = [
             asyncio.ensure_future(
-                engine.async_generate(input_ids=PROMPTS[i], sampling_params=long, rid=f"r{i}")
+                engine.async_generate(input_ids=PROMPTS[i], sampling_params=short, rid=f"r{i}")
             )
-            for i in range(3)
+            for i in (1, 2)
         ]
-        await asyncio.sleep(1.0)  # r0 decodes, r1 and r2 wait
-        assert engine.abort_request("r2")  # waiting
-        assert engine.abort_request("r0")  # mid-decode
-        return await asyncio.gather(*calls)
+        chunks = [await anext(stream), await anext(stream)]
+        assert chunks[-1]["meta_info"]["finish_reason"] is None  # r0 decodes; r1, r2 wait
+        assert engine.abort_request("r2")
+        assert engine.abort_request("r0")
+        chunks += [chunk async for chunk in stream]
+        r1, r2 = await asyncio.gather(*waiting)
+        return chunks, r1, r2
 
-    r0, r1, r2 = asyncio.run(scenario())
-    assert r0["meta_info"]["finish_reason"]["type"] == "abort"
-    assert 0 < len(r0["output_ids"]) < 300
+    r0_chunks, r1, r2 = asyncio.run(scenario())
+    assert r0_chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 2 <= len([t for chunk in r0_chunks for t in chunk["output_ids"]]) < 1000
     assert r2["meta_info"]["finish_reason"]["type"] == "abort"
     assert r2["output_ids"] == []
-    assert r1["meta_info"]["finish_reason"] == {"type": "length", "length": 300}
+    assert r1["meta_info"]["finish_reason"] == {"type": "length", "length": 8}
