@@ -38,7 +38,7 @@ from srt.server_args import ServerArgs, parse_args
 # Each stage's entry point, imported only in its own process: the launcher (and the HTTP server
 # around it) never loads torch or the model code.
 STAGES: dict[str, str] = {
-    "scheduler": "srt.managers.scheduler:run_scheduler_process",
+    "scheduler": "srt.managers.scheduler_stage:run_scheduler_process",
     "detokenizer": "srt.managers.detokenizer_manager:run_detokenizer_process",
 }
 GRACE_S = 5.0

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from srt.io_struct import FinishReason, TokenizedGenerateReq
+from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
 from srt.layers.sampler import SamplingRow
 from srt.sampling_params import SamplingParams
 
@@ -67,7 +67,6 @@ class Req:
         # Set by the prefill adder: the tokens the next extend computes (a chunk may be shorter
         # than the rest of the prompt) and the cache hit it starts after.
         self.extend_ids: list[int] = []
-        self.num_retractions = 0
 
     # ---- token views -------------------------------------------------------------------------
 
@@ -162,3 +161,32 @@ class ScheduleBatch:
         if self.kind is ForwardKind.DECODE:
             return len(self.reqs)
         return sum(len(req.extend_ids) for req in self.reqs)
+
+
+def make_output(reqs: list[Req]) -> BatchTokenIDOut:
+    """The detokenizer's message for `reqs`: each one's output ids since its last message."""
+    sent = [req.sent_len for req in reqs]
+    with_logprobs = [req.return_logprob for req in reqs]
+    return BatchTokenIDOut(
+        rids=tuple(req.rid for req in reqs),
+        output_ids=tuple(tuple(req.output_ids[s:]) for req, s in zip(reqs, sent, strict=True)),
+        finished_reasons=tuple(req.finished_reason for req in reqs),
+        prompt_tokens=tuple(len(req.origin_input_ids) for req in reqs),
+        completion_tokens=tuple(len(req.output_ids) for req in reqs),
+        cached_tokens=tuple(req.cached_tokens for req in reqs),
+        context_ids=tuple(req.context_ids() for req in reqs),
+        skip_special_tokens=tuple(req.sampling_params.skip_special_tokens for req in reqs),
+        spaces_between_special_tokens=tuple(
+            req.sampling_params.spaces_between_special_tokens for req in reqs
+        ),
+        no_stop_trim=tuple(req.sampling_params.no_stop_trim for req in reqs),
+        stop=tuple(req.sampling_params.stop for req in reqs),
+        output_logprobs=tuple(
+            tuple(req.output_logprobs[s:]) if lp else ()
+            for req, s, lp in zip(reqs, sent, with_logprobs, strict=True)
+        ),
+        output_top_logprobs=tuple(
+            tuple(req.output_top_logprobs[s:]) if lp else ()
+            for req, s, lp in zip(reqs, sent, with_logprobs, strict=True)
+        ),
+    )

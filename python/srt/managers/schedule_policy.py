@@ -22,6 +22,8 @@ import random
 from collections import defaultdict
 from collections.abc import Callable
 
+import numpy as np
+
 from srt.managers.schedule_batch import Req
 
 CACHE_AWARE_QUEUE_LIMIT = 128
@@ -167,3 +169,15 @@ class PrefillAdder:
 
 def _future_tokens(req: Req) -> int:
     return min(req.remaining_new_tokens, CLIP_MAX_NEW_TOKENS)
+
+
+def fill_array(req: Req) -> np.ndarray:
+    """A request's prompt and output ids as an int32 array (no copy of the ids)."""
+    return np.frombuffer(req.fill_ids(), dtype=np.int32)
+
+
+def shared_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading ids `a` and `b` have in common."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n

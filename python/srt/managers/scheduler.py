@@ -3,8 +3,8 @@
 `Scheduler` is the synchronous core: requests come in through `add_request`/`abort`, each `step`
 runs one forward pass (an extend batch if any waiting request or prompt chunk can be admitted,
 else a decode batch of every running request) and returns what the detokenizer should hear.
-`SchedulerStage` wraps it in the scheduler process's asyncio loop, between rings "scheduler" and
-"detokenizer". See `schedule_batch` for the data flow and `schedule_policy` for admission.
+`scheduler_stage.SchedulerStage` runs it in the scheduler process. See `schedule_batch` for the
+data flow and `schedule_policy` for admission.
 
 Memory: every KV slot is free (allocator), in the radix cache (evictable or locked), or held by a
 request that runs. `check_invariants` verifies free + evictable + locked + held = total (and, when
@@ -14,44 +14,28 @@ step when `SRT_CHECK_INVARIANTS=1` (tests).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from array import array
 from collections.abc import Iterable
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from srt import envs
-from srt.io_struct import (
-    AbortReq,
-    BatchTokenIDOut,
-    FinishReason,
-    FlushCacheOut,
-    FlushCacheReq,
-    GetLoadOut,
-    GetLoadReq,
-    HealthCheckOut,
-    HealthCheckReq,
-    Message,
-    ShutdownReq,
-    TokenizedGenerateReq,
-)
-from srt.ipc.channel import Receiver, Sender
-from srt.ipc.rings import RingNames
+from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
 from srt.layers.sampler import sample
 from srt.managers.incremental_detokenizer import IncrementalDetokenizer
-from srt.managers.schedule_batch import ForwardKind, Req, ScheduleBatch
+from srt.managers.schedule_batch import ForwardKind, Req, ScheduleBatch, make_output
 from srt.managers.schedule_policy import (
     CLIP_MAX_NEW_TOKENS,
     AddResult,
     PrefillAdder,
+    fill_array,
     order_waiting,
+    shared_prefix_len,
 )
-from srt.managers.stage_process import Stage, run_stage
 from srt.mem_cache import RadixCache, TokenToKVPoolAllocator
 from srt.model_executor.model_runner import ModelRunner
 from srt.server_args import ServerArgs
@@ -101,7 +85,6 @@ class Scheduler:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.outbox: list[Req] = []
         self.invariant_violations = 0
-        self.forward_ct = 0
         self.num_retracted = 0
 
     # ---- requests in ---------------------------------------------------------------------------
@@ -183,7 +166,6 @@ class Scheduler:
         batch = self.get_new_batch_prefill() or self.get_decode_batch()
         if batch is not None:
             self.run_batch(batch)
-            self.forward_ct += 1
         if self.check_every_step:
             self.check_and_count()
         return self.take_output()
@@ -213,7 +195,7 @@ class Scheduler:
         ordered = order_waiting(
             self.waiting, self.server_args.schedule_policy, self._cached_prefix, self.rng
         )
-        in_batch = [_ids_array(chunked)] if chunked is not None else []
+        in_batch = [fill_array(chunked)] if chunked is not None else []
         for req in ordered:
             result = self._try_admit(req, adder, in_batch)
             if result is not AddResult.CONTINUE:
@@ -245,8 +227,8 @@ class Scheduler:
         slots, node = array("i"), None
         if self.tree_cache is not None:
             slots, node = self.tree_cache.match_prefix(fill[:-1])
-            ids = _ids_array(req)
-            shared = max((_common_prefix_len(ids, other) for other in in_batch), default=0)
+            ids = fill_array(req)
+            shared = max((shared_prefix_len(ids, other) for other in in_batch), default=0)
             if shared - len(slots) >= IN_BATCH_PREFIX_TOKENS:
                 return AddResult.CONTINUE
             adder.rem_total_tokens += self.tree_cache.inc_lock_ref(node)
@@ -290,7 +272,6 @@ class Scheduler:
             victim = victims.pop(0)
             self.running.remove(victim)
             self._release(victim, keep_stop_state=True)
-            victim.num_retractions += 1
             retracted.append(victim)
         self.waiting[:0] = retracted
         self.num_retracted += len(retracted)
@@ -507,45 +488,6 @@ class Scheduler:
         return self.allocator.size - self._available_with_cache()
 
 
-def make_output(reqs: list[Req]) -> BatchTokenIDOut:
-    """The detokenizer's message for `reqs`: each one's output ids since its last message."""
-    sent = [req.sent_len for req in reqs]
-    with_logprobs = [req.return_logprob for req in reqs]
-    return BatchTokenIDOut(
-        rids=tuple(req.rid for req in reqs),
-        output_ids=tuple(tuple(req.output_ids[s:]) for req, s in zip(reqs, sent, strict=True)),
-        finished_reasons=tuple(req.finished_reason for req in reqs),
-        prompt_tokens=tuple(len(req.origin_input_ids) for req in reqs),
-        completion_tokens=tuple(len(req.output_ids) for req in reqs),
-        cached_tokens=tuple(req.cached_tokens for req in reqs),
-        context_ids=tuple(req.context_ids() for req in reqs),
-        skip_special_tokens=tuple(req.sampling_params.skip_special_tokens for req in reqs),
-        spaces_between_special_tokens=tuple(
-            req.sampling_params.spaces_between_special_tokens for req in reqs
-        ),
-        no_stop_trim=tuple(req.sampling_params.no_stop_trim for req in reqs),
-        stop=tuple(req.sampling_params.stop for req in reqs),
-        output_logprobs=tuple(
-            tuple(req.output_logprobs[s:]) if lp else ()
-            for req, s, lp in zip(reqs, sent, with_logprobs, strict=True)
-        ),
-        output_top_logprobs=tuple(
-            tuple(req.output_top_logprobs[s:]) if lp else ()
-            for req, s, lp in zip(reqs, sent, with_logprobs, strict=True)
-        ),
-    )
-
-
-def _ids_array(req: Req) -> np.ndarray:
-    return np.frombuffer(req.fill_ids(), dtype=np.int32)
-
-
-def _common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if len(differ) else n
-
-
 def _row(req: Req) -> int:
     assert req.row is not None, f"request {req.rid} has no row"
     return req.row
@@ -555,75 +497,3 @@ def _tensor(ids: array[int]) -> torch.Tensor:
     return (
         torch.frombuffer(ids, dtype=torch.int32) if len(ids) else torch.empty(0, dtype=torch.int32)
     )
-
-
-class SchedulerStage(Stage):
-    """The scheduler process's loop: receives on ring "scheduler", sends on ring "detokenizer".
-
-    Between forward passes it takes every message that has arrived; when nothing is left to run
-    it checks the KV invariants and sleeps until the next message.
-    """
-
-    def __init__(self, server_args: ServerArgs, rings: RingNames) -> None:
-        if server_args.model_path is None:
-            raise ValueError("the scheduler needs --model-path")
-        runner = ModelRunner(server_args, server_args.model_path)
-        tokenizer_path = server_args.tokenizer_path or runner.model_config.model_path
-        self.scheduler = Scheduler(server_args, runner, tokenizer_path)
-        self.recv_from_tokenizer = Receiver(rings.scheduler)
-        self.send_to_detokenizer = Sender(rings.detokenizer)
-
-    async def event_loop(self) -> None:
-        """Serves until a `ShutdownReq`, which it passes on to the detokenizer."""
-        scheduler = self.scheduler
-        while True:
-            if not scheduler.has_work():
-                scheduler.check_and_count()
-                if not await self.handle(await self.recv_from_tokenizer.recv()):
-                    return
-            while (msg := self.recv_from_tokenizer.recv_nowait()) is not None:
-                if not await self.handle(msg):
-                    return
-            out = scheduler.step()
-            if out is not None:
-                await self.send_to_detokenizer.send(out)
-            await asyncio.sleep(0)  # let signals and the parent watch run between steps
-
-    async def handle(self, msg: Message) -> bool:
-        """Acts on one message; False for `ShutdownReq` (after passing it on)."""
-        scheduler = self.scheduler
-        reply: Message | None = None
-        if isinstance(msg, TokenizedGenerateReq):
-            scheduler.add_request(msg)
-        elif isinstance(msg, AbortReq):
-            scheduler.abort(msg.rid)
-        elif isinstance(msg, FlushCacheReq):
-            refused = scheduler.flush_cache()
-            reply = FlushCacheOut(msg.rid, refused is None, refused or "")
-        elif isinstance(msg, GetLoadReq):
-            reply = GetLoadOut(
-                rid=msg.rid,
-                num_running_reqs=len(scheduler.running) + (scheduler.chunked_req is not None),
-                num_waiting_reqs=len(scheduler.waiting),
-                num_used_tokens=scheduler.num_used_tokens(),
-                max_total_tokens=scheduler.allocator.size,
-                invariant_violations=scheduler.invariant_violations,
-                num_retracted_reqs=scheduler.num_retracted,
-            )
-        elif isinstance(msg, HealthCheckReq):
-            reply = HealthCheckOut(msg.rid, healthy=True)
-        elif isinstance(msg, ShutdownReq):
-            await self.send_to_detokenizer.send(msg)
-            return False
-        else:
-            raise TypeError(f"the scheduler cannot handle {type(msg).__name__}")
-        if reply is not None:
-            await self.send_to_detokenizer.send(reply)
-        return True
-
-
-def run_scheduler_process(
-    server_args: ServerArgs, rings: RingNames, parent_pid: int, ready: Connection
-) -> None:
-    """Entry point of the scheduler process (started by the launcher with `spawn`)."""
-    run_stage("scheduler", rings, parent_pid, ready, lambda: SchedulerStage(server_args, rings))

@@ -1,0 +1,98 @@
+"""The scheduler process: `SchedulerStage` runs the `Scheduler` between ring "scheduler" (from the
+main process) and ring "detokenizer", answering control messages on the way."""
+
+from __future__ import annotations
+
+import asyncio
+from multiprocessing.connection import Connection
+
+from srt.io_struct import (
+    AbortReq,
+    FlushCacheOut,
+    FlushCacheReq,
+    GetLoadOut,
+    GetLoadReq,
+    HealthCheckOut,
+    HealthCheckReq,
+    Message,
+    ShutdownReq,
+    TokenizedGenerateReq,
+)
+from srt.ipc.channel import Receiver, Sender
+from srt.ipc.rings import RingNames
+from srt.managers.scheduler import Scheduler
+from srt.managers.stage_process import Stage, run_stage
+from srt.model_executor.model_runner import ModelRunner
+from srt.server_args import ServerArgs
+
+
+class SchedulerStage(Stage):
+    """The scheduler process's loop: receives on ring "scheduler", sends on ring "detokenizer".
+
+    Between forward passes it takes every message that has arrived; when nothing is left to run
+    it checks the KV invariants and sleeps until the next message.
+    """
+
+    def __init__(self, server_args: ServerArgs, rings: RingNames) -> None:
+        if server_args.model_path is None:
+            raise ValueError("the scheduler needs --model-path")
+        runner = ModelRunner(server_args, server_args.model_path)
+        tokenizer_path = server_args.tokenizer_path or runner.model_config.model_path
+        self.scheduler = Scheduler(server_args, runner, tokenizer_path)
+        self.recv_from_tokenizer = Receiver(rings.scheduler)
+        self.send_to_detokenizer = Sender(rings.detokenizer)
+
+    async def event_loop(self) -> None:
+        """Serves until a `ShutdownReq`, which it passes on to the detokenizer."""
+        scheduler = self.scheduler
+        while True:
+            if not scheduler.has_work():
+                scheduler.check_and_count()
+                if not await self.handle(await self.recv_from_tokenizer.recv()):
+                    return
+            while (msg := self.recv_from_tokenizer.recv_nowait()) is not None:
+                if not await self.handle(msg):
+                    return
+            out = scheduler.step()
+            if out is not None:
+                await self.send_to_detokenizer.send(out)
+            await asyncio.sleep(0)  # let signals and the parent watch run between steps
+
+    async def handle(self, msg: Message) -> bool:
+        """Acts on one message; False for `ShutdownReq` (after passing it on)."""
+        scheduler = self.scheduler
+        reply: Message | None = None
+        if isinstance(msg, TokenizedGenerateReq):
+            scheduler.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            scheduler.abort(msg.rid)
+        elif isinstance(msg, FlushCacheReq):
+            refused = scheduler.flush_cache()
+            reply = FlushCacheOut(msg.rid, refused is None, refused or "")
+        elif isinstance(msg, GetLoadReq):
+            reply = GetLoadOut(
+                rid=msg.rid,
+                num_running_reqs=len(scheduler.running) + (scheduler.chunked_req is not None),
+                num_waiting_reqs=len(scheduler.waiting),
+                num_used_tokens=scheduler.num_used_tokens(),
+                max_total_tokens=scheduler.allocator.size,
+                invariant_violations=scheduler.invariant_violations,
+                num_retracted_reqs=scheduler.num_retracted,
+            )
+        elif isinstance(msg, HealthCheckReq):
+            reply = HealthCheckOut(msg.rid, healthy=True)
+        elif isinstance(msg, ShutdownReq):
+            await self.send_to_detokenizer.send(msg)
+            return False
+        else:
+            raise TypeError(f"the scheduler cannot handle {type(msg).__name__}")
+        if reply is not None:
+            await self.send_to_detokenizer.send(reply)
+        return True
+
+
+def run_scheduler_process(
+    server_args: ServerArgs, rings: RingNames, parent_pid: int, ready: Connection
+) -> None:
+    """Entry point of the scheduler process (started by the launcher with `spawn`)."""
+    run_stage("scheduler", rings, parent_pid, ready, lambda: SchedulerStage(server_args, rings))
