@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOAD_FORMATS = ("auto", "dummy")
+_ORIGIN = re.compile(r"https?://[^/\s:]+(:\d+)?")
 
 
 class ServerArgsError(ValueError):
@@ -123,6 +125,39 @@ class ServerArgs:
         default=None,
         metadata=_arg("HTTP server", "Require this key (Bearer or x-api-key) on every API route."),
     )
+    served_model_name: str | None = field(
+        default=None,
+        metadata=_arg(
+            "HTTP server", "The model name the OpenAI API answers to (default: the model path)."
+        ),
+    )
+    allowed_origins: tuple[str, ...] = field(
+        default=(),
+        metadata=_arg(
+            "HTTP server",
+            "Browser origins allowed to call the API (CORS), e.g. https://app.example.com; "
+            "none by default. '*' allows any origin, without credentials.",
+        ),
+    )
+    max_request_bytes: int = field(
+        default=8 << 20,
+        metadata=_arg("HTTP server", "Largest request body accepted, in bytes (larger: 413)."),
+    )
+    graceful_shutdown_timeout: float = field(
+        default=30.0,
+        metadata=_arg(
+            "HTTP server",
+            "Seconds running requests may take to finish after SIGTERM before they are aborted.",
+        ),
+    )
+    skip_server_warmup: bool = field(
+        default=False,
+        metadata=_arg("HTTP server", "Report healthy without running a warm-up generation first."),
+    )
+    log_requests: bool = field(
+        default=False,
+        metadata=_arg("observability", "Log each request's prompt and output text."),
+    )
 
     tp_size: int = field(default=1, metadata=_arg("parallelism", "Tensor-parallel degree."))
 
@@ -144,6 +179,13 @@ class ServerArgs:
     max_running_requests: int | None = field(
         default=None,
         metadata=_arg("scheduling", "Most requests decoding at once (default: from memory)."),
+    )
+    max_queued_requests: int | None = field(
+        default=None,
+        metadata=_arg(
+            "scheduling",
+            "Most requests waiting for admission; more are refused with 429 (default: no limit).",
+        ),
     )
     max_prefill_tokens: int = field(
         default=16384, metadata=_arg("scheduling", "Most prompt tokens in one prefill step.")
@@ -192,12 +234,20 @@ class ServerArgs:
         _check_range(self, "max_total_tokens", lo=1)
         _check_range(self, "max_running_requests", lo=1)
         _check_range(self, "max_prefill_tokens", lo=1)
+        _check_range(self, "max_queued_requests", lo=1)
+        _check_range(self, "max_request_bytes", lo=1)
+        _check_range(self, "graceful_shutdown_timeout", lo=0)
         _check_range(self, "page_size", lo=1)
         _check_range(self, "cuda_graph_max_bs", lo=1)
         _check_range(self, "stream_interval", lo=1)
         _check_range(self, "watchdog_timeout", lo=0, open_lo=True)
         if self.chunked_prefill_size != -1:
             _check_range(self, "chunked_prefill_size", lo=1)
+        for origin in self.allowed_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ServerArgsError(
+                    "allowed_origins", f"{origin!r} is not an origin like https://host[:port]"
+                )
         fraction = self.mem_fraction_static
         if fraction is not None and not (math.isfinite(fraction) and 0 < fraction <= 1):
             raise ServerArgsError("mem_fraction_static", f"must be in (0, 1], got {fraction}")
@@ -260,11 +310,14 @@ def build_parser(prog: str = "srt-serve") -> argparse.ArgumentParser:
 def _add_field(group: argparse._ArgumentGroup, f: dataclasses.Field[Any], hint: Any) -> None:
     flags = [flag_of(f.name), *f.metadata["aliases"]]
     help = f.metadata["help"]
-    if f.default not in (None, False):
+    if f.default not in (None, False, ()):
         help += f" (default: {f.default})"
     kwargs: dict[str, Any] = {"dest": f.name, "help": help, "default": f.default}
     value_type = _value_type(hint)
-    if value_type is bool:
+    if value_type is tuple:
+        kwargs.update(nargs="+", type=str, metavar="ORIGIN")
+        kwargs["default"] = ()
+    elif value_type is bool:
         kwargs["action"] = "store_true"
     else:
         kwargs["type"] = value_type
@@ -280,12 +333,17 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerArgs:
     parser = build_parser()
     namespace = parser.parse_args(argv)
     try:
-        return ServerArgs(**vars(namespace))
+        values: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in vars(namespace).items()
+        }
+        return ServerArgs(**values)
     except ServerArgsError as e:
         parser.error(str(e))
 
 
 def _value_type(hint: Any) -> type:
+    if typing.get_origin(hint) is tuple:
+        return tuple
     members = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
     (value_type,) = members
     assert isinstance(value_type, type)
