@@ -29,6 +29,7 @@ from srt.ipc.rings import RingNames
 
 READY = b"ready"
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 class Stage:
@@ -36,6 +37,12 @@ class Stage:
 
     async def event_loop(self) -> None:
         raise NotImplementedError
+
+
+def name_process(name: str) -> None:
+    """Names this process for `ps`, `top` and psutil (`comm`, at most 15 bytes)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -58,6 +65,7 @@ def run_stage(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_quietly)  # until the event loop takes over
     code = 0
+    name_process(f"srt-{name}")
     try:
         die_with_parent(parent_pid)
         stage = build()
