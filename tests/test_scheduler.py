@@ -286,6 +286,8 @@ def test_requests_that_can_never_fit_are_rejected_at_once() -> None:
     assert "KV cache (64 tokens)" in messages["kv"]
     assert "empty" in messages["empty"]
     assert f"[0, {VOCAB})" in messages["vocab"]
+    assert {f.reason.status_code for f in finished.values()} == {400}
+    assert finished["kv"].reason.to_json()["status_code"] == 400
 
 
 def test_duplicate_rid_in_flight_is_rejected() -> None:
@@ -297,7 +299,42 @@ def test_duplicate_rid_in_flight_is_rejected() -> None:
     rejection = out.finished_reasons[0]
     assert rejection is not None
     assert "already in flight" in rejection.message
+    assert rejection.status_code == 400
     run_to_completion(scheduler)
+
+
+def test_a_full_queue_refuses_with_429_until_requests_are_admitted() -> None:
+    scheduler = scheduler_over(ScriptedRunner(max_running_requests=1), max_queued_requests=2)
+    for i in range(3):
+        scheduler.add_request(request(f"r{i}", [10 + i, 20], max_new_tokens=3))
+    scheduler.add_request(request("nothing", [7], max_new_tokens=0))  # never waits: not refused
+    out = scheduler.step()  # admits r0: one request waits now
+    assert out is not None
+    reasons = dict(zip(out.rids, out.finished_reasons, strict=True))
+    refusal = reasons["r2"]
+    assert refusal is not None
+    assert refusal.to_json() == {
+        "type": "abort",
+        "message": "too many requests: the waiting queue is full (--max-queued-requests 2)",
+        "status_code": 429,
+    }
+    assert reasons["nothing"] == FinishReason("length", length=0)
+    scheduler.add_request(request("r3", [13, 20], max_new_tokens=3))
+    finished = run_to_completion(scheduler)
+    assert {rid: f.reason.type for rid, f in finished.items()} == {
+        "r0": "length",
+        "r1": "length",
+        "r3": "length",
+    }
+
+
+def test_aborts_by_clients_carry_no_status() -> None:
+    scheduler = scheduler_over(ScriptedRunner())
+    scheduler.add_request(request("a", [5, 6], max_new_tokens=4))
+    scheduler.abort("a")
+    reason = run_to_completion(scheduler)["a"].reason
+    assert reason.status_code == 0
+    assert reason.to_json() == {"type": "abort", "message": "aborted by request"}
 
 
 def test_abort_while_waiting_running_and_chunked_frees_everything() -> None:

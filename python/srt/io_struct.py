@@ -77,7 +77,9 @@ class FinishReason:
 
     - "stop": an EOS or stop token id (`matched_token`) or a stop string (`matched_str`);
     - "length": `length` tokens were generated (max_new_tokens, or the context ran out);
-    - "abort": the client or the server stopped it; `message` says why.
+    - "abort": the client or the server stopped it; `message` says why, and `status_code` is
+      the HTTP status of a refusal (400 for a request the scheduler cannot serve, 429 for a
+      full queue), 0 when a client or user aborted it.
     """
 
     type: str
@@ -85,6 +87,7 @@ class FinishReason:
     matched_str: str | None = None
     length: int = 0
     message: str = ""
+    status_code: int = 0
 
     def to_json(self) -> dict[str, object]:
         if self.type == "stop":
@@ -92,7 +95,10 @@ class FinishReason:
             return {"type": "stop", "matched": matched}
         if self.type == "length":
             return {"type": "length", "length": self.length}
-        return {"type": self.type, "message": self.message}
+        out: dict[str, object] = {"type": self.type, "message": self.message}
+        if self.status_code:
+            out["status_code"] = self.status_code
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,20 +90,33 @@ class Scheduler:
     # ---- requests in ---------------------------------------------------------------------------
 
     def add_request(self, recv: TokenizedGenerateReq) -> None:
+        """Queues a request, or refuses it at once: 400 if it can never be served, 429 if
+        `--max-queued-requests` are already waiting."""
         req = Req(recv, self.eos_token_ids)
         problem = self._admission_problem(req)
         if problem is None and req.sampling_params.stop:
             problem = self._register_stop_strings(req)
         if problem is not None:
-            req.finished_reason = FinishReason("abort", message=problem)
-            self.outbox.append(req)
+            self._refuse(req, problem, status_code=400)
             return
         if req.sampling_params.max_new_tokens == 0:  # nothing to generate: done at once
             req.finished_reason = FinishReason("length", length=0)
             self._forget_stop_strings(req)
             self.outbox.append(req)
             return
+        limit = self.server_args.max_queued_requests
+        if limit is not None and len(self.waiting) >= limit:
+            self._forget_stop_strings(req)
+            message = (
+                f"too many requests: the waiting queue is full (--max-queued-requests {limit})"
+            )
+            self._refuse(req, message, status_code=429)
+            return
         self.waiting.append(req)
+
+    def _refuse(self, req: Req, message: str, status_code: int) -> None:
+        req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
+        self.outbox.append(req)
 
     def _admission_problem(self, req: Req) -> str | None:
         prompt = len(req.origin_input_ids)
