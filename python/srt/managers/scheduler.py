@@ -27,7 +27,13 @@ from srt import envs
 from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
 from srt.layers.sampler import sample
 from srt.managers.incremental_detokenizer import IncrementalDetokenizer
-from srt.managers.schedule_batch import ForwardKind, Req, ScheduleBatch, make_output
+from srt.managers.schedule_batch import (
+    ForwardKind,
+    Req,
+    ScheduleBatch,
+    make_output,
+    record_prompt_logprobs,
+)
 from srt.managers.schedule_policy import (
     CLIP_MAX_NEW_TOKENS,
     AddResult,
@@ -126,6 +132,11 @@ class Scheduler:
             return f"request id {req.rid!r} is already in flight"
         if min(req.origin_input_ids) < 0 or max(req.origin_input_ids) >= self.vocab_size:
             return f"token ids must be in [0, {self.vocab_size})"
+        if req.logprob_start_len >= prompt:
+            return (
+                f"logprob_start_len ({req.logprob_start_len}) must be below the prompt length "
+                f"({prompt} tokens)"
+            )
         total = prompt + req.sampling_params.max_new_tokens
         if total > self.context_length:
             return (
@@ -225,11 +236,11 @@ class Scheduler:
         return ScheduleBatch(ForwardKind.EXTEND, admitted) if admitted else None
 
     def _cached_prefix(self, req: Req) -> list[int]:
-        """The ids of the longest cached prefix of `req` (at least one token left to compute)."""
+        """The ids of the longest cached prefix of `req` it may use (`Req.prefix_limit`)."""
         if self.tree_cache is None:
             return []
         fill = req.fill_ids()
-        slots, _ = self.tree_cache.match_prefix(fill[:-1])
+        slots, _ = self.tree_cache.match_prefix(fill[: req.prefix_limit()])
         return list(fill[: len(slots)])
 
     def _try_admit(self, req: Req, adder: PrefillAdder, in_batch: list[np.ndarray]) -> AddResult:
@@ -239,9 +250,11 @@ class Scheduler:
         fill = req.fill_ids()
         slots, node = array("i"), None
         if self.tree_cache is not None:
-            slots, node = self.tree_cache.match_prefix(fill[:-1])
+            limit = req.prefix_limit()
+            slots, node = self.tree_cache.match_prefix(fill[:limit])
             ids = fill_array(req)
             shared = max((shared_prefix_len(ids, other) for other in in_batch), default=0)
+            shared = min(shared, limit)
             if shared - len(slots) >= IN_BATCH_PREFIX_TOKENS:
                 return AddResult.CONTINUE
             adder.rem_total_tokens += self.tree_cache.inc_lock_ref(node)
@@ -302,13 +315,16 @@ class Scheduler:
 
     def run_batch(self, batch: ScheduleBatch) -> None:
         slots = self._alloc(batch.num_new_tokens)
+        positions = None
         if batch.kind is ForwardKind.EXTEND:
             prefix_lens = [req.kv_len for req in batch.reqs]
+            positions = [req.logit_positions() for req in batch.reqs]
             forward_batch = self.runner.prepare_extend(
                 [_row(req) for req in batch.reqs],
                 prefix_lens,
                 [req.extend_ids for req in batch.reqs],
                 _tensor(slots),
+                logit_lens=[len(where) for where in positions],
             )
             start = 0
             for req in batch.reqs:
@@ -324,6 +340,8 @@ class Scheduler:
                 _tensor(slots),
             )
         logits = self.runner.forward(forward_batch)
+        if positions is not None:
+            logits = record_prompt_logprobs(batch.reqs, logits, positions)
         self.process_batch_result(batch, logits)
 
     def _alloc(self, n: int) -> array[int]:
@@ -461,6 +479,7 @@ class Scheduler:
         out = make_output(reqs)
         for req in reqs:
             req.sent_len = len(req.output_ids)
+            req.input_logprobs_sent |= not req.input_logprobs_pending
         return out
 
     # ---- integrity ---------------------------------------------------------------------------
