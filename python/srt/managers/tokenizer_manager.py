@@ -420,6 +420,11 @@ class TokenizerManager:
                 f"the prompt has {len(ids)} tokens, which leaves no room for output in the "
                 f"context length of {self.context_length} tokens"
             )
+        if req.logprob_start_len >= len(ids):
+            raise ValueError(
+                f"logprob_start_len ({req.logprob_start_len}) must be below the prompt length "
+                f"({len(ids)} tokens)"
+            )
         if total > self.context_length:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens and max_new_tokens is "
