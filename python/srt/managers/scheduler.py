@@ -18,7 +18,6 @@ import logging
 import random
 from array import array
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,7 +25,6 @@ import torch
 from srt import envs
 from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
 from srt.layers.sampler import sample
-from srt.managers.incremental_detokenizer import IncrementalDetokenizer
 from srt.managers.schedule_batch import (
     ForwardKind,
     Req,
@@ -42,6 +40,7 @@ from srt.managers.schedule_policy import (
     order_waiting,
     shared_prefix_len,
 )
+from srt.managers.stop_strings import StopStringChecker
 from srt.mem_cache import RadixCache, TokenToKVPoolAllocator
 from srt.model_executor.model_runner import ModelRunner
 from srt.server_args import ServerArgs
@@ -78,8 +77,7 @@ class Scheduler:
         )
         self.allocator = TokenToKVPoolAllocator(model_runner.max_total_tokens)
         self.tree_cache = None if server_args.disable_radix_cache else RadixCache(1, self.allocator)
-        self.tokenizer_path = tokenizer_path
-        self._stop_checker: IncrementalDetokenizer | None = None
+        self.stop_strings = StopStringChecker(tokenizer_path)
         self.rng = random.Random(server_args.random_seed)
         if server_args.random_seed is not None:
             torch.manual_seed(server_args.random_seed)
@@ -101,18 +99,18 @@ class Scheduler:
         req = Req(recv, self.eos_token_ids)
         problem = self._admission_problem(req)
         if problem is None and req.sampling_params.stop:
-            problem = self._register_stop_strings(req)
+            problem = self.stop_strings.add(req)
         if problem is not None:
             self._refuse(req, problem, status_code=400)
             return
         if req.sampling_params.max_new_tokens == 0:  # nothing to generate: done at once
             req.finished_reason = FinishReason("length", length=0)
-            self._forget_stop_strings(req)
+            self.stop_strings.forget(req)
             self.outbox.append(req)
             return
         limit = self.server_args.max_queued_requests
         if limit is not None and len(self.waiting) >= limit:
-            self._forget_stop_strings(req)
+            self.stop_strings.forget(req)
             message = (
                 f"too many requests: the waiting queue is full (--max-queued-requests {limit})"
             )
@@ -370,7 +368,7 @@ class Scheduler:
                 req.output_top_logprobs.append(tuple(out.top_logprobs[j]))
             req.check_finished(self.context_length)
             if not req.finished() and req.sampling_params.stop:
-                self._check_stop_strings(req)
+                self.stop_strings.check(req)
             if batch.kind is ForwardKind.EXTEND and not req.finished():
                 self._cache_unfinished(req)  # later requests can share the prompt at once
                 self.running.append(req)
@@ -385,38 +383,6 @@ class Scheduler:
     def _stream_due(self, req: Req) -> bool:
         new = len(req.output_ids) - req.sent_len
         return req.sent_len == 0 or new >= self.server_args.stream_interval
-
-    # ---- stop strings ----------------------------------------------------------------------
-
-    def _register_stop_strings(self, req: Req) -> str | None:
-        if self._stop_checker is None:
-            if (
-                self.tokenizer_path is None
-                or not (Path(self.tokenizer_path) / "tokenizer.json").exists()
-            ):
-                return "stop strings need the model's tokenizer.json"
-            self._stop_checker = IncrementalDetokenizer(self.tokenizer_path)
-        params = req.sampling_params
-        self._stop_checker.add_request(
-            req.rid,
-            prompt_ids=req.origin_input_ids,
-            skip_special_tokens=params.skip_special_tokens,
-            stop=params.stop,
-        )
-        return None
-
-    def _check_stop_strings(self, req: Req) -> None:
-        assert self._stop_checker is not None
-        result = self._stop_checker.step(req.rid, req.output_ids[-1:])
-        if (
-            result.matched_stop is not None
-            and len(req.output_ids) >= req.sampling_params.min_new_tokens
-        ):
-            req.finished_reason = FinishReason("stop", matched_str=result.matched_stop)
-
-    def _forget_stop_strings(self, req: Req) -> None:
-        if self._stop_checker is not None and req.rid in self._stop_checker:
-            self._stop_checker.free(req.rid)
 
     # ---- KV memory -------------------------------------------------------------------------
 
@@ -459,7 +425,7 @@ class Scheduler:
             self.req_to_token_pool.free([req.row])
         req.row, req.kv_slots, req.prefix_len, req.last_node = None, array("i"), 0, None
         if not keep_stop_state:
-            self._forget_stop_strings(req)
+            self.stop_strings.forget(req)
 
     def flush_cache(self) -> str | None:
         """Empties the radix cache; refused (returns why) while any request is in flight."""
