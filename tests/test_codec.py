@@ -115,7 +115,7 @@ def test_no_pickle_and_unknown_types_refused() -> None:
         decode(b"")
     out = BatchTokenIDOut(
         ("a",), ((1, 2),), (None,), (2,), (2,), (0,), ((),), (True,), (True,), (False,), ((),),
-        ((),), ((),),
+        ((),), ((),), ((),), ((),),
     )  # fmt: skip
     assert b"pickle" not in encode(out)
     assert encode(out)[0] == MESSAGE_TYPES.index(BatchTokenIDOut) + 1
@@ -127,22 +127,25 @@ def test_finish_reasons_and_logprobs_round_trip() -> None:
         FinishReason("stop", matched_str="\n\n"),
         FinishReason("length", length=16),
         FinishReason("abort", message="client disconnected"),
+        FinishReason("abort", message="too many requests", status_code=429),
         None,
     )
     out = BatchTokenIDOut(
-        rids=tuple("abcde"),
-        output_ids=((1, 2),) * 5,
+        rids=tuple("abcdef"),
+        output_ids=((1, 2),) * 6,
         finished_reasons=reasons,
-        prompt_tokens=(3,) * 5,
-        completion_tokens=(2,) * 5,
-        cached_tokens=(0,) * 5,
-        context_ids=((7, 8, 9),) * 5,
-        skip_special_tokens=(True,) * 5,
-        spaces_between_special_tokens=(True,) * 5,
-        no_stop_trim=(False,) * 5,
-        stop=(("\n\n",),) * 5,
-        output_logprobs=((-0.5, -1.25),) * 5,
-        output_top_logprobs=((((1, -0.5), (4, -2.0)), ((2, -1.25),)),) * 5,
+        prompt_tokens=(3,) * 6,
+        completion_tokens=(2,) * 6,
+        cached_tokens=(0,) * 6,
+        context_ids=((7, 8, 9),) * 6,
+        skip_special_tokens=(True,) * 6,
+        spaces_between_special_tokens=(True,) * 6,
+        no_stop_trim=(False,) * 6,
+        stop=(("\n\n",),) * 6,
+        output_logprobs=((-0.5, -1.25),) * 6,
+        output_top_logprobs=((((1, -0.5), (4, -2.0)), ((2, -1.25),)),) * 6,
+        input_token_logprobs=((None, -3.5, -0.25),) * 6,
+        input_top_logprobs=(((), ((6, -0.75),), ((3, -0.25),)),) * 6,
     )
     assert decode(encode(out)) == out
     assert [r.to_json() if r else None for r in reasons] == [
@@ -150,6 +153,7 @@ def test_finish_reasons_and_logprobs_round_trip() -> None:
         {"type": "stop", "matched": "\n\n"},
         {"type": "length", "length": 16},
         {"type": "abort", "message": "client disconnected"},
+        {"type": "abort", "message": "too many requests", "status_code": 429},
         None,
     ]
 

@@ -92,6 +92,8 @@ def token_out(
         output_top_logprobs=(
             tuple(tuple(((t, -0.5),) for t in x) for x in ids) if logprobs else ((),) * n
         ),
+        input_token_logprobs=((-1.5,),) * n if logprobs else ((),) * n,
+        input_top_logprobs=((((2, -1.5),),),) * n if logprobs else ((),) * n,
     )
 
 
@@ -210,6 +212,8 @@ def test_counts_and_logprobs_pass_through(
     assert out.cached_tokens == (3,)
     assert out.output_logprobs == msg.output_logprobs
     assert out.output_top_logprobs == msg.output_top_logprobs
+    assert out.input_token_logprobs == msg.input_token_logprobs
+    assert out.input_top_logprobs == msg.input_top_logprobs
 
 
 def test_the_stage_loop_detokenizes_forwards_replies_and_stops(

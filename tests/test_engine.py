@@ -141,6 +141,52 @@ def test_generate_returns_sglangs_shape(engine: Engine, hf: PreTrainedTokenizerB
 
 
 @pytest.mark.slow
+def test_prompt_logprobs_come_in_meta_info(engine: Engine, hf: PreTrainedTokenizerBase) -> None:
+    ids = hf(PROMPTS[1])["input_ids"]
+    with torch.inference_mode():
+        logits = _reference_model(hf.name_or_path)(torch.tensor([ids])).logits[0]
+    reference = torch.log_softmax(logits.float(), dim=-1)
+    wanted = [reference[j - 1, ids[j]].item() for j in range(1, len(ids))]
+    out = one(
+        engine.generate(
+            input_ids=ids,
+            sampling_params=GREEDY,
+            return_logprob=True,
+            top_logprobs_num=2,
+            logprob_start_len=0,
+        )
+    )
+    assert out["output_ids"] == expected(hf, PROMPTS[1])[0]
+    tokens = out["meta_info"]["input_token_logprobs"]
+    assert tokens[0] == (None, ids[0], None)
+    assert [token for _, token, _ in tokens] == ids
+    assert [logprob for logprob, _, _ in tokens[1:]] == pytest.approx(wanted, abs=1e-4)
+    tops = out["meta_info"]["input_top_logprobs"]
+    assert len(tops) == len(ids)
+    assert tops[0] is None
+    assert [token for _, token, _ in tops[-1]] == reference[-2].topk(2).indices.tolist()
+
+    start = len(ids) - 2  # a stream has them once, in its first chunk
+    chunks = list(
+        engine.generate(
+            input_ids=ids,
+            sampling_params=GREEDY,
+            return_logprob=True,
+            logprob_start_len=start,
+            stream=True,
+        )
+    )
+    first = chunks[0]["meta_info"]
+    assert "input_top_logprobs" not in first
+    assert [token for _, token, _ in first["input_token_logprobs"]] == ids[start:]
+    assert [lp for lp, _, _ in first["input_token_logprobs"]] == pytest.approx(
+        wanted[start - 1 :], abs=1e-4
+    )
+    assert all(chunk["meta_info"]["input_token_logprobs"] == [] for chunk in chunks[1:])
+    assert [t for chunk in chunks for t in chunk["output_ids"]] == out["output_ids"]
+
+
+@pytest.mark.slow
 def test_input_ids_give_the_same_result_as_their_text(
     engine: Engine, hf: PreTrainedTokenizerBase
 ) -> None:
@@ -248,6 +294,8 @@ def test_bad_requests_raise_clear_errors(engine: Engine, hf: PreTrainedTokenizer
         engine.generate("word " * 600)
     with pytest.raises(ValueError, match="request id 'twice' is already in flight"):
         engine.generate(PROMPTS[:2], GREEDY, rid=["twice", "twice"])
+    with pytest.raises(ValueError, match=r"logprob_start_len \(3\) must be below the prompt"):
+        engine.generate(input_ids=[1, 2, 3], return_logprob=True, logprob_start_len=3)
     with pytest.raises(ValueError, match="unknown sampling parameter 'temprature'"):
         engine.generate(PROMPTS[0], {"temprature": 0})
 

@@ -148,3 +148,36 @@ def test_aborts_while_waiting_and_mid_decode_free_everything(
     assert r2["meta_info"]["finish_reason"]["type"] == "abort"
     assert r2["output_ids"] == []
     assert r1["meta_info"]["finish_reason"] == {"type": "length", "length": 8}
+
+
+@pytest.mark.slow
+def test_a_full_queue_refuses_with_429_and_the_others_finish(
+    engine_of: Callable[..., Engine], alone: list[list[int]]
+) -> None:
+    engine = engine_of(max_running_requests=1, max_queued_requests=1)
+    long = {**GREEDY, "max_new_tokens": 300}  # still decoding while r1 and r2 arrive
+
+    async def scenario() -> tuple[list[Any], Any]:
+        stream = await engine.async_generate(
+            input_ids=PROMPTS[0], sampling_params=long, rid="r0", stream=True
+        )
+        assert isinstance(stream, AsyncIterator)
+        chunks = [await anext(stream)]
+        # r0 runs: r1 takes the one place in the queue and r2 finds it full.
+        queued = asyncio.ensure_future(
+            engine.async_generate(
+                input_ids=PROMPTS[1:3], sampling_params=PARAMS[1:3], rid=["r1", "r2"]
+            )
+        )
+        chunks += [chunk async for chunk in stream]
+        return chunks, await queued
+
+    chunks, (r1, r2) = asyncio.run(scenario())
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 300}
+    assert r1["output_ids"] == alone[1]
+    assert r2["output_ids"] == []
+    assert r2["meta_info"]["finish_reason"] == {
+        "type": "abort",
+        "message": "too many requests: the waiting queue is full (--max-queued-requests 1)",
+        "status_code": 429,
+    }

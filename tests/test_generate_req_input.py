@@ -31,6 +31,7 @@ def test_a_batch_with_n_samples_is_prompt_major_with_derived_ids_and_seeds() -> 
         sampling_params=[{"n": 2, "seed": 7}, {"n": 1}],
         rid=["a", "b"],
         return_logprob=[True, False],
+        logprob_start_len=[1, 0],
         stream=True,
     )
     reqs = expand(obj)
@@ -42,6 +43,7 @@ def test_a_batch_with_n_samples_is_prompt_major_with_derived_ids_and_seeds() -> 
     ]
     assert [r.sampling_kwargs.get("seed") for r in reqs] == [7, 8, None]
     assert [r.return_logprob for r in reqs] == [True, True, False]
+    assert [r.logprob_start_len for r in reqs] == [1, 1, -1]  # without logprobs: none
     assert all(r.stream for r in reqs)
 
 
@@ -68,6 +70,8 @@ def test_a_single_id_list_is_one_prompt() -> None:
         ({"text": "a", "sampling_params": "hot"}, "sampling_params must be a mapping"),
         ({"text": "a", "return_logprob": 1}, "return_logprob must be a boolean"),
         ({"text": "a", "top_logprobs_num": -1}, "top_logprobs_num must be an int >= 0"),
+        ({"text": "a", "logprob_start_len": -2}, "logprob_start_len must be an int >= -1"),
+        ({"text": "a", "logprob_start_len": 1.5}, "logprob_start_len must be an int >= -1"),
         ({"text": "a", "stream": "yes"}, "stream must be a boolean"),
         ({"text": "a", "sampling_params": {"n": 0}}, "n must be >= 1"),
     ],

@@ -58,13 +58,19 @@ class ScriptedRunner:
         )
 
     def prepare_extend(
-        self, rows: list[int], prefix_lens: list[int], new_ids: list[list[int]], slots: Any
+        self,
+        rows: list[int],
+        prefix_lens: list[int],
+        new_ids: list[list[int]],
+        slots: Any,
+        logit_lens: list[int] | None = None,
     ) -> Any:
         for row, prefix, ids in zip(rows, prefix_lens, new_ids, strict=True):
             self.req_to_token_pool.write(row, prefix, slots[: len(ids)])
             slots = slots[len(ids) :]
         self.passes.append(Pass("extend", rows, [len(ids) for ids in new_ids]))
-        return [ids[-1] for ids in new_ids]
+        lens = logit_lens or [1] * len(new_ids)
+        return [token for ids, n in zip(new_ids, lens, strict=True) for token in ids[-n:]]
 
     def prepare_decode(
         self, rows: list[int], seq_lens: list[int], ids: list[int], slots: Any
@@ -84,9 +90,14 @@ def scheduler_over(runner: Any, **overrides: Any) -> Scheduler:
     return Scheduler(ServerArgs(**overrides), runner, tokenizer_path=None)
 
 
+REQUEST_FIELDS = ("stream", "return_logprob", "top_logprobs_num", "logprob_start_len")
+
+
 def request(rid: str, ids: Iterable[int], **params: Any) -> TokenizedGenerateReq:
+    """A greedy request; `params` are sampling parameters and `REQUEST_FIELDS`."""
+    fields = {name: params.pop(name) for name in REQUEST_FIELDS if name in params}
     params.setdefault("temperature", 0.0)
-    return TokenizedGenerateReq(rid, "", tuple(ids), SamplingParams(**params))
+    return TokenizedGenerateReq(rid, "", tuple(ids), SamplingParams(**params), **fields)
 
 
 @dataclass
@@ -286,6 +297,8 @@ def test_requests_that_can_never_fit_are_rejected_at_once() -> None:
     assert "KV cache (64 tokens)" in messages["kv"]
     assert "empty" in messages["empty"]
     assert f"[0, {VOCAB})" in messages["vocab"]
+    assert {f.reason.status_code for f in finished.values()} == {400}
+    assert finished["kv"].reason.to_json()["status_code"] == 400
 
 
 def test_duplicate_rid_in_flight_is_rejected() -> None:
@@ -297,7 +310,42 @@ def test_duplicate_rid_in_flight_is_rejected() -> None:
     rejection = out.finished_reasons[0]
     assert rejection is not None
     assert "already in flight" in rejection.message
+    assert rejection.status_code == 400
     run_to_completion(scheduler)
+
+
+def test_a_full_queue_refuses_with_429_until_requests_are_admitted() -> None:
+    scheduler = scheduler_over(ScriptedRunner(max_running_requests=1), max_queued_requests=2)
+    for i in range(3):
+        scheduler.add_request(request(f"r{i}", [10 + i, 20], max_new_tokens=3))
+    scheduler.add_request(request("nothing", [7], max_new_tokens=0))  # never waits: not refused
+    out = scheduler.step()  # admits r0: one request waits now
+    assert out is not None
+    reasons = dict(zip(out.rids, out.finished_reasons, strict=True))
+    refusal = reasons["r2"]
+    assert refusal is not None
+    assert refusal.to_json() == {
+        "type": "abort",
+        "message": "too many requests: the waiting queue is full (--max-queued-requests 2)",
+        "status_code": 429,
+    }
+    assert reasons["nothing"] == FinishReason("length", length=0)
+    scheduler.add_request(request("r3", [13, 20], max_new_tokens=3))
+    finished = run_to_completion(scheduler)
+    assert {rid: f.reason.type for rid, f in finished.items()} == {
+        "r0": "length",
+        "r1": "length",
+        "r3": "length",
+    }
+
+
+def test_aborts_by_clients_carry_no_status() -> None:
+    scheduler = scheduler_over(ScriptedRunner())
+    scheduler.add_request(request("a", [5, 6], max_new_tokens=4))
+    scheduler.abort("a")
+    reason = run_to_completion(scheduler)["a"].reason
+    assert reason.status_code == 0
+    assert reason.to_json() == {"type": "abort", "message": "aborted by request"}
 
 
 def test_abort_while_waiting_running_and_chunked_frees_everything() -> None:
@@ -405,3 +453,73 @@ def test_stop_strings_end_generation(tiny_llama: Path, alone_outputs: list[list[
     assert finished.reason == FinishReason("stop", matched_str=stop)
     assert len(finished.output_ids) < len(alone_outputs[0])
     assert finished.output_ids == alone_outputs[0][: len(finished.output_ids)]
+
+
+# ---- prompt logprobs --------------------------------------------------------------------------
+
+
+def hf_prompt_logprobs(model: Path, prompt: list[int]) -> torch.Tensor:
+    """[len(prompt), vocab] log-softmax of transformers' logits over the whole prompt."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt])).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def prompt_logprobs_of(scheduler: Scheduler, rid: str) -> tuple[list[Any], list[Any]]:
+    outs = []
+    while scheduler.has_work():
+        out = scheduler.step()
+        assert scheduler.check_invariants() == []
+        if out is not None and rid in out.rids:
+            outs.append(out)
+    i = outs[0].rids.index(rid)
+    assert all(not out.input_token_logprobs[out.rids.index(rid)] for out in outs[1:])
+    return list(outs[0].input_token_logprobs[i]), list(outs[0].input_top_logprobs[i])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunked_prefill_size", [-1, 7])
+def test_prompt_logprobs_match_transformers_with_a_cached_prefix_and_chunks(
+    tiny_llama: Path, alone_outputs: list[list[int]], chunked_prefill_size: int
+) -> None:
+    prompt = shared_prefix_prompts(1)[0]
+    expected = hf_prompt_logprobs(tiny_llama, prompt)
+    scheduler = real_scheduler(tiny_llama, chunked_prefill_size=chunked_prefill_size)
+    assert generate(scheduler, [prompt])["r0"].output_ids == alone_outputs[0]  # now cached
+    for start in (0, 5, len(prompt) - 1):
+        rid = f"start{start}"
+        scheduler.add_request(
+            request(
+                rid,
+                prompt,
+                max_new_tokens=1,
+                return_logprob=True,
+                top_logprobs_num=3,
+                logprob_start_len=start,
+            )
+        )
+        logprobs, tops = prompt_logprobs_of(scheduler, rid)
+        positions = range(start, len(prompt))
+        assert len(logprobs) == len(tops) == len(positions)
+        for j, (logprob, top) in enumerate(zip(logprobs, tops, strict=True), start=start):
+            if j == 0:
+                assert (logprob, top) == (None, ())
+                continue
+            assert logprob == pytest.approx(expected[j - 1, prompt[j]].item(), abs=1e-4)
+            values, ids = expected[j - 1].topk(3)
+            assert [t for t, _ in top] == ids.tolist()
+            assert [lp for _, lp in top] == pytest.approx(values.tolist(), abs=1e-4)
+    again = generate(scheduler, [prompt], return_logprob=True, logprob_start_len=3)
+    assert again["r0"].output_ids == alone_outputs[0]
+    assert again["r0"].cached_tokens == 2  # the cache may serve positions 0 and 1 only
+
+
+def test_logprob_start_len_must_fall_inside_the_prompt() -> None:
+    scheduler = scheduler_over(ScriptedRunner())
+    scheduler.add_request(request("r", [5, 6], return_logprob=True, logprob_start_len=2))
+    reason = run_to_completion(scheduler)["r"].reason
+    assert reason.message == "logprob_start_len (2) must be below the prompt length (2 tokens)"
+    assert reason.status_code == 400

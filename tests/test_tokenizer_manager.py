@@ -76,6 +76,8 @@ class Peer:
                 cached_tokens=(2,),
                 output_logprobs=(logprobs,),
                 output_top_logprobs=(top,),
+                input_token_logprobs=((),),
+                input_top_logprobs=((),),
             )
         )
 

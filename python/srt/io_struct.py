@@ -22,7 +22,9 @@ from srt.sampling_params import SamplingParams
 
 @dataclass(frozen=True, slots=True)
 class TokenizedGenerateReq:
-    """A validated, tokenized generate request."""
+    """A validated, tokenized generate request. With `return_logprob` and `logprob_start_len`
+    >= 0 (below the prompt's length), the logprobs of the prompt tokens from that position on
+    come back too (SGLang's meaning; -1: none)."""
 
     rid: str
     input_text: str
@@ -31,6 +33,7 @@ class TokenizedGenerateReq:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    logprob_start_len: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,9 @@ class FinishReason:
 
     - "stop": an EOS or stop token id (`matched_token`) or a stop string (`matched_str`);
     - "length": `length` tokens were generated (max_new_tokens, or the context ran out);
-    - "abort": the client or the server stopped it; `message` says why.
+    - "abort": the client or the server stopped it; `message` says why, and `status_code` is
+      the HTTP status of a refusal (400 for a request the scheduler cannot serve, 429 for a
+      full queue), 0 when a client or user aborted it.
     """
 
     type: str
@@ -85,6 +90,7 @@ class FinishReason:
     matched_str: str | None = None
     length: int = 0
     message: str = ""
+    status_code: int = 0
 
     def to_json(self) -> dict[str, object]:
         if self.type == "stop":
@@ -92,7 +98,10 @@ class FinishReason:
             return {"type": "stop", "matched": matched}
         if self.type == "length":
             return {"type": "length", "length": self.length}
-        return {"type": self.type, "message": self.message}
+        out: dict[str, object] = {"type": self.type, "message": self.message}
+        if self.status_code:
+            out["status_code"] = self.status_code
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +113,11 @@ class BatchTokenIDOut:
     ids (decoded ahead of the output by the incremental detokenizer). With `return_logprob`,
     `output_logprobs[i]` has the logprob of each id of `output_ids[i]` and
     `output_top_logprobs[i]` its `top_logprobs_num` best (id, logprob) pairs; else both are ().
+
+    Prompt logprobs come once, in a request's first message after its prompt is prefilled:
+    `input_token_logprobs[i]` has the logprob of each prompt token from `logprob_start_len` on
+    (None for position 0, which has none), `input_top_logprobs[i]` the best pairs of each
+    position from there (none for position 0) when `top_logprobs_num` > 0; else both are ().
     """
 
     rids: tuple[str, ...]
@@ -119,6 +133,8 @@ class BatchTokenIDOut:
     stop: tuple[tuple[str, ...], ...]
     output_logprobs: tuple[tuple[float, ...], ...]
     output_top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...]
+    input_token_logprobs: tuple[tuple[float | None, ...], ...]
+    input_top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...]
 
 
 # ---- ring "tokenizer": DETOKENIZER → MAIN ----------------------------------------------------
@@ -129,7 +145,8 @@ class BatchStrOut:
     """New text of the requests of one step; all tuples are indexed alike.
 
     `output_strs[i]` is the text added since the previous message for `rids[i]` (stop strings
-    trimmed unless `no_stop_trim`), `output_ids[i]` the token ids behind it.
+    trimmed unless `no_stop_trim`), `output_ids[i]` the token ids behind it. Logprobs are
+    those of the `BatchTokenIDOut` it came from.
     """
 
     rids: tuple[str, ...]
@@ -141,6 +158,8 @@ class BatchStrOut:
     cached_tokens: tuple[int, ...]
     output_logprobs: tuple[tuple[float, ...], ...]
     output_top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...]
+    input_token_logprobs: tuple[tuple[float | None, ...], ...]
+    input_top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...]
 
 
 @dataclass(frozen=True, slots=True)

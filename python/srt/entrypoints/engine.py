@@ -94,6 +94,7 @@ class Engine:
         top_logprobs_num: int | list[int] = 0,
         stream: Literal[False] = False,
         rid: str | list[str] | None = None,
+        logprob_start_len: int | list[int] = -1,
     ) -> Result | list[Result]: ...
 
     @overload
@@ -107,6 +108,7 @@ class Engine:
         *,
         stream: Literal[True],
         rid: str | list[str] | None = None,
+        logprob_start_len: int | list[int] = -1,
     ) -> Iterator[Result]: ...
 
     def generate(
@@ -118,14 +120,24 @@ class Engine:
         top_logprobs_num: int | list[int] = 0,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        logprob_start_len: int | list[int] = -1,
     ) -> Result | list[Result] | Iterator[Result]:
         """Generates for one prompt (a dict back) or a batch, or `n` > 1 samples (a list, prompt
         by prompt, each prompt's samples together). With `stream`, an iterator of chunks, each
         with the text and ids new since its request's previous chunk and, for a batch or `n` >
         1, the `index` of its request; `meta_info["finish_reason"]` is set on a request's last.
+        With `return_logprob`, `meta_info` has the logprobs of the output tokens and, with
+        `logprob_start_len` >= 0, of the prompt tokens from that position on.
         Blocks; from a coroutine, use `async_generate`."""
         obj = GenerateReqInput(
-            prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, stream
+            text=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            rid=rid,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num,
+            stream=stream,
+            logprob_start_len=logprob_start_len,
         )
         if stream:
             manager = self.tokenizer_manager
@@ -141,12 +153,20 @@ class Engine:
         top_logprobs_num: int | list[int] = 0,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        logprob_start_len: int | list[int] = -1,
     ) -> Result | list[Result] | AsyncIterator[Result]:
         """`generate` for a coroutine: awaits the result, or (with `stream`) returns an async
         iterator of chunks. Cancelling the awaiting task, or leaving the iteration early,
         aborts the requests."""
         obj = GenerateReqInput(
-            prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, stream
+            text=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            rid=rid,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num,
+            stream=stream,
+            logprob_start_len=logprob_start_len,
         )
         if stream:
             manager = self.tokenizer_manager

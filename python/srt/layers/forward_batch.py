@@ -3,7 +3,7 @@
 It is a plain record, built by the scheduler side from its `ScheduleBatch`, and knows nothing of
 requests: every new token has an input id, a position and the KV slot it is written to, and every
 sequence has its row in `ReqToTokenPool`, its total length after this pass and, when extending,
-how many of its tokens are new.
+how many of its tokens are new and how many of them need logits.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ class ForwardBatch:
     req_to_token_pool: ReqToTokenPool
     kv_pool: KVPool
     attn_backend: AttentionBackend
+    # Extend only: how many of each sequence's last new tokens get logits (None: the last one
+    # each); the rows before the last serve prompt logprobs.
+    extend_logit_lens_cpu: list[int] | None = None
 
     @property
     def batch_size(self) -> int:

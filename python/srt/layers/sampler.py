@@ -152,3 +152,23 @@ def _top_logprobs(
         list(zip(ids[i, :n].tolist(), values[i, :n].tolist(), strict=True))
         for i, n in enumerate(row.top_logprobs_num for row in rows)
     ]
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: list[int], top_logprobs_num: int
+) -> tuple[list[float], list[tuple[tuple[int, float], ...]]]:
+    """The raw logprob of `targets[i]` under logits row `i` (prompt logprobs) and, with
+    `top_logprobs_num`, each row's best (id, logprob) pairs (else no pairs)."""
+    if logits.shape[0] != len(targets):
+        raise ValueError(f"{logits.shape[0]} logit rows for {len(targets)} target tokens")
+    logprobs = torch.log_softmax(torch.nan_to_num(logits.float(), nan=_NEG_INF), dim=-1)
+    index = torch.tensor(targets, device=logits.device, dtype=torch.long)
+    chosen = logprobs.gather(1, index[:, None]).squeeze(1).tolist()
+    if top_logprobs_num == 0:
+        return chosen, []
+    values, ids = logprobs.topk(min(top_logprobs_num, logprobs.shape[1]), dim=-1)
+    tops = [
+        tuple(zip(row_ids, row_values, strict=True))
+        for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)
+    ]
+    return chosen, tops

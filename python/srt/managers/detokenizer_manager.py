@@ -108,6 +108,8 @@ class DetokenizerManager(Stage):
             cached_tokens=batch.cached_tokens,
             output_logprobs=batch.output_logprobs,
             output_top_logprobs=batch.output_top_logprobs,
+            input_token_logprobs=batch.input_token_logprobs,
+            input_top_logprobs=batch.input_top_logprobs,
         )
 
 

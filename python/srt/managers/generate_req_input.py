@@ -32,6 +32,9 @@ class GenerateReqInput:
     return_logprob: bool | list[bool] = False
     top_logprobs_num: int | list[int] = 0
     stream: bool = False
+    logprob_start_len: int | list[int] = -1
+    """With `return_logprob`, also the logprobs of the prompt tokens from this position on
+    (SGLang's meaning; -1: none)."""
 
     @property
     def is_single(self) -> bool:
@@ -53,6 +56,7 @@ class ReqInput:
     return_logprob: bool
     top_logprobs_num: int
     stream: bool
+    logprob_start_len: int = -1
 
 
 def expand(obj: GenerateReqInput) -> list[ReqInput]:
@@ -71,6 +75,9 @@ def expand(obj: GenerateReqInput) -> list[ReqInput]:
     rids = _per_prompt(obj.rid, size, "rid", _is_rid, "a non-empty string")
     logprob = _per_prompt(obj.return_logprob, size, "return_logprob", _is_bool, "a boolean")
     top = _per_prompt(obj.top_logprobs_num, size, "top_logprobs_num", _is_count, "an int >= 0")
+    starts = _per_prompt(
+        obj.logprob_start_len, size, "logprob_start_len", _is_start, "an int >= -1"
+    )
     out: list[ReqInput] = []
     for i in range(size):
         kwargs = sampling_kwargs(params[i])
@@ -89,6 +96,7 @@ def expand(obj: GenerateReqInput) -> list[ReqInput]:
                     return_logprob=bool(logprob[i]),
                     top_logprobs_num=top[i] or 0,
                     stream=obj.stream,
+                    logprob_start_len=starts[i] if logprob[i] and starts[i] is not None else -1,
                 )
             )
     return out
@@ -140,6 +148,10 @@ def _is_int(value: Any) -> bool:
 
 def _is_count(value: Any) -> bool:
     return _is_int(value) and value >= 0
+
+
+def _is_start(value: Any) -> bool:
+    return _is_int(value) and value >= -1
 
 
 def _is_bool(value: Any) -> bool:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
-from srt.layers.sampler import SamplingRow
+from srt.layers.sampler import SamplingRow, token_logprobs
 from srt.sampling_params import SamplingParams
 
 # How many prompt ids the detokenizer decodes ahead of the output (see incremental_detokenizer).
@@ -56,6 +56,17 @@ class Req:
         self.output_top_logprobs: list[tuple[tuple[int, float], ...]] = []
         self.finished_reason: FinishReason | None = None
         self.sent_len = 0  # output ids already sent to the detokenizer
+
+        # Prompt logprobs (SGLang's `logprob_start_len`, -1: none): one entry per prompt
+        # position from the start on (position 0 has no logprob: None, and no top pairs),
+        # gathered chunk by chunk, sent once.
+        self.logprob_start_len = recv.logprob_start_len if recv.return_logprob else -1
+        at_zero = self.logprob_start_len == 0
+        self.input_token_logprobs: list[float | None] = [None] if at_zero else []
+        self.input_top_logprobs: list[tuple[tuple[int, float], ...]] = (
+            [()] if at_zero and self.top_logprobs_num else []
+        )
+        self.input_logprobs_sent = False
 
         # KV state (empty while waiting)
         self.row: int | None = None  # ReqToTokenPool row
@@ -96,6 +107,45 @@ class Req:
 
     def finished(self) -> bool:
         return self.finished_reason is not None
+
+    # ---- prompt logprobs ---------------------------------------------------------------------
+
+    @property
+    def input_logprobs_pending(self) -> bool:
+        """Whether prompt logprobs are asked for and not all computed yet."""
+        start = self.logprob_start_len
+        return start >= 0 and len(self.input_token_logprobs) < len(self.origin_input_ids) - start
+
+    @property
+    def first_logit_position(self) -> int:
+        """The first position whose logits give a prompt logprob (of the token after it)."""
+        return max(self.logprob_start_len, 1) - 1
+
+    def prefix_limit(self) -> int:
+        """How many leading fill ids may come from the cache: all but the last (whose logits
+        give the next token) and, while prompt logprobs are pending, none whose logits give
+        one of them."""
+        limit = self.fill_len - 1
+        if self.input_logprobs_pending:
+            limit = min(limit, self.first_logit_position)
+        return limit
+
+    def logit_positions(self) -> range:
+        """The positions of the extend about to run (`extend_ids` after `kv_len`) that need
+        logits: its last, and those giving pending prompt logprobs."""
+        end = self.kv_len + len(self.extend_ids)
+        first = end - 1
+        if self.input_logprobs_pending:
+            first = min(first, max(self.kv_len, self.first_logit_position))
+        return range(first, end)
+
+    def input_logprob_targets(self, positions: range) -> range:
+        """Of `positions` (with logits), those giving pending prompt logprobs: position j
+        gives the logprob of prompt token j + 1."""
+        if not self.input_logprobs_pending:
+            return range(0)
+        start = max(positions.start, self.first_logit_position)
+        return range(start, max(start, min(positions.stop, len(self.origin_input_ids) - 1)))
 
     # ---- sampling ----------------------------------------------------------------------------
 
@@ -163,10 +213,42 @@ class ScheduleBatch:
         return sum(len(req.extend_ids) for req in self.reqs)
 
 
+def record_prompt_logprobs(
+    reqs: list[Req], logits: torch.Tensor, positions: list[range]
+) -> torch.Tensor:
+    """Takes the prompt logprobs out of an extend's logits, whose rows are, request by request,
+    those of `positions[i]` (`Req.logit_positions`); returns each request's last row, the
+    logits of its next token."""
+    last_rows, row = [], 0
+    for req, where in zip(reqs, positions, strict=True):
+        targets = req.input_logprob_targets(where)
+        if targets:
+            first = row + targets.start - where.start
+            logprobs, tops = token_logprobs(
+                logits[first : first + len(targets)],
+                [req.origin_input_ids[j + 1] for j in targets],
+                req.top_logprobs_num,
+            )
+            req.input_token_logprobs.extend(logprobs)
+            req.input_top_logprobs.extend(tops)
+        row += len(where)
+        last_rows.append(row - 1)
+    if row != logits.shape[0]:
+        raise ValueError(f"{logits.shape[0]} logit rows for {row} positions")
+    return logits if row == len(reqs) else logits[last_rows]
+
+
 def make_output(reqs: list[Req]) -> BatchTokenIDOut:
-    """The detokenizer's message for `reqs`: each one's output ids since its last message."""
+    """The detokenizer's message for `reqs`: each one's output ids since its last message, and
+    its prompt logprobs if they are complete and not sent yet (`take_output` marks them sent)."""
     sent = [req.sent_len for req in reqs]
     with_logprobs = [req.return_logprob for req in reqs]
+    input_due = [
+        req.logprob_start_len >= 0
+        and not req.input_logprobs_sent
+        and not req.input_logprobs_pending
+        for req in reqs
+    ]
     return BatchTokenIDOut(
         rids=tuple(req.rid for req in reqs),
         output_ids=tuple(tuple(req.output_ids[s:]) for req, s in zip(reqs, sent, strict=True)),
@@ -188,5 +270,13 @@ def make_output(reqs: list[Req]) -> BatchTokenIDOut:
         output_top_logprobs=tuple(
             tuple(req.output_top_logprobs[s:]) if lp else ()
             for req, s, lp in zip(reqs, sent, with_logprobs, strict=True)
+        ),
+        input_token_logprobs=tuple(
+            tuple(req.input_token_logprobs) if due else ()
+            for req, due in zip(reqs, input_due, strict=True)
+        ),
+        input_top_logprobs=tuple(
+            tuple(req.input_top_logprobs) if due else ()
+            for req, due in zip(reqs, input_due, strict=True)
         ),
     )

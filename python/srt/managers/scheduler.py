@@ -18,7 +18,6 @@ import logging
 import random
 from array import array
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,8 +25,13 @@ import torch
 from srt import envs
 from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
 from srt.layers.sampler import sample
-from srt.managers.incremental_detokenizer import IncrementalDetokenizer
-from srt.managers.schedule_batch import ForwardKind, Req, ScheduleBatch, make_output
+from srt.managers.schedule_batch import (
+    ForwardKind,
+    Req,
+    ScheduleBatch,
+    make_output,
+    record_prompt_logprobs,
+)
 from srt.managers.schedule_policy import (
     CLIP_MAX_NEW_TOKENS,
     AddResult,
@@ -36,6 +40,7 @@ from srt.managers.schedule_policy import (
     order_waiting,
     shared_prefix_len,
 )
+from srt.managers.stop_strings import StopStringChecker
 from srt.mem_cache import RadixCache, TokenToKVPoolAllocator
 from srt.model_executor.model_runner import ModelRunner
 from srt.server_args import ServerArgs
@@ -72,8 +77,7 @@ class Scheduler:
         )
         self.allocator = TokenToKVPoolAllocator(model_runner.max_total_tokens)
         self.tree_cache = None if server_args.disable_radix_cache else RadixCache(1, self.allocator)
-        self.tokenizer_path = tokenizer_path
-        self._stop_checker: IncrementalDetokenizer | None = None
+        self.stop_strings = StopStringChecker(tokenizer_path)
         self.rng = random.Random(server_args.random_seed)
         if server_args.random_seed is not None:
             torch.manual_seed(server_args.random_seed)
@@ -90,20 +94,33 @@ class Scheduler:
     # ---- requests in ---------------------------------------------------------------------------
 
     def add_request(self, recv: TokenizedGenerateReq) -> None:
+        """Queues a request, or refuses it at once: 400 if it can never be served, 429 if
+        `--max-queued-requests` are already waiting."""
         req = Req(recv, self.eos_token_ids)
         problem = self._admission_problem(req)
         if problem is None and req.sampling_params.stop:
-            problem = self._register_stop_strings(req)
+            problem = self.stop_strings.add(req)
         if problem is not None:
-            req.finished_reason = FinishReason("abort", message=problem)
-            self.outbox.append(req)
+            self._refuse(req, problem, status_code=400)
             return
         if req.sampling_params.max_new_tokens == 0:  # nothing to generate: done at once
             req.finished_reason = FinishReason("length", length=0)
-            self._forget_stop_strings(req)
+            self.stop_strings.forget(req)
             self.outbox.append(req)
             return
+        limit = self.server_args.max_queued_requests
+        if limit is not None and len(self.waiting) >= limit:
+            self.stop_strings.forget(req)
+            message = (
+                f"too many requests: the waiting queue is full (--max-queued-requests {limit})"
+            )
+            self._refuse(req, message, status_code=429)
+            return
         self.waiting.append(req)
+
+    def _refuse(self, req: Req, message: str, status_code: int) -> None:
+        req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
+        self.outbox.append(req)
 
     def _admission_problem(self, req: Req) -> str | None:
         prompt = len(req.origin_input_ids)
@@ -113,6 +130,11 @@ class Scheduler:
             return f"request id {req.rid!r} is already in flight"
         if min(req.origin_input_ids) < 0 or max(req.origin_input_ids) >= self.vocab_size:
             return f"token ids must be in [0, {self.vocab_size})"
+        if req.logprob_start_len >= prompt:
+            return (
+                f"logprob_start_len ({req.logprob_start_len}) must be below the prompt length "
+                f"({prompt} tokens)"
+            )
         total = prompt + req.sampling_params.max_new_tokens
         if total > self.context_length:
             return (
@@ -212,11 +234,11 @@ class Scheduler:
         return ScheduleBatch(ForwardKind.EXTEND, admitted) if admitted else None
 
     def _cached_prefix(self, req: Req) -> list[int]:
-        """The ids of the longest cached prefix of `req` (at least one token left to compute)."""
+        """The ids of the longest cached prefix of `req` it may use (`Req.prefix_limit`)."""
         if self.tree_cache is None:
             return []
         fill = req.fill_ids()
-        slots, _ = self.tree_cache.match_prefix(fill[:-1])
+        slots, _ = self.tree_cache.match_prefix(fill[: req.prefix_limit()])
         return list(fill[: len(slots)])
 
     def _try_admit(self, req: Req, adder: PrefillAdder, in_batch: list[np.ndarray]) -> AddResult:
@@ -226,9 +248,11 @@ class Scheduler:
         fill = req.fill_ids()
         slots, node = array("i"), None
         if self.tree_cache is not None:
-            slots, node = self.tree_cache.match_prefix(fill[:-1])
+            limit = req.prefix_limit()
+            slots, node = self.tree_cache.match_prefix(fill[:limit])
             ids = fill_array(req)
             shared = max((shared_prefix_len(ids, other) for other in in_batch), default=0)
+            shared = min(shared, limit)
             if shared - len(slots) >= IN_BATCH_PREFIX_TOKENS:
                 return AddResult.CONTINUE
             adder.rem_total_tokens += self.tree_cache.inc_lock_ref(node)
@@ -289,13 +313,16 @@ class Scheduler:
 
     def run_batch(self, batch: ScheduleBatch) -> None:
         slots = self._alloc(batch.num_new_tokens)
+        positions = None
         if batch.kind is ForwardKind.EXTEND:
             prefix_lens = [req.kv_len for req in batch.reqs]
+            positions = [req.logit_positions() for req in batch.reqs]
             forward_batch = self.runner.prepare_extend(
                 [_row(req) for req in batch.reqs],
                 prefix_lens,
                 [req.extend_ids for req in batch.reqs],
                 _tensor(slots),
+                logit_lens=[len(where) for where in positions],
             )
             start = 0
             for req in batch.reqs:
@@ -311,6 +338,8 @@ class Scheduler:
                 _tensor(slots),
             )
         logits = self.runner.forward(forward_batch)
+        if positions is not None:
+            logits = record_prompt_logprobs(batch.reqs, logits, positions)
         self.process_batch_result(batch, logits)
 
     def _alloc(self, n: int) -> array[int]:
@@ -339,7 +368,7 @@ class Scheduler:
                 req.output_top_logprobs.append(tuple(out.top_logprobs[j]))
             req.check_finished(self.context_length)
             if not req.finished() and req.sampling_params.stop:
-                self._check_stop_strings(req)
+                self.stop_strings.check(req)
             if batch.kind is ForwardKind.EXTEND and not req.finished():
                 self._cache_unfinished(req)  # later requests can share the prompt at once
                 self.running.append(req)
@@ -354,38 +383,6 @@ class Scheduler:
     def _stream_due(self, req: Req) -> bool:
         new = len(req.output_ids) - req.sent_len
         return req.sent_len == 0 or new >= self.server_args.stream_interval
-
-    # ---- stop strings ----------------------------------------------------------------------
-
-    def _register_stop_strings(self, req: Req) -> str | None:
-        if self._stop_checker is None:
-            if (
-                self.tokenizer_path is None
-                or not (Path(self.tokenizer_path) / "tokenizer.json").exists()
-            ):
-                return "stop strings need the model's tokenizer.json"
-            self._stop_checker = IncrementalDetokenizer(self.tokenizer_path)
-        params = req.sampling_params
-        self._stop_checker.add_request(
-            req.rid,
-            prompt_ids=req.origin_input_ids,
-            skip_special_tokens=params.skip_special_tokens,
-            stop=params.stop,
-        )
-        return None
-
-    def _check_stop_strings(self, req: Req) -> None:
-        assert self._stop_checker is not None
-        result = self._stop_checker.step(req.rid, req.output_ids[-1:])
-        if (
-            result.matched_stop is not None
-            and len(req.output_ids) >= req.sampling_params.min_new_tokens
-        ):
-            req.finished_reason = FinishReason("stop", matched_str=result.matched_stop)
-
-    def _forget_stop_strings(self, req: Req) -> None:
-        if self._stop_checker is not None and req.rid in self._stop_checker:
-            self._stop_checker.free(req.rid)
 
     # ---- KV memory -------------------------------------------------------------------------
 
@@ -428,7 +425,7 @@ class Scheduler:
             self.req_to_token_pool.free([req.row])
         req.row, req.kv_slots, req.prefix_len, req.last_node = None, array("i"), 0, None
         if not keep_stop_state:
-            self._forget_stop_strings(req)
+            self.stop_strings.forget(req)
 
     def flush_cache(self) -> str | None:
         """Empties the radix cache; refused (returns why) while any request is in flight."""
@@ -448,6 +445,7 @@ class Scheduler:
         out = make_output(reqs)
         for req in reqs:
             req.sent_len = len(req.output_ids)
+            req.input_logprobs_sent |= not req.input_logprobs_pending
         return out
 
     # ---- integrity ---------------------------------------------------------------------------

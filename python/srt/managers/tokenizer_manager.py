@@ -64,7 +64,7 @@ class ReqState:
     """One request id in flight, as the receive loop updates it."""
 
     req: ReqInput
-    prompt_tokens: int
+    input_ids: tuple[int, ...]
     notify: asyncio.Event
     """Shared by the requests of one `generate_request` call: set on every update."""
     created: float = field(default_factory=time.perf_counter)
@@ -72,6 +72,9 @@ class ReqState:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    input_token_logprobs: list[float | None] = field(default_factory=list)
+    input_top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    input_logprobs_sent: int = 0  # prompt positions a stream has yielded
     completion_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: FinishReason | None = None
@@ -223,6 +226,8 @@ class TokenizerManager:
             if state.req.return_logprob:
                 state.output_logprobs.extend(out.output_logprobs[i])
                 state.output_top_logprobs.extend(out.output_top_logprobs[i])
+                state.input_token_logprobs.extend(out.input_token_logprobs[i])
+                state.input_top_logprobs.extend(out.input_top_logprobs[i])
             reason = out.finished_reasons[i]
             if reason is not None:
                 state.finish_reason = reason
@@ -269,8 +274,7 @@ class TokenizerManager:
         indexed = obj.stream and (not obj.is_single or len(reqs) > 1)
         notify = asyncio.Event()
         states = [
-            ReqState(req, len(tok.input_ids), notify)
-            for req, tok in zip(reqs, tokenized, strict=True)
+            ReqState(req, tok.input_ids, notify) for req, tok in zip(reqs, tokenized, strict=True)
         ]
         for state in states:  # all ids taken before the first send may wait
             self.rid_to_state[state.req.rid] = state
@@ -339,7 +343,7 @@ class TokenizerManager:
         reason = state.finish_reason
         meta: dict[str, Any] = {
             "id": state.req.rid,
-            "prompt_tokens": state.prompt_tokens,
+            "prompt_tokens": len(state.input_ids),
             "completion_tokens": state.completion_tokens,
             "cached_tokens": state.cached_tokens,
             "finish_reason": reason.to_json() if reason is not None else None,
@@ -354,6 +358,8 @@ class TokenizerManager:
                 [(logprob, token, None) for token, logprob in top]
                 for top in state.output_top_logprobs[start_id:]
             ]
+            if state.req.logprob_start_len >= 0:
+                meta.update(self.input_logprobs(state, stream))
         out: dict[str, Any] = {
             "text": "".join(state.pieces[start_piece:]),
             "output_ids": ids,
@@ -361,6 +367,29 @@ class TokenizerManager:
         }
         if indexed:
             out["index"] = state.req.index
+        return out
+
+    def input_logprobs(self, state: ReqState, stream: bool) -> dict[str, Any]:
+        """SGLang's `input_token_logprobs`: `(logprob, id, None)` per prompt position from
+        `logprob_start_len` on (logprob None at position 0), and with `top_logprobs_num` its
+        `input_top_logprobs` (None at position 0). A stream has them in one chunk (the first
+        after the prompt is prefilled), empty in the others."""
+        start = state.req.logprob_start_len
+        begin = state.input_logprobs_sent if stream else 0
+        state.input_logprobs_sent = len(state.input_token_logprobs)
+        positions = range(start + begin, start + len(state.input_token_logprobs))
+        out: dict[str, Any] = {
+            "input_token_logprobs": [
+                (state.input_token_logprobs[p - start], state.input_ids[p], None) for p in positions
+            ]
+        }
+        if state.req.top_logprobs_num:
+            out["input_top_logprobs"] = [
+                [(logprob, token, None) for token, logprob in state.input_top_logprobs[p - start]]
+                if p
+                else None
+                for p in positions
+            ]
         return out
 
     # ---- tokenization and validation ---------------------------------------------------------
@@ -396,6 +425,11 @@ class TokenizerManager:
                 f"the prompt has {len(ids)} tokens, which leaves no room for output in the "
                 f"context length of {self.context_length} tokens"
             )
+        if req.logprob_start_len >= len(ids):
+            raise ValueError(
+                f"logprob_start_len ({req.logprob_start_len}) must be below the prompt length "
+                f"({len(ids)} tokens)"
+            )
         if total > self.context_length:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens and max_new_tokens is "
@@ -410,6 +444,7 @@ class TokenizerManager:
             stream=req.stream,
             return_logprob=req.return_logprob,
             top_logprobs_num=req.top_logprobs_num,
+            logprob_start_len=req.logprob_start_len,
         )
 
     def check_ids(self, ids: list[int] | tuple[int, ...], what: str) -> None:

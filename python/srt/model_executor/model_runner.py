@@ -132,9 +132,12 @@ class ModelRunner:
         prefix_lens: list[int],
         new_ids: list[list[int]],
         out_cache_loc: torch.Tensor,
+        logit_lens: list[int] | None = None,
     ) -> ForwardBatch:
         """A batch that appends `new_ids[i]` after the `prefix_lens[i]` cached tokens of request
-        row `rows[i]`, writing their K/V to `out_cache_loc` (concatenated in batch order)."""
+        row `rows[i]`, writing their K/V to `out_cache_loc` (concatenated in batch order). With
+        `logit_lens`, `forward` returns logits for the last `logit_lens[i]` new tokens of each
+        sequence (prompt logprobs), else for its last one."""
         extend_lens = [len(ids) for ids in new_ids]
         positions = [p for prefix, n in zip(prefix_lens, extend_lens, strict=True)
                      for p in range(prefix, prefix + n)]  # fmt: skip
@@ -144,9 +147,12 @@ class ModelRunner:
             self.req_to_token_pool.write(row, prefix, out_cache_loc[start : start + n])
             start += n
         flat_ids = [token for ids in new_ids for token in ids]
-        return self._forward_batch(
+        batch = self._forward_batch(
             ForwardMode.EXTEND, flat_ids, positions, out_cache_loc, rows, seq_lens, extend_lens
         )
+        if logit_lens is not None and any(n != 1 for n in logit_lens):
+            batch.extend_logit_lens_cpu = list(logit_lens)
+        return batch
 
     def prepare_decode(
         self, rows: list[int], seq_lens: list[int], next_ids: list[int], out_cache_loc: torch.Tensor
@@ -188,8 +194,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
-        """[batch, vocab] float32 logits of each sequence's next token (decode logits replayed
-        from a CUDA graph stay valid until the next decode forward)."""
+        """[rows, vocab] float32 logits: one row per sequence, of its next token, unless the
+        extend asked for more (`prepare_extend`'s `logit_lens`: that many rows per sequence, its
+        last new tokens in order). Decode logits replayed from a CUDA graph stay valid until the
+        next decode forward."""
         graphs = self.cuda_graph_runner
         if graphs is not None and graphs.can_run(forward_batch):
             return graphs.run(forward_batch)
