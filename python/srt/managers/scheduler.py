@@ -18,15 +18,14 @@ import logging
 import random
 from array import array
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from srt import envs
-from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
+from srt.io_struct import BatchTokenIDOut, FinishReason, GetLoadOut, TokenizedGenerateReq
 from srt.layers.sampler import sample
-from srt.managers.incremental_detokenizer import IncrementalDetokenizer
+from srt.managers.batch_log import BatchLogger
 from srt.managers.schedule_batch import ForwardKind, Req, ScheduleBatch, make_output
 from srt.managers.schedule_policy import (
     CLIP_MAX_NEW_TOKENS,
@@ -36,6 +35,7 @@ from srt.managers.schedule_policy import (
     order_waiting,
     shared_prefix_len,
 )
+from srt.managers.stop_strings import StopStrings
 from srt.mem_cache import RadixCache, TokenToKVPoolAllocator
 from srt.model_executor.model_runner import ModelRunner
 from srt.server_args import ServerArgs
@@ -72,8 +72,7 @@ class Scheduler:
         )
         self.allocator = TokenToKVPoolAllocator(model_runner.max_total_tokens)
         self.tree_cache = None if server_args.disable_radix_cache else RadixCache(1, self.allocator)
-        self.tokenizer_path = tokenizer_path
-        self._stop_checker: IncrementalDetokenizer | None = None
+        self.stop_strings = StopStrings(tokenizer_path)
         self.rng = random.Random(server_args.random_seed)
         if server_args.random_seed is not None:
             torch.manual_seed(server_args.random_seed)
@@ -86,6 +85,7 @@ class Scheduler:
         self.outbox: list[Req] = []
         self.invariant_violations = 0
         self.num_retracted = 0
+        self.batch_log = BatchLogger()
 
     # ---- requests in ---------------------------------------------------------------------------
 
@@ -93,14 +93,14 @@ class Scheduler:
         req = Req(recv, self.eos_token_ids)
         problem = self._admission_problem(req)
         if problem is None and req.sampling_params.stop:
-            problem = self._register_stop_strings(req)
+            problem = self.stop_strings.register(req)
         if problem is not None:
             req.finished_reason = FinishReason("abort", message=problem)
             self.outbox.append(req)
             return
         if req.sampling_params.max_new_tokens == 0:  # nothing to generate: done at once
             req.finished_reason = FinishReason("length", length=0)
-            self._forget_stop_strings(req)
+            self.stop_strings.forget(req)
             self.outbox.append(req)
             return
         self.waiting.append(req)
@@ -165,6 +165,7 @@ class Scheduler:
         """Runs one forward pass, if there is anything to run; returns the output to send."""
         batch = self.get_new_batch_prefill() or self.get_decode_batch()
         if batch is not None:
+            self.batch_log.log(batch, self.get_load)
             self.run_batch(batch)
         if self.check_every_step:
             self.check_and_count()
@@ -339,7 +340,7 @@ class Scheduler:
                 req.output_top_logprobs.append(tuple(out.top_logprobs[j]))
             req.check_finished(self.context_length)
             if not req.finished() and req.sampling_params.stop:
-                self._check_stop_strings(req)
+                self.stop_strings.check(req)
             if batch.kind is ForwardKind.EXTEND and not req.finished():
                 self._cache_unfinished(req)  # later requests can share the prompt at once
                 self.running.append(req)
@@ -354,38 +355,6 @@ class Scheduler:
     def _stream_due(self, req: Req) -> bool:
         new = len(req.output_ids) - req.sent_len
         return req.sent_len == 0 or new >= self.server_args.stream_interval
-
-    # ---- stop strings ----------------------------------------------------------------------
-
-    def _register_stop_strings(self, req: Req) -> str | None:
-        if self._stop_checker is None:
-            if (
-                self.tokenizer_path is None
-                or not (Path(self.tokenizer_path) / "tokenizer.json").exists()
-            ):
-                return "stop strings need the model's tokenizer.json"
-            self._stop_checker = IncrementalDetokenizer(self.tokenizer_path)
-        params = req.sampling_params
-        self._stop_checker.add_request(
-            req.rid,
-            prompt_ids=req.origin_input_ids,
-            skip_special_tokens=params.skip_special_tokens,
-            stop=params.stop,
-        )
-        return None
-
-    def _check_stop_strings(self, req: Req) -> None:
-        assert self._stop_checker is not None
-        result = self._stop_checker.step(req.rid, req.output_ids[-1:])
-        if (
-            result.matched_stop is not None
-            and len(req.output_ids) >= req.sampling_params.min_new_tokens
-        ):
-            req.finished_reason = FinishReason("stop", matched_str=result.matched_stop)
-
-    def _forget_stop_strings(self, req: Req) -> None:
-        if self._stop_checker is not None and req.rid in self._stop_checker:
-            self._stop_checker.free(req.rid)
 
     # ---- KV memory -------------------------------------------------------------------------
 
@@ -428,7 +397,7 @@ class Scheduler:
             self.req_to_token_pool.free([req.row])
         req.row, req.kv_slots, req.prefix_len, req.last_node = None, array("i"), 0, None
         if not keep_stop_state:
-            self._forget_stop_strings(req)
+            self.stop_strings.forget(req)
 
     def flush_cache(self) -> str | None:
         """Empties the radix cache; refused (returns why) while any request is in flight."""
@@ -483,9 +452,19 @@ class Scheduler:
             self.invariant_violations += 1
             logger.error("KV integrity violated: %s", "; ".join(problems))
 
-    def num_used_tokens(self) -> int:
-        """Slots held by requests or locked in the cache (free and evictable ones excluded)."""
-        return self.allocator.size - self._available_with_cache()
+    def get_load(self, rid: str = "") -> GetLoadOut:
+        """How busy the scheduler is (the reply to `GetLoadReq` `rid`). Used tokens are the slots
+        held by requests or locked in the cache (free and evictable ones excluded)."""
+        total = self.allocator.size
+        return GetLoadOut(
+            rid=rid,
+            num_running_reqs=len(self.running) + (self.chunked_req is not None),
+            num_waiting_reqs=len(self.waiting),
+            num_used_tokens=total - self._available_with_cache(),
+            max_total_tokens=total,
+            invariant_violations=self.invariant_violations,
+            num_retracted_reqs=self.num_retracted,
+        )
 
 
 def _row(req: Req) -> int:
