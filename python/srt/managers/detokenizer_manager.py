@@ -118,5 +118,10 @@ def run_detokenizer_process(
 ) -> None:
     """Entry point of the detokenizer process (started by the launcher with `spawn`)."""
     run_stage(
-        "detokenizer", rings, parent_pid, ready, lambda: DetokenizerManager(server_args, rings)
+        "detokenizer",
+        rings,
+        parent_pid,
+        ready,
+        lambda: DetokenizerManager(server_args, rings),
+        server_args.log_level,
     )

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from srt import envs
-from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
+from srt.io_struct import BatchTokenIDOut, FinishReason, GetLoadOut, TokenizedGenerateReq
 from srt.layers.sampler import sample
+from srt.managers.batch_log import BatchLogger
 from srt.managers.schedule_batch import (
     ForwardKind,
     Req,
@@ -90,6 +91,7 @@ class Scheduler:
         self.outbox: list[Req] = []
         self.invariant_violations = 0
         self.num_retracted = 0
+        self.batch_log = BatchLogger()
 
     # ---- requests in ---------------------------------------------------------------------------
 
@@ -187,6 +189,7 @@ class Scheduler:
         """Runs one forward pass, if there is anything to run; returns the output to send."""
         batch = self.get_new_batch_prefill() or self.get_decode_batch()
         if batch is not None:
+            self.batch_log.log(batch, self.get_load)
             self.run_batch(batch)
         if self.check_every_step:
             self.check_and_count()
@@ -481,9 +484,19 @@ class Scheduler:
             self.invariant_violations += 1
             logger.error("KV integrity violated: %s", "; ".join(problems))
 
-    def num_used_tokens(self) -> int:
-        """Slots held by requests or locked in the cache (free and evictable ones excluded)."""
-        return self.allocator.size - self._available_with_cache()
+    def get_load(self, rid: str = "") -> GetLoadOut:
+        """How busy the scheduler is (the reply to `GetLoadReq` `rid`). Used tokens are the slots
+        held by requests or locked in the cache (free and evictable ones excluded)."""
+        total = self.allocator.size
+        return GetLoadOut(
+            rid=rid,
+            num_running_reqs=len(self.running) + (self.chunked_req is not None),
+            num_waiting_reqs=len(self.waiting),
+            num_used_tokens=total - self._available_with_cache(),
+            max_total_tokens=total,
+            invariant_violations=self.invariant_violations,
+            num_retracted_reqs=self.num_retracted,
+        )
 
 
 def _row(req: Req) -> int:

@@ -10,7 +10,6 @@ from srt.io_struct import (
     AbortReq,
     FlushCacheOut,
     FlushCacheReq,
-    GetLoadOut,
     GetLoadReq,
     HealthCheckOut,
     HealthCheckReq,
@@ -70,15 +69,7 @@ class SchedulerStage(Stage):
             refused = scheduler.flush_cache()
             reply = FlushCacheOut(msg.rid, refused is None, refused or "")
         elif isinstance(msg, GetLoadReq):
-            reply = GetLoadOut(
-                rid=msg.rid,
-                num_running_reqs=len(scheduler.running) + (scheduler.chunked_req is not None),
-                num_waiting_reqs=len(scheduler.waiting),
-                num_used_tokens=scheduler.num_used_tokens(),
-                max_total_tokens=scheduler.allocator.size,
-                invariant_violations=scheduler.invariant_violations,
-                num_retracted_reqs=scheduler.num_retracted,
-            )
+            reply = scheduler.get_load(msg.rid)
         elif isinstance(msg, HealthCheckReq):
             reply = HealthCheckOut(msg.rid, healthy=True)
         elif isinstance(msg, ShutdownReq):
@@ -95,4 +86,11 @@ def run_scheduler_process(
     server_args: ServerArgs, rings: RingNames, parent_pid: int, ready: Connection
 ) -> None:
     """Entry point of the scheduler process (started by the launcher with `spawn`)."""
-    run_stage("scheduler", rings, parent_pid, ready, lambda: SchedulerStage(server_args, rings))
+    run_stage(
+        "scheduler",
+        rings,
+        parent_pid,
+        ready,
+        lambda: SchedulerStage(server_args, rings),
+        server_args.log_level,
+    )

@@ -8,7 +8,8 @@ A stage is started by the launcher with the `spawn` method. It:
 - reports on its ready pipe either `ready` or, if it fails, the exception that killed it, so the
   launcher can say which stage died and why;
 - unlinks the server's ring names on its way out, in case it outlives the launcher before every
-  ring was attached.
+  ring was attached;
+- logs with its own name as the prefix of every line (`srt.logs`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from srt.ipc.rings import RingNames
+from srt.logs import configure_logging
 
 READY = b"ready"
 _PR_SET_PDEATHSIG = 1
@@ -60,8 +62,10 @@ def run_stage(
     parent_pid: int,
     ready: Connection,
     build: Callable[[], Stage],
+    log_level: str,
 ) -> None:
-    """The body of a stage process: build the stage, report ready, serve, clean up."""
+    """The body of a stage process `name`: build the stage, report ready, serve, clean up."""
+    configure_logging(name, log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_quietly)  # until the event loop takes over
     code = 0

@@ -44,6 +44,8 @@ from srt.ipc.channel import Receiver, Sender
 from srt.ipc.codec import decode
 from srt.managers.generate_req_input import GenerateReqInput, ReqInput, expand
 from srt.managers.hf_tokenizer import load_tokenizer
+from srt.managers.metrics import TokenizerMetrics
+from srt.managers.request_log import log_finished
 from srt.model_executor.model_config import ModelConfig
 from srt.sampling_params import SamplingParams
 from srt.server_args import ServerArgs
@@ -79,12 +81,17 @@ class ReqState:
     cached_tokens: int = 0
     finish_reason: FinishReason | None = None
     finished_at: float | None = None
+    last_token_at: float | None = None
     # What a stream has yielded so far: pieces and ids, and whether its last chunk went out.
     pieces_sent: int = 0
     ids_sent: int = 0
     done: bool = False
     sent: bool = False
     """Whether the scheduler got the request (else nothing of it can come back)."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.input_ids)
 
     @property
     def finished(self) -> bool:
@@ -107,6 +114,7 @@ class TokenizerManager:
         self.init_channels(send_to_scheduler, recv_from_detokenizer)
         self.init_state()
         self.init_dispatch()
+        self.init_metrics()
 
     def init_tokenizer(self) -> None:
         args = self.server_args
@@ -143,6 +151,13 @@ class TokenizerManager:
             GetLoadOut: self.handle_reply,
             HealthCheckOut: self.handle_reply,
         }
+
+    def init_metrics(self) -> None:
+        """`self.metrics`: the Prometheus metrics with `--enable-metrics`, else None."""
+        args = self.server_args
+        self.metrics: TokenizerMetrics | None = None
+        if args.enable_metrics:
+            self.metrics = TokenizerMetrics(args.served_model_name or str(args.model_path))
 
     # ---- life cycle --------------------------------------------------------------------------
 
@@ -215,6 +230,7 @@ class TokenizerManager:
         handler(msg)
 
     def handle_batch_str_out(self, out: BatchStrOut) -> None:
+        now = time.perf_counter()
         for i, rid in enumerate(out.rids):
             state = self.rid_to_state.get(rid)
             if state is None:  # a stray message of a request already failed
@@ -228,12 +244,40 @@ class TokenizerManager:
                 state.output_top_logprobs.extend(out.output_top_logprobs[i])
                 state.input_token_logprobs.extend(out.input_token_logprobs[i])
                 state.input_top_logprobs.extend(out.input_top_logprobs[i])
+            if out.output_ids[i]:
+                self.on_tokens(state, len(out.output_ids[i]), now)
             reason = out.finished_reasons[i]
             if reason is not None:
                 state.finish_reason = reason
-                state.finished_at = time.perf_counter()
+                state.finished_at = now
                 del self.rid_to_state[rid]
+                self.on_finish(state, reason, now)
             state.notify.set()
+
+    def on_tokens(self, state: ReqState, count: int, now: float) -> None:
+        if self.metrics is not None:
+            first = state.last_token_at is None
+            since = state.created if state.last_token_at is None else state.last_token_at
+            self.metrics.observe_tokens(count, now - since, first, state.req.stream)
+        state.last_token_at = now
+
+    def on_finish(self, state: ReqState, reason: FinishReason, now: float) -> None:
+        e2e = now - state.created
+        if self.metrics is not None:
+            self.metrics.observe_finish(reason.type, state.prompt_tokens, state.cached_tokens, e2e)
+        texts = None
+        if self.server_args.log_requests:
+            prompt = state.req.text if state.req.text is not None else str(state.req.input_ids)
+            texts = (prompt, "".join(state.pieces))
+        log_finished(
+            state.req.rid,
+            reason,
+            state.prompt_tokens,
+            state.completion_tokens,
+            state.cached_tokens,
+            e2e,
+            texts,
+        )
 
     def handle_reply(self, reply: FlushCacheOut | GetLoadOut | HealthCheckOut) -> None:
         future = self.pending_replies.pop(reply.rid, None)
@@ -343,7 +387,7 @@ class TokenizerManager:
         reason = state.finish_reason
         meta: dict[str, Any] = {
             "id": state.req.rid,
-            "prompt_tokens": len(state.input_ids),
+            "prompt_tokens": state.prompt_tokens,
             "completion_tokens": state.completion_tokens,
             "cached_tokens": state.cached_tokens,
             "finish_reason": reason.to_json() if reason is not None else None,
