@@ -1,0 +1,275 @@
+"""OpenAI bodies into generate inputs (every bad field a 400 naming it), and SGLang-shaped
+results into OpenAI responses and chunks, checked against the `openai` client's own types."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from srt.entrypoints.http.errors import ApiError
+from srt.entrypoints.http.openai_protocol import parse_chat_request, parse_completion_request
+from srt.entrypoints.http.openai_responses import ResponseBuilder
+from srt.managers.generate_req_input import expand
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_factory: Callable[[str], Path]) -> PreTrainedTokenizerBase:
+    tok: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(tiny_model_factory("llama"))
+    return tok
+
+
+def completion(tokenizer: PreTrainedTokenizerBase, **fields: Any) -> Any:
+    return parse_completion_request({"model": MODEL, "prompt": "hi", **fields}, MODEL, tokenizer)
+
+
+def chat(tokenizer: PreTrainedTokenizerBase, **fields: Any) -> Any:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
+    return parse_chat_request(body, MODEL, tokenizer)
+
+
+def refused(call: Callable[[], Any], param: str | None, status: int = 400) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        call()
+    assert (info.value.status, info.value.param) == (status, param), info.value.message
+    return info.value
+
+
+# ---- requests ------------------------------------------------------------------------------
+
+
+def test_completion_fields_map_to_sglang_sampling_names(tokenizer: PreTrainedTokenizerBase) -> None:
+    req = completion(
+        tokenizer,
+        max_tokens=5,
+        temperature=0,
+        stop="x",
+        n=2,
+        seed=3,
+        logit_bias={"7": -100},
+        top_k=4,
+        min_tokens=2,
+        ignore_eos=True,
+        user="u1",
+    )
+    assert req.response_id.startswith("cmpl-") and not req.chat and req.n == 2
+    assert req.obj.text == ["hi"] and not req.stream and req.top_logprobs is None
+    assert req.obj.sampling_params == {
+        "max_new_tokens": 5,
+        "n": 2,
+        "temperature": 0,
+        "stop": "x",
+        "seed": 3,
+        "logit_bias": {"7": -100},
+        "top_k": 4,
+        "min_new_tokens": 2,
+        "ignore_eos": True,
+    }
+    reqs = expand(req.obj)
+    assert [r.rid for r in reqs] == [f"{req.response_id}-0", f"{req.response_id}-1"]
+    assert [r.sampling_kwargs["seed"] for r in reqs] == [3, 4]
+
+
+def test_no_max_tokens_means_up_to_the_context(tokenizer: PreTrainedTokenizerBase) -> None:
+    assert completion(tokenizer).obj.sampling_params == {"max_new_tokens": None, "n": 1}
+    assert completion(tokenizer, max_tokens=None).obj.sampling_params["max_new_tokens"] is None
+
+
+@pytest.mark.parametrize(
+    ("prompt", "texts", "ids"),
+    [
+        ("a b", ["a b"], None),
+        (["a", "b"], ["a", "b"], None),
+        ([1, 2], None, [[1, 2]]),
+        ([[1, 2], [3]], None, [[1, 2], [3]]),
+    ],
+)
+def test_the_four_prompt_forms(
+    tokenizer: PreTrainedTokenizerBase, prompt: Any, texts: Any, ids: Any
+) -> None:
+    req = completion(tokenizer, prompt=prompt, n=2)
+    assert (req.obj.text, req.obj.input_ids) == (texts, ids)
+    assert len(expand(req.obj)) == 2 * len(texts or ids)
+
+
+@pytest.mark.parametrize(
+    "prompt", ["", [], [""], [[]], [1, "a"], [[1], "a"], [-1], [1.5], None, 3, [True]]
+)
+def test_bad_prompts(tokenizer: PreTrainedTokenizerBase, prompt: Any) -> None:
+    refused(lambda: completion(tokenizer, prompt=prompt), "prompt")
+
+
+def test_echo_prefixes_the_prompt_text(tokenizer: PreTrainedTokenizerBase) -> None:
+    ids = tokenizer("hello there", add_special_tokens=False)["input_ids"]
+    assert completion(tokenizer, prompt=["a", "b"], echo=True).echo_texts == ["a", "b"]
+    assert completion(tokenizer, prompt=ids, echo=True).echo_texts == ["hello there"]
+    assert completion(tokenizer).echo_texts is None
+
+
+def test_the_model_must_be_the_served_one(tokenizer: PreTrainedTokenizerBase) -> None:
+    error = refused(lambda: completion(tokenizer, model="gpt-4"), "model", status=404)
+    assert error.code == "model_not_found" and MODEL in error.message
+    refused(lambda: chat(tokenizer, model="gpt-4"), "model", status=404)
+    refused(lambda: completion(tokenizer, model=None), "model")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", "hot"),
+        ("temperature", -1),
+        ("temperature", float("nan")),
+        ("temperature", float("inf")),
+        ("temperature", True),
+        ("top_p", 0),
+        ("top_p", 1.5),
+        ("presence_penalty", 3),
+        ("frequency_penalty", float("-inf")),
+        ("max_tokens", "10"),
+        ("max_tokens", -1),
+        ("max_tokens", 2.0),
+        ("min_tokens", -1),
+        ("n", 0),
+        ("n", 129),
+        ("n", "2"),
+        ("stop", 3),
+        ("stop", [""]),
+        ("stop", ["a", 1]),
+        ("seed", -1),
+        ("seed", 2**63),
+        ("seed", "1"),
+        ("logit_bias", {"x": 1}),
+        ("logit_bias", {"1": 101}),
+        ("logit_bias", [1]),
+        ("top_k", 0),
+        ("min_p", 2),
+        ("repetition_penalty", 0),
+        ("stop_token_ids", [-1]),
+        ("ignore_eos", 1),
+        ("stream", "yes"),
+        ("logprobs", -1),
+        ("logprobs", 21),
+        ("echo", "yes"),
+        ("user", 5),
+        ("suffix", "tail"),
+        ("best_of", 3),
+        ("stream_options", {"include_usage": True}),
+        ("frobnicate", 1),
+    ],
+)
+def test_bad_completion_fields_name_themselves(
+    tokenizer: PreTrainedTokenizerBase, field: str, value: Any
+) -> None:
+    refused(lambda: completion(tokenizer, **{field: value}), field)
+
+
+def test_min_tokens_beyond_max_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
+    refused(lambda: completion(tokenizer, min_tokens=5, max_tokens=2), "min_tokens")
+
+
+def test_echo_with_logprobs_is_refused_until_prompt_logprobs_exist(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    error = refused(lambda: completion(tokenizer, echo=True, logprobs=1), "echo")
+    assert "prompt logprobs" in error.message
+
+
+def test_stream_options(tokenizer: PreTrainedTokenizerBase) -> None:
+    opts = {"include_usage": True}
+    assert completion(tokenizer, stream=True, stream_options=opts).include_usage
+    assert not completion(tokenizer, stream=True).include_usage
+    bad = {"include_usage": 1}
+    refused(lambda: completion(tokenizer, stream=True, stream_options=bad), "stream_options")
+    odd = {"other": True}
+    refused(lambda: completion(tokenizer, stream=True, stream_options=odd), "stream_options")
+
+
+def test_chat_renders_the_template_once_without_a_second_bos(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    messages = [
+        {"role": "developer", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "!"}],
+        },
+        {"role": "assistant", "content": "hello", "name": "bot"},
+        {"role": "user", "content": "again"},
+    ]
+    req = chat(tokenizer, messages=messages, max_completion_tokens=3, store=True, metadata={})
+    text = tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi !"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "again"},
+        ],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert text.endswith("<|im_start|>assistant\n")
+    assert req.chat and req.response_id.startswith("chatcmpl-")
+    (ids,) = req.obj.input_ids
+    assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids[0] != tokenizer.bos_token_id
+    assert req.obj.sampling_params["max_new_tokens"] == 3
+
+
+def test_chat_logprobs(tokenizer: PreTrainedTokenizerBase) -> None:
+    assert chat(tokenizer).top_logprobs is None
+    assert chat(tokenizer, logprobs=True).top_logprobs == 0
+    req = chat(tokenizer, logprobs=True, top_logprobs=3)
+    assert (req.top_logprobs, req.obj.return_logprob, req.obj.top_logprobs_num) == (3, True, 3)
+    refused(lambda: chat(tokenizer, top_logprobs=3), "top_logprobs")
+    refused(lambda: chat(tokenizer, logprobs=3), "logprobs")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": ["hi"]}, "messages[0]"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content",
+        ),
+        (
+            {"messages": [{"role": "assistant", "content": "", "tool_calls": [{}]}]},
+            "messages[0].tool_calls",
+        ),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"audio": {"voice": "x"}}, "audio"),
+        ({"max_tokens": 2, "max_completion_tokens": 3}, "max_tokens"),
+        ({"max_completion_tokens": -2}, "max_completion_tokens"),
+        ({"echo": True}, "echo"),
+    ],
+)
+def test_bad_chat_requests(
+    tokenizer: PreTrainedTokenizerBase, fields: dict[str, Any], param: str
+) -> None:
+    refused(lambda: chat(tokenizer, **fields), param)
+
+
+def test_a_model_without_a_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    template = tokenizer.chat_template
+    tokenizer.chat_template = None
+    try:
+        error = refused(lambda: chat(tokenizer), "messages")
+    finally:
+        tokenizer.chat_template = template
+    assert "/v1/completions" in error.message
