@@ -59,8 +59,12 @@ def test_completion_fields_map_to_sglang_sampling_names(tokenizer: PreTrainedTok
         ignore_eos=True,
         user="u1",
     )
-    assert req.response_id.startswith("cmpl-") and not req.chat and req.n == 2
-    assert req.obj.text == ["hi"] and not req.stream and req.top_logprobs is None
+    assert req.response_id.startswith("cmpl-")
+    assert not req.chat
+    assert req.n == 2
+    assert req.obj.text == ["hi"]
+    assert not req.stream
+    assert req.top_logprobs is None
     assert req.obj.sampling_params == {
         "max_new_tokens": 5,
         "n": 2,
@@ -115,7 +119,8 @@ def test_echo_prefixes_the_prompt_text(tokenizer: PreTrainedTokenizerBase) -> No
 
 def test_the_model_must_be_the_served_one(tokenizer: PreTrainedTokenizerBase) -> None:
     error = refused(lambda: completion(tokenizer, model="gpt-4"), "model", status=404)
-    assert error.code == "model_not_found" and MODEL in error.message
+    assert error.code == "model_not_found"
+    assert MODEL in error.message
     refused(lambda: chat(tokenizer, model="gpt-4"), "model", status=404)
     refused(lambda: completion(tokenizer, model=None), "model")
 
@@ -215,7 +220,8 @@ def test_chat_renders_the_template_once_without_a_second_bos(
         tokenize=False,
     )
     assert text.endswith("<|im_start|>assistant\n")
-    assert req.chat and req.response_id.startswith("chatcmpl-")
+    assert req.chat
+    assert req.response_id.startswith("chatcmpl-")
     (ids,) = req.obj.input_ids
     assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]
     assert ids[0] != tokenizer.bos_token_id
@@ -273,3 +279,156 @@ def test_a_model_without_a_chat_template(tokenizer: PreTrainedTokenizerBase) -> 
     finally:
         tokenizer.chat_template = template
     assert "/v1/completions" in error.message
+
+
+# ---- responses -----------------------------------------------------------------------------
+
+
+def result(
+    text: str,
+    ids: list[int],
+    finish: dict[str, Any] | None,
+    index: int | None = None,
+    prompt_tokens: int = 4,
+    cached_tokens: int = 0,
+    logprobs: bool = False,
+    completion_tokens: int | None = None,
+) -> dict[str, Any]:
+    """A result (or stream chunk) in the tokenizer manager's shape: a chunk's
+    `completion_tokens` counts all tokens so far."""
+    meta: dict[str, Any] = {
+        "id": "r",
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(ids) if completion_tokens is None else completion_tokens,
+        "cached_tokens": cached_tokens,
+        "finish_reason": finish,
+        "e2e_latency": 0.1,
+    }
+    if logprobs:
+        meta["output_token_logprobs"] = [(-0.5, t, None) for t in ids]
+        meta["output_top_logprobs"] = [[(-0.5, t, None), (-1.5, t + 1, None)] for t in ids]
+    out = {"text": text, "output_ids": ids, "meta_info": meta}
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+STOP = {"type": "stop", "matched": "."}
+LENGTH = {"type": "length", "length": 2}
+
+
+def test_a_completion_response_counts_each_prompt_once(tokenizer: PreTrainedTokenizerBase) -> None:
+    req = completion(tokenizer, prompt=["a", "b"], n=2, echo=True)
+    builder = ResponseBuilder(req, MODEL, tokenizer)
+    results = [
+        result(" x", [5], STOP, prompt_tokens=3, cached_tokens=1),
+        result(" y", [6, 7], LENGTH, prompt_tokens=3, cached_tokens=3),
+        result(" z", [8], STOP, prompt_tokens=2),
+        result(" w", [9], STOP, prompt_tokens=2, cached_tokens=2),
+    ]
+    response = Completion.model_validate(builder.response(results))
+    assert response.id == req.response_id
+    assert response.model == MODEL
+    assert [(c.index, c.text, c.finish_reason) for c in response.choices] == [
+        (0, "a x", "stop"),
+        (1, "a y", "length"),
+        (2, "b z", "stop"),
+        (3, "b w", "stop"),
+    ]
+    assert response.usage is not None
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (5, 5)
+    assert response.usage.total_tokens == 10
+    assert response.usage.prompt_tokens_details is not None
+    assert response.usage.prompt_tokens_details.cached_tokens == 1
+
+
+def test_completion_logprobs_with_offsets_across_chunks(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    req = completion(tokenizer, logprobs=2, stream=True)
+    builder = ResponseBuilder(req, MODEL, tokenizer)
+    ids = tokenizer("ab cd", add_special_tokens=False)["input_ids"]
+    texts = [tokenizer.decode([t]) for t in ids]
+    first = builder.chunk(result("".join(texts[:1]), ids[:1], None, index=0, logprobs=True))
+    last = builder.chunk(result("".join(texts[1:]), ids[1:], STOP, index=0, logprobs=True))
+    # The client does not validate stream chunks, and its Completion type wants a finish
+    # reason: only the last chunk validates as one.
+    assert first["choices"][0]["finish_reason"] is None
+    logprobs = [first["choices"][0]["logprobs"], last["choices"][0]["logprobs"]]
+    assert Completion.model_validate(last).choices[0].finish_reason == "stop"
+    assert logprobs[0]["tokens"] + logprobs[1]["tokens"] == texts
+    assert logprobs[0]["text_offset"] == [0]
+    assert logprobs[1]["text_offset"] == [sum(map(len, texts[:i])) for i in range(1, len(texts))]
+    assert logprobs[0]["token_logprobs"] == [-0.5]
+    assert logprobs[0]["top_logprobs"] == [{texts[0]: -0.5, tokenizer.decode([ids[0] + 1]): -1.5}]
+
+
+def test_chat_stream_chunks_with_roles_indexes_and_usage(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    opts = {"include_usage": True}
+    req = chat(tokenizer, n=2, stream=True, stream_options=opts, logprobs=True, top_logprobs=1)
+    builder = ResponseBuilder(req, MODEL, tokenizer)
+    news = [
+        result("He", [40], None, index=1, logprobs=True),
+        result("Hi", [41], None, index=0, logprobs=True, cached_tokens=2),
+        result("y", [42], LENGTH, index=1, logprobs=True, completion_tokens=2),
+        result("!", [43], STOP, index=0, logprobs=True, cached_tokens=2, completion_tokens=2),
+    ]
+    chunks = [ChatCompletionChunk.model_validate(builder.chunk(r)) for r in news]
+    got = [
+        (
+            c.choices[0].index,
+            c.choices[0].delta.role,
+            c.choices[0].delta.content,
+            c.choices[0].finish_reason,
+        )
+        for c in chunks
+    ]
+    assert got == [
+        (1, "assistant", "He", None),
+        (0, "assistant", "Hi", None),
+        (1, None, "y", "length"),
+        (0, None, "!", "stop"),
+    ]
+    assert all(c.id == req.response_id and c.object == "chat.completion.chunk" for c in chunks)
+    content = chunks[0].choices[0].logprobs
+    assert content is not None
+    assert content.content is not None
+    token = tokenizer.decode([40])
+    assert content.content[0].token == token
+    assert content.content[0].bytes == list(token.encode())
+    assert [t.token for t in content.content[0].top_logprobs][:1] == [token]
+    usage_chunk = builder.usage_chunk()
+    assert usage_chunk is not None
+    usage = ChatCompletionChunk.model_validate(usage_chunk)
+    assert usage.choices == []
+    assert usage.usage is not None
+    assert (usage.usage.prompt_tokens, usage.usage.completion_tokens) == (4, 4)
+    assert usage.usage.prompt_tokens_details is not None
+    assert usage.usage.prompt_tokens_details.cached_tokens == 2
+
+
+def test_a_chat_response(tokenizer: PreTrainedTokenizerBase) -> None:
+    req = chat(tokenizer)
+    builder = ResponseBuilder(req, MODEL, tokenizer)
+    response = ChatCompletion.model_validate(builder.response([result("Hello", [7], STOP)]))
+    assert response.object == "chat.completion"
+    assert response.choices[0].message.role == "assistant"
+    assert response.choices[0].message.content == "Hello"
+    assert response.choices[0].logprobs is None
+    assert builder.usage_chunk() is None
+
+
+def test_an_aborted_request_is_its_error(tokenizer: PreTrainedTokenizerBase) -> None:
+    builder = ResponseBuilder(chat(tokenizer, stream=True), MODEL, tokenizer)
+    aborted = {"type": "abort", "message": "aborted by an operator"}
+    with pytest.raises(ApiError) as info:
+        builder.chunk(result("", [], aborted, index=0))
+    assert "aborted by an operator" in info.value.message
+    refused_ = {"type": "abort", "message": "the queue is full", "status_code": 429}
+    with pytest.raises(ApiError) as info:
+        ResponseBuilder(completion(tokenizer), MODEL, tokenizer).response(
+            [result("", [], refused_)]
+        )
+    assert info.value.status == 429

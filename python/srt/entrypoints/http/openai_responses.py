@@ -160,13 +160,20 @@ class ResponseBuilder:
         return {
             "tokens": [text for text, _ in tokens],
             "token_logprobs": [logprob for _, logprob in tokens],
-            # The best of tokens that read alike comes first and stays.
-            "top_logprobs": [dict(reversed(top)) for top in tops],
+            "top_logprobs": [best_first(top) for top in tops],
             "text_offset": offsets,
         }
 
     def token_text(self, token: int) -> str:
         return str(self.tokenizer.decode([token]))
+
+
+def best_first(top: list[tuple[str, float]]) -> dict[str, float]:
+    """Alternatives by text, best first; of tokens that read alike, the best stays."""
+    out: dict[str, float] = {}
+    for text, logprob in top:
+        out.setdefault(text, logprob)
+    return out
 
 
 def chat_logprobs(
