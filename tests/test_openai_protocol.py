@@ -219,6 +219,7 @@ def test_chat_renders_the_template_once_without_a_second_bos(
         add_generation_prompt=True,
         tokenize=False,
     )
+    assert isinstance(text, str)
     assert text.endswith("<|im_start|>assistant\n")
     assert req.chat
     assert req.response_id.startswith("chatcmpl-")
@@ -307,7 +308,7 @@ def result(
     if logprobs:
         meta["output_token_logprobs"] = [(-0.5, t, None) for t in ids]
         meta["output_top_logprobs"] = [[(-0.5, t, None), (-1.5, t + 1, None)] for t in ids]
-    out = {"text": text, "output_ids": ids, "meta_info": meta}
+    out: dict[str, Any] = {"text": text, "output_ids": ids, "meta_info": meta}
     if index is not None:
         out["index"] = index
     return out
@@ -348,7 +349,7 @@ def test_completion_logprobs_with_offsets_across_chunks(
     req = completion(tokenizer, logprobs=2, stream=True)
     builder = ResponseBuilder(req, MODEL, tokenizer)
     ids = tokenizer("ab cd", add_special_tokens=False)["input_ids"]
-    texts = [tokenizer.decode([t]) for t in ids]
+    texts = [str(tokenizer.decode([t])) for t in ids]
     first = builder.chunk(result("".join(texts[:1]), ids[:1], None, index=0, logprobs=True))
     last = builder.chunk(result("".join(texts[1:]), ids[1:], STOP, index=0, logprobs=True))
     # The client does not validate stream chunks, and its Completion type wants a finish
