@@ -120,7 +120,8 @@ def test_completions_with_n_stream_each_choice(client: openai.OpenAI) -> None:
 def test_prompt_forms_and_echo(client: openai.OpenAI) -> None:
     batch = client.completions.create(model=MODEL, prompt=[PROMPT, "Hello"], **GREEDY)
     single = client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY)
-    assert [c.text for c in batch.choices][0] == single.choices[0].text
+    assert batch.choices[0].text == single.choices[0].text
+    assert len(batch.choices) == 2
     echoed = client.completions.create(model=MODEL, prompt=PROMPT, echo=True, **GREEDY)
     assert echoed.choices[0].text == PROMPT + single.choices[0].text
     by_ids = client.completions.create(model=MODEL, prompt=[[5, 6, 7], [8, 9]], **GREEDY)
