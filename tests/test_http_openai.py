@@ -69,6 +69,21 @@ def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
         client.models.retrieve("gpt-4")
 
 
+def test_openapi_describes_the_openai_routes(server: ServerProcess) -> None:
+    async def go() -> Any:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(server.url + "/openapi.json") as response,
+        ):
+            return await response.json()
+
+    paths = asyncio.run(go())["paths"]
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        assert paths[path]["post"]["summary"].startswith(("Completes", "Answers"))
+        assert "max_tokens" in paths[path]["post"]["description"]
+    assert "/v1/models" in paths
+
+
 def test_chat_streams_what_it_answers(client: openai.OpenAI) -> None:
     answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
     assert answer.id.startswith("chatcmpl-")

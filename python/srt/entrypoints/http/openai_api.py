@@ -45,28 +45,31 @@ async def retrieve_model(request: web.Request) -> web.Response:
 
 @routes.post("/v1/completions")
 async def completions(request: web.Request) -> web.StreamResponse:
-    """OpenAI's text completions: `prompt` (a string, a list of strings, a list of token ids or
-    a list of such lists), `max_tokens` (default: up to the context length), `temperature`,
-    `top_p`, `n`, `stop`, `seed`, `presence_penalty`, `frequency_penalty`, `logit_bias`,
-    `logprobs` (top alternatives per token), `echo`, `stream` with `stream_options.include_usage`,
-    `user`, and SGLang's extra sampling fields (`top_k`, `min_p`, `repetition_penalty`,
-    `min_tokens`, `stop_token_ids`, `ignore_eos`, `skip_special_tokens`,
-    `spaces_between_special_tokens`, `no_stop_trim`). Answers a `text_completion` with `usage`
-    (`prompt_tokens_details.cached_tokens`), or its chunks as server-sent events ending with
-    `[DONE]`."""
+    """Completes prompts (OpenAI's `POST /v1/completions`); SSE with `stream`.
+
+    `prompt` (a string, a list of strings, a list of token ids or a list of such lists),
+    `max_tokens` (default: up to the context length), `temperature`, `top_p`, `n`, `stop`,
+    `seed`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `logprobs` (top alternatives
+    per token), `echo`, `stream` with `stream_options.include_usage`, `user`, and SGLang's extra
+    sampling fields (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
+    `ignore_eos`, `skip_special_tokens`, `spaces_between_special_tokens`, `no_stop_trim`).
+    Answers a `text_completion` with `usage` (`prompt_tokens_details.cached_tokens`), or its
+    chunks as server-sent events ending with `[DONE]`."""
     return await serve(request, parse_completion_request)
 
 
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """OpenAI's chat completions: `messages` (system, developer, user and assistant messages
-    with text content) rendered with the model's chat template, `max_completion_tokens` or
-    `max_tokens` (default: up to the context length), `temperature`, `top_p`, `n`, `stop`,
-    `seed`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `logprobs` with
-    `top_logprobs`, `stream` with `stream_options.include_usage`, `user`, and SGLang's extra
-    sampling fields as for `/v1/completions`. Tool calling, audio and structured output are
-    refused. Answers a `chat.completion` with `usage`, or `chat.completion.chunk` server-sent
-    events (each choice's first delta carries the assistant role) ending with `[DONE]`."""
+    """Answers a chat (OpenAI's `POST /v1/chat/completions`); SSE with `stream`.
+
+    `messages` (system, developer, user and assistant messages with text content) rendered with
+    the model's chat template, `max_completion_tokens` or `max_tokens` (default: up to the
+    context length), `temperature`, `top_p`, `n`, `stop`, `seed`, `presence_penalty`,
+    `frequency_penalty`, `logit_bias`, `logprobs` with `top_logprobs`, `stream` with
+    `stream_options.include_usage`, `user`, and SGLang's extra sampling fields as for
+    `/v1/completions`. Tool calling, audio and structured output are refused. Answers a
+    `chat.completion` with `usage`, or `chat.completion.chunk` server-sent events (each choice's
+    first delta carries the assistant role) ending with `[DONE]`."""
     return await serve(request, parse_chat_request)
 
 
