@@ -1,0 +1,277 @@
+"""The OpenAI API through the official `openai` client (and raw aiohttp where the client cannot
+go) against a real `srt-serve` on a tiny model, one server for the module; one chat on
+SmolLM2-135M-Instruct."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from http_server import ServerProcess, running_server
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny"
+PROMPT = "The quick brown fox jumps over the lazy dog"
+MESSAGES: Any = [{"role": "user", "content": "Tell me about foxes."}]
+GREEDY: Any = {"temperature": 0.0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_factory: Callable[[str], Path]) -> Iterator[ServerProcess]:
+    with running_server(tiny_model_factory("llama"), "--served-model-name", MODEL) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def raw_post(server: ServerProcess, path: str, body: bytes | dict[str, Any]) -> tuple[int, Any]:
+    """(status, parsed body) of a POST, with bytes sent as they are; an event stream comes back
+    as the list of its `data:` payloads, `[DONE]` kept as the string."""
+
+    async def go() -> tuple[int, Any]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(server.url + path, data=data, headers=headers) as response,
+        ):
+            if response.headers["Content-Type"].startswith("text/event-stream"):
+                return response.status, [event async for event in events(response)]
+            return response.status, await response.json()
+
+    return asyncio.run(go())
+
+
+async def events(response: aiohttp.ClientResponse) -> Any:
+    async for line in response.content:
+        if line.startswith(b"data: "):
+            payload = line[len(b"data: ") :].strip()
+            yield "[DONE]" if payload == b"[DONE]" else json.loads(payload)
+
+
+# ---- answers -------------------------------------------------------------------------------
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+
+
+def test_openapi_describes_the_openai_routes(server: ServerProcess) -> None:
+    async def go() -> Any:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(server.url + "/openapi.json") as response,
+        ):
+            return await response.json()
+
+    paths = asyncio.run(go())["paths"]
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        assert paths[path]["post"]["summary"].startswith(("Completes", "Answers"))
+        assert "max_tokens" in paths[path]["post"]["description"]
+    assert "/v1/models" in paths
+
+
+def test_chat_streams_what_it_answers(client: openai.OpenAI) -> None:
+    answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+    assert answer.id.startswith("chatcmpl-")
+    (choice,) = answer.choices
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason == "length"
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 8
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
+    *deltas, usage = chunks
+    assert deltas[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.role is None for c in deltas[1:])
+    assert "".join(c.choices[0].delta.content or "" for c in deltas) == choice.message.content
+    assert [c.choices[0].finish_reason for c in deltas][-1] == "length"
+    assert usage.choices == []
+    assert usage.usage is not None
+    assert usage.usage.completion_tokens == 8
+    assert usage.usage.prompt_tokens == answer.usage.prompt_tokens
+
+
+def test_completions_with_n_stream_each_choice(client: openai.OpenAI) -> None:
+    answer = client.completions.create(model=MODEL, prompt=PROMPT, n=2, **GREEDY)
+    assert answer.id.startswith("cmpl-")
+    assert [c.index for c in answer.choices] == [0, 1]
+    texts = [c.text for c in answer.choices]
+    assert texts[0] == texts[1]  # greedy
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 16
+    streamed = ["", ""]
+    finishes: list[tuple[int, str]] = []
+    chunks = client.completions.create(model=MODEL, prompt=PROMPT, n=2, stream=True, **GREEDY)
+    for chunk in chunks:
+        (choice,) = chunk.choices
+        streamed[choice.index] += choice.text
+        if choice.finish_reason is not None:
+            finishes.append((choice.index, choice.finish_reason))
+    assert streamed == texts
+    assert sorted(finishes) == [(0, "length"), (1, "length")]
+
+
+def test_prompt_forms_and_echo(client: openai.OpenAI) -> None:
+    batch = client.completions.create(model=MODEL, prompt=[PROMPT, "Hello"], **GREEDY)
+    single = client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY)
+    assert batch.choices[0].text == single.choices[0].text
+    assert len(batch.choices) == 2
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, echo=True, **GREEDY)
+    assert echoed.choices[0].text == PROMPT + single.choices[0].text
+    by_ids = client.completions.create(model=MODEL, prompt=[[5, 6, 7], [8, 9]], **GREEDY)
+    assert len(by_ids.choices) == 2
+    assert by_ids.usage is not None
+    assert by_ids.usage.prompt_tokens == 5
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, logprobs=2, **GREEDY)
+    logprobs = completion.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens is not None
+    assert logprobs.token_logprobs is not None
+    assert logprobs.top_logprobs is not None
+    assert len(logprobs.tokens) == 8
+    assert all(lp <= 0 for lp in logprobs.token_logprobs)
+    assert all(1 <= len(top) <= 2 for top in logprobs.top_logprobs)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=2, **GREEDY
+    )
+    content = chat.choices[0].logprobs
+    assert content is not None
+    assert content.content is not None
+    assert len(content.content) == 8
+    # Greedy: each chosen token is the best of its alternatives.
+    assert all(t.top_logprobs[0].logprob == t.logprob for t in content.content)
+    assert all(len(t.top_logprobs) == 2 for t in content.content)
+
+
+def test_stop_strings_end_the_text(client: openai.OpenAI) -> None:
+    free = client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY).choices[0].text
+    stop = next(free[i : i + 2] for i in range(1, len(free) - 1) if free[i : i + 2].isprintable())
+    stopped = client.completions.create(model=MODEL, prompt=PROMPT, stop=[stop], **GREEDY)
+    assert stopped.choices[0].text == free[: free.index(stop)]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_usage_counts_cached_prompt_tokens(client: openai.OpenAI) -> None:
+    prompt = f"cache me {PROMPT} {PROMPT}"
+    first = client.completions.create(model=MODEL, prompt=prompt, **GREEDY).usage
+    again = client.completions.create(model=MODEL, prompt=prompt, **GREEDY).usage
+    assert first is not None
+    assert again is not None
+    assert again.prompt_tokens == first.prompt_tokens
+    assert again.prompt_tokens_details is not None
+    assert 0 < (again.prompt_tokens_details.cached_tokens or 0) < again.prompt_tokens
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+
+def test_an_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-4", messages=MESSAGES)
+    assert isinstance(info.value.body, dict)
+    assert info.value.body["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"prompt": ""}, "prompt"),
+        ({"stop": 5}, "stop"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ],
+)
+def test_bad_fields_are_400_naming_them(
+    client: openai.OpenAI, fields: dict[str, Any], param: str
+) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, **fields}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(**body)
+    assert isinstance(info.value.body, dict)
+    assert info.value.body["param"] == param
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_finite_numbers_are_400(server: ServerProcess, literal: bytes) -> None:
+    body = b'{"model": "tiny", "prompt": "x", "temperature": ' + literal + b"}"
+    status, error = raw_post(server, "/v1/completions", body)
+    assert status == 400
+    assert error["error"]["type"] == "invalid_request_error"
+
+
+def test_a_prompt_beyond_the_context_is_400_then_service_goes_on(
+    server: ServerProcess, client: openai.OpenAI
+) -> None:
+    status, error = raw_post(
+        server, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 10**6}
+    )
+    assert status == 400
+    assert "1000000" in error["error"]["message"]
+    assert client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY).choices[0].text
+
+
+def test_an_abort_after_the_stream_began_is_an_error_event(server: ServerProcess) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "stream": True, "ignore_eos": True}
+
+    async def go() -> list[Any]:
+        async with aiohttp.ClientSession() as session:
+            response = await session.post(server.url + "/v1/completions", json=body)
+            assert response.status == 200
+            stream = events(response)
+            first = await anext(stream)
+            abort = {"rid": first["id"]}
+            async with session.post(server.url + "/abort_request", json=abort) as aborted:
+                assert aborted.status == 200
+            rest = [event async for event in stream]
+            response.close()
+            return rest
+
+    rest = asyncio.run(go())
+    assert rest[-1] == "[DONE]"
+    assert "aborted" in rest[-2]["error"]["message"]
+
+
+# ---- a real model --------------------------------------------------------------------------
+
+
+def test_smollm2_answers_a_chat(smollm2: Path) -> None:
+    with running_server(smollm2) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=16, temperature=0
+        )
+    text = answer.choices[0].message.content
+    assert text is not None
+    assert "Paris" in text  # an answer, so the chat template framed the question
+    assert answer.usage is not None
+    # The template's default system prompt and role markers wrap the 7-token question.
+    assert answer.usage.prompt_tokens > 20
