@@ -42,8 +42,8 @@ from serving_client import (
 )
 from serving_datasets import (
     BenchRequest,
+    BenchTokenizer,
     best_cache_hit_rate,
-    ordinary_token_ids,
     prompt_token_ids,
     random_requests,
     random_text,
@@ -52,7 +52,6 @@ from serving_datasets import (
 )
 from serving_metrics import RequestResult, summarize
 from tqdm import tqdm
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 DATASETS = ("random", "generated-shared-prefix", "sharegpt")
 
@@ -100,7 +99,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_requests(
-    args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase, rng: random.Random
+    args: argparse.Namespace, tokenizer: BenchTokenizer, rng: random.Random
 ) -> list[BenchRequest]:
     if args.dataset_name == "random":
         return random_requests(
@@ -171,14 +170,14 @@ async def benchmark(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         tokenizer_path = args.tokenizer or await discover_tokenizer(session, args.base_url)
         if tokenizer_path is None:
             raise ValueError("the server does not say its tokenizer; pass --tokenizer PATH")
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        tokenizer = BenchTokenizer(tokenizer_path)
         rng = random.Random(seed)
         requests = build_requests(args, tokenizer, rng)
         gaps = arrival_gaps(rng, len(requests), args.request_rate)
         best = best_cache_hit_rate([prompt_token_ids(tokenizer, r.prompt) for r in requests])
 
         # A prompt of its own, so the warm-up leaves nothing in the cache the run could use.
-        warm_prompt = random_text(tokenizer, rng, 16, ordinary_token_ids(tokenizer))
+        warm_prompt = random_text(tokenizer, rng, 16, tokenizer.ordinary_ids())
         warm_up = BenchRequest(warm_prompt, len(prompt_token_ids(tokenizer, warm_prompt)), 4)
         warm = await send_request(
             session, args.base_url, model, warm_up, -1, not args.disable_ignore_eos
@@ -200,7 +199,7 @@ async def benchmark(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "dataset": args.dataset_name,
         "seed": seed,
         "num_prompts": len(requests),
-        "request_rate": args.request_rate if args.request_rate != float("inf") else None,
+        "request_rate": json_value(args.request_rate),
         "max_concurrency": args.max_concurrency,
         "cache_flushed": flushed,
         "is_result": summary["failed"] == 0,
@@ -210,9 +209,16 @@ async def benchmark(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "server_cpu_s_per_1k_output_tokens": (
             cpu_s / output_tokens * 1000 if cpu_s is not None and output_tokens else None
         ),
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        "args": {k: json_value(v) for k, v in vars(args).items()}
         | {"api_key": "***" if args.api_key else None},
     }
+
+
+def json_value(value: Any) -> Any:
+    """An argument as strict JSON holds it: paths as strings, an infinite rate as null."""
+    if isinstance(value, Path):
+        return str(value)
+    return None if value == float("inf") else value
 
 
 def print_summary(results: dict[str, Any]) -> None:

@@ -9,6 +9,9 @@
   prompt, the token count of the first gpt turn after it as the output length.
 
 `best_cache_hit_rate` says how much of a workload a perfect prefix cache could serve.
+
+Tokens are counted with Hugging Face `tokenizers` on the model's `tokenizer.json` (what
+transformers' fast tokenizers run), which spares the benchmark process importing torch.
 """
 
 from __future__ import annotations
@@ -21,7 +24,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase
+from tokenizers import Tokenizer
+
+
+class BenchTokenizer:
+    """A model's tokenizer, from its directory (or its `tokenizer.json`)."""
+
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if not file.is_file():
+            raise ValueError(
+                f"no tokenizer at {path}: --tokenizer needs a local directory holding "
+                "tokenizer.json (a Hugging Face fast tokenizer), or that file"
+            )
+        self.tokenizer = Tokenizer.from_file(str(file))
+        self.special_ids = frozenset(
+            i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special
+        )
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def ordinary_ids(self) -> list[int]:
+        """Every id that is not a special token: what random prompts are made of."""
+        size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        return [i for i in range(size) if i not in self.special_ids]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,41 +63,26 @@ class BenchRequest:
     output_len: int
 
 
-def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+def prompt_token_ids(tokenizer: BenchTokenizer, prompt: str) -> list[int]:
     """The ids a server tokenizing `prompt` for a completion sees (BOS included where the
     tokenizer adds one)."""
-    return list(tokenizer.encode(prompt, add_special_tokens=True))
+    return tokenizer.encode(prompt, add_special_tokens=True)
 
 
-def ordinary_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Every id of the vocabulary that is not a special token: what random prompts are made
-    of."""
-    special = set(tokenizer.all_special_ids)
-    return [i for i in range(len(tokenizer)) if i not in special]
-
-
-def random_text(
-    tokenizer: PreTrainedTokenizerBase, rng: random.Random, n: int, pool: Sequence[int]
-) -> str:
+def random_text(tokenizer: BenchTokenizer, rng: random.Random, n: int, pool: Sequence[int]) -> str:
     """Text of random tokens that re-encodes to `n` tokens where a few rounds of trimming and
     topping up reach it (decoded ids can merge or split when encoded again); never empty."""
     ids = [rng.choice(pool) for _ in range(n)]
-    text = _decode(tokenizer, ids)
+    text = tokenizer.decode(ids)
     for _ in range(8):
-        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        ids = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) == n:
             break
         ids = ids[:n] if len(ids) > n else ids + [rng.choice(pool) for _ in range(n - len(ids))]
-        candidate = _decode(tokenizer, ids)
+        candidate = tokenizer.decode(ids)
         if not candidate:
             break
         text = candidate
-    return text
-
-
-def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
-    text = tokenizer.decode(ids)
-    assert isinstance(text, str)
     return text
 
 
@@ -82,14 +98,14 @@ def draw_lengths(rng: random.Random, n: int, length: int, range_ratio: float) ->
 
 
 def random_requests(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: BenchTokenizer,
     rng: random.Random,
     num_prompts: int,
     input_len: int,
     output_len: int,
     range_ratio: float,
 ) -> list[BenchRequest]:
-    pool = ordinary_token_ids(tokenizer)
+    pool = tokenizer.ordinary_ids()
     input_lens = draw_lengths(rng, num_prompts, input_len, range_ratio)
     output_lens = draw_lengths(rng, num_prompts, output_len, range_ratio)
     requests = []
@@ -100,7 +116,7 @@ def random_requests(
 
 
 def shared_prefix_requests(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: BenchTokenizer,
     rng: random.Random,
     num_groups: int,
     prompts_per_group: int,
@@ -120,7 +136,7 @@ def shared_prefix_requests(
     ):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
-    pool = ordinary_token_ids(tokenizer)
+    pool = tokenizer.ordinary_ids()
     requests = []
     for _ in range(num_groups):
         system = random_text(tokenizer, rng, system_prompt_len, pool)
@@ -150,7 +166,7 @@ def _first_exchange(conversation: Any) -> tuple[str, str] | None:
 
 
 def sharegpt_requests(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: BenchTokenizer,
     rng: random.Random,
     path: Path,
     num_prompts: int,

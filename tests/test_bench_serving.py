@@ -1,5 +1,5 @@
-"""benches/bench_serving.py: its workloads, its metrics and its CPU accounting, as pure functions
-on a tiny tokenizer."""
+"""benches/bench_serving.py: its workloads, its metrics and its CPU accounting on a tiny
+tokenizer, and whole runs against a real srt-serve on a tiny model."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from bench_serving import arrival_gaps, parse_args
+from http_server import running_server
 from serving_client import ProcessTreeCpu
 from serving_datasets import (
+    BenchTokenizer,
     best_cache_hit_rate,
     draw_lengths,
     prompt_token_ids,
@@ -24,13 +27,27 @@ from serving_datasets import (
     sharegpt_requests,
 )
 from serving_metrics import RequestResult, percentile, summarize
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_factory: Callable[[str], Path]) -> PreTrainedTokenizerBase:
+def tokenizer(tiny_model_factory: Callable[[str], Path]) -> BenchTokenizer:
     # The llama fixture adds BOS, so prompt lengths must count special tokens.
-    return AutoTokenizer.from_pretrained(tiny_model_factory("llama"))
+    return BenchTokenizer(tiny_model_factory("llama"))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tokenizer_counts_as_transformers_does(
+    tiny_model_factory: Callable[[str], Path], arch: str
+) -> None:
+    path = tiny_model_factory(arch)
+    ours, theirs = BenchTokenizer(path), AutoTokenizer.from_pretrained(path)
+    for text in ("Hello, world!", "  spaces\n\nand lines", "emoji 🙂 and 漢字", "<|im_start|>x"):
+        assert ours.encode(text, add_special_tokens=True) == theirs.encode(text)
+    assert ours.special_ids == set(theirs.all_special_ids)
+    assert len(ours.ordinary_ids()) == len(theirs) - len(ours.special_ids)
+    with pytest.raises(ValueError, match=r"tokenizer\.json"):
+        BenchTokenizer(path.parent)
 
 
 def test_draw_lengths_spans_the_range() -> None:
@@ -44,16 +61,16 @@ def test_draw_lengths_spans_the_range() -> None:
         draw_lengths(random.Random(0), 1, 0, 0.5)
 
 
-def test_random_requests(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_random_requests(tokenizer: BenchTokenizer) -> None:
     requests = random_requests(tokenizer, random.Random(1), 20, 48, 9, 0.5)
-    special = set(tokenizer.all_special_ids)
+    bos = tokenizer.encode("", add_special_tokens=True)
     assert [r.output_len for r in requests] != [9] * 20
     for r in requests:
         assert 4 <= r.output_len <= 9
         ids = prompt_token_ids(tokenizer, r.prompt)
         assert r.prompt_len == len(ids)
-        assert ids[0] == tokenizer.bos_token_id
-        assert not special & set(tokenizer.encode(r.prompt, add_special_tokens=False))
+        assert ids[: len(bos)] == bos
+        assert not tokenizer.special_ids & set(tokenizer.encode(r.prompt, add_special_tokens=False))
         # The prompt text re-encodes close to the length drawn for it, within [24, 48].
         assert 20 <= r.prompt_len <= 52
     again = random_requests(tokenizer, random.Random(1), 20, 48, 9, 0.5)
@@ -62,7 +79,7 @@ def test_random_requests(tokenizer: PreTrainedTokenizerBase) -> None:
     assert [r.prompt for r in other] != [r.prompt for r in requests]
 
 
-def test_shared_prefix_requests(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_shared_prefix_requests(tokenizer: BenchTokenizer) -> None:
     requests = shared_prefix_requests(tokenizer, random.Random(3), 3, 4, 64, 8, 5)
     assert len(requests) == 12
     assert all(r.output_len == 5 for r in requests)
@@ -92,7 +109,7 @@ def write_sharegpt(path: Path, items: object) -> Path:
     return path
 
 
-def test_sharegpt_requests(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+def test_sharegpt_requests(tokenizer: BenchTokenizer, tmp_path: Path) -> None:
     question = "How do shared memory rings hand frames between two processes safely?"
     answer = "Each ring has one producer and one consumer, and frames are length-prefixed."
     items = [
@@ -217,3 +234,54 @@ def test_process_tree_cpu_counts_children_alive_and_ended() -> None:
     assert cpu.seconds() >= 0.45
     with pytest.raises(ValueError, match="no such process"):
         ProcessTreeCpu(child.pid)
+
+
+def run_bench(server_url: str, out: Path, *flags: str) -> tuple[int, dict[str, Any], str]:
+    """Runs the benchmark as a user would; returns its exit status, its JSON and its stderr."""
+    bench = Path(__file__).resolve().parents[1] / "benches" / "bench_serving.py"
+    command = [sys.executable, str(bench), "--base-url", server_url, "--disable-tqdm"]
+    done = subprocess.run(
+        [*command, "--json", str(out), *flags], capture_output=True, text=True, timeout=300
+    )
+    results = json.loads(out.read_text()) if out.exists() else {}
+    return done.returncode, results, done.stderr
+
+
+@pytest.mark.slow
+def test_bench_serving_against_srt(
+    tiny_model_factory: Callable[[str], Path], tmp_path: Path
+) -> None:
+    with running_server(tiny_model_factory("llama")) as server:
+        status, results, stderr = run_bench(
+            server.url,
+            tmp_path / "gsp.json",
+            *("--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "2"),
+            *("--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "48"),
+            *("--gsp-question-len", "8", "--gsp-output-len", "5", "--max-concurrency", "2"),
+            *("--server-pid", str(server.process.pid)),
+        )
+        assert status == 0, stderr
+        assert results["is_result"]
+        assert (results["completed"], results["failed"], results["errors"]) == (6, 0, [])
+        assert results["total_output_tokens"] == 30
+        assert results["output_len_mismatches"] == 0
+        assert results["cache_flushed"] is True
+        assert 0 <= results["cache_hit_rate"] <= 1
+        assert 0.4 < results["best_cache_hit_rate"] <= 1
+        assert results["server_cpu_s_per_1k_output_tokens"] > 0
+        for metric in ("ttft", "tpot", "itl", "e2e"):
+            assert results[f"p99_{metric}_ms"] >= results[f"median_{metric}_ms"] > 0
+
+        # Prompts beyond the tiny model's context: every request fails, and the run says so.
+        status, results, stderr = run_bench(
+            server.url,
+            tmp_path / "too-long.json",
+            *("--num-prompts", "2", "--random-input-len", "2100", "--random-output-len", "4"),
+            *("--random-range-ratio", "1", "--seed", "7"),
+        )
+        assert status == 1
+        assert not results["is_result"]
+        assert (results["completed"], results["failed"]) == (0, 2)
+        assert all("context length" in e["error"] for e in results["errors"])
+        assert results["seed"] == 7
+        assert "2 of 2 requests failed: this run is not a result" in stderr
