@@ -27,7 +27,12 @@ from srt.managers.generate_req_input import GenerateReqInput
 
 routes = web.RouteTableDef()
 GENERATE_FIELDS = tuple(f.name for f in dataclasses.fields(GenerateReqInput))
-ACCUMULATED_META = ("output_token_logprobs", "output_top_logprobs")
+ACCUMULATED_META = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+    "input_token_logprobs",
+    "input_top_logprobs",
+)
 
 
 def generate_input(body: dict[str, Any]) -> GenerateReqInput:

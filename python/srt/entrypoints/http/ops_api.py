@@ -13,6 +13,7 @@ from srt import __version__
 from srt.entrypoints.http.context import Phase, context_of, request_errors
 from srt.entrypoints.http.errors import ApiError, bad_request, json_response, read_json_object
 from srt.managers.generate_req_input import GenerateReqInput
+from srt.managers.metrics import CONTENT_TYPE
 
 routes = web.RouteTableDef()
 
@@ -45,6 +46,18 @@ async def health_generate(request: web.Request) -> web.Response:
     if results[0]["meta_info"]["completion_tokens"] != 1:
         raise ApiError(503, "the health probe generated no token")
     return web.Response(text="")
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus metrics (with --enable-metrics): requests, tokens, latencies, load, KV usage,
+    cache hit rate, integrity-check violations."""
+    manager = context_of(request).tokenizer_manager()
+    if manager.metrics is None:
+        raise ApiError(404, "metrics are off: start the server with --enable-metrics")
+    with request_errors():
+        load = await manager.get_load()
+    return web.Response(body=manager.metrics.render(load), headers={"Content-Type": CONTENT_TYPE})
 
 
 @routes.get("/get_model_info")
