@@ -40,7 +40,10 @@ def test_every_field_has_a_flag() -> None:
             "--disable-radix-cache", "--attention-backend", "triton", "--stream-interval", "4",
             "--enable-metrics", "--log-level", "debug", "--random-seed", "7",
             "--watchdog-timeout", "60", "--load-format", "dummy", "--disable-cuda-graph",
-            "--cuda-graph-max-bs", "32",
+            "--cuda-graph-max-bs", "32", "--served-model-name", "m",
+            "--allowed-origins", "http://a.example", "https://b.example:8443",
+            "--max-request-bytes", "1024", "--graceful-shutdown-timeout", "3",
+            "--skip-server-warmup", "--log-requests", "--max-queued-requests", "5",
         ]
     )  # fmt: skip
     expected = ServerArgs(
@@ -51,6 +54,9 @@ def test_every_field_has_a_flag() -> None:
         disable_radix_cache=True, attention_backend="triton", stream_interval=4,
         enable_metrics=True, log_level="debug", random_seed=7, watchdog_timeout=60.0,
         load_format="dummy", disable_cuda_graph=True, cuda_graph_max_bs=32,
+        served_model_name="m", allowed_origins=("http://a.example", "https://b.example:8443"),
+        max_request_bytes=1024, graceful_shutdown_timeout=3.0, skip_server_warmup=True,
+        log_requests=True, max_queued_requests=5,
     )  # fmt: skip
     assert args == expected
     # The command line above sets every field away from its default, so each flag is exercised.
@@ -118,6 +124,7 @@ def test_help_lists_every_field() -> None:
         (["--tp-size", "0"], "--tp-size"),
         (["--cuda-graph-max-bs", "-8"], "--cuda-graph-max-bs"),
         (["--mem-fraction-static", "nan"], "--mem-fraction-static"),
+        (["--allowed-origins", "not-an-origin"], "--allowed-origins"),
     ],
 )
 def test_bad_value_is_one_line_naming_the_flag(argv: list[str], flag: str) -> None:
@@ -128,7 +135,7 @@ def test_bad_value_is_one_line_naming_the_flag(argv: list[str], flag: str) -> No
     assert flag in lines[0]
 
 
-def test_valid_arguments_say_serving_is_not_built() -> None:
+def test_missing_model_is_reported() -> None:
     result = run_cli("--model", "/nonexistent", "--port", "8123")
-    assert result.returncode != 0
-    assert "not built yet" in result.stderr
+    assert result.returncode == 1
+    assert "no model at /nonexistent" in result.stderr

@@ -173,6 +173,11 @@ class TokenizerManager:
                 future.set_exception(EngineDeadError(self.dead))
         self.pending_replies.clear()
 
+    @property
+    def num_in_flight(self) -> int:
+        """Requests sent or about to be, whose final result has not arrived."""
+        return len(self.rid_to_state)
+
     def check_alive(self) -> None:
         if self.dead is not None:
             raise EngineDeadError(self.dead)
@@ -377,7 +382,7 @@ class TokenizerManager:
         return out
 
     def build_req(self, req: ReqInput, ids: list[int]) -> TokenizedGenerateReq:
-        if not ids:
+        if not ids or req.text == "":
             raise ValueError("the prompt is empty")
         kwargs = dict(req.sampling_kwargs)
         if kwargs.get("max_new_tokens", 0) is None:

@@ -57,16 +57,24 @@ def context_of(request: web.Request) -> ServerContext:
     return request.app[CONTEXT]
 
 
+REQUEST_ERRORS = (ValueError, EngineDeadError)
+"""What the tokenizer manager raises about a request: see `api_error`."""
+
+
+def api_error(e: ValueError | EngineDeadError) -> ApiError:
+    """A bad request (ValueError) is a 400, a dead pipeline a 503."""
+    if isinstance(e, EngineDeadError):
+        return ApiError(503, f"the server cannot serve requests: {e}")
+    return bad_request(str(e))
+
+
 @contextlib.contextmanager
 def request_errors() -> Iterator[None]:
-    """Maps what the tokenizer manager raises to HTTP: a bad request (ValueError) is a 400, a
-    dead pipeline a 503."""
+    """Raises the `api_error` of what the tokenizer manager raises inside."""
     try:
         yield
-    except ValueError as e:
-        raise bad_request(str(e)) from e
-    except EngineDeadError as e:
-        raise ApiError(503, f"the server cannot serve requests: {e}") from e
+    except REQUEST_ERRORS as e:
+        raise api_error(e) from e
 
 
 def abort_error(finish_reason: Mapping[str, Any] | None) -> ApiError | None:

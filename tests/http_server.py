@@ -1,0 +1,108 @@
+"""A real `srt-serve` in a subprocess, for tests that talk HTTP to it.
+
+    with running_server(model_dir, "--api-key", "k") as server:
+        requests go to server.url
+
+The server listens on a free port; `running_server` returns once `/health` answers 200 and, on
+exit, sends SIGTERM and waits for the process (killing it if it hangs). Its combined output is
+kept in a file (`server.output()`), shown when it fails to start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def health_status(self) -> int | None:
+        """The status of `/health`, or None when nothing answers."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                status: int = response.status
+                return status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return None
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"srt-serve exited with {self.process.returncode}:\n{self.output()}"
+                )
+            if self.health_status() == 200:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"srt-serve was not healthy in {timeout:g} s:\n{self.output()}")
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM, then the exit status (the process is killed if it outlives `timeout`)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+
+def spawn_server(model: Path | str, *flags: str, log_dir: Path | None = None) -> ServerProcess:
+    """Starts `srt-serve --model MODEL FLAGS` on a free port, without waiting for it."""
+    port = free_port()
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="srt-serve-"))
+    log_path = log_dir / f"srt-serve-{port}.log"
+    command = [sys.executable, "-m", "srt.entrypoints.cli", "--model", str(model)]
+    command += ["--port", str(port), *flags]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
+        )
+    return ServerProcess(process, port, log_path)
+
+
+@contextlib.contextmanager
+def running_server(model: Path | str, *flags: str) -> Iterator[ServerProcess]:
+    """A healthy server for the duration of the block; stopped (SIGTERM) after it."""
+    server = spawn_server(model, *flags)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
