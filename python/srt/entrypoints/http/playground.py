@@ -56,6 +56,6 @@ def page_response_parts() -> tuple[bytes, dict[str, str]]:
 
 @routes.get("/")
 async def playground(request: web.Request) -> web.Response:
-    """The browser playground page."""
+    """The browser playground: a chat page streaming from `/v1/chat/completions`."""
     body, headers = page_response_parts()
     return web.Response(body=body, headers=headers, content_type="text/html", charset="utf-8")

@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from srt.entrypoints.http import native_api, openapi, ops_api
+from srt.entrypoints.http import native_api, openapi, ops_api, playground
 from srt.entrypoints.http.context import CONTEXT, Phase, ServerContext
 from srt.entrypoints.http.middleware import (
     add_cors_headers,
@@ -53,7 +53,7 @@ def build_app(context: ServerContext) -> web.Application:
         middlewares=[error_middleware, cors_middleware(args.allowed_origins), auth_middleware],
     )
     app[CONTEXT] = context
-    for table in (native_api.routes, ops_api.routes, openapi.routes):
+    for table in (native_api.routes, ops_api.routes, openapi.routes, playground.routes):
         app.add_routes(table)
     app.on_response_prepare.append(add_cors_headers)
     return app
