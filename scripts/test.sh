@@ -20,5 +20,11 @@ python3 -m ruff check .
 python3 -m ruff format --check .
 python3 -m mypy
 
+step "chromium for the playground's headless browser test (Debian's, driven by playwright)"
+if [ ! -x /usr/bin/chromium ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+fi
+
 step "pytest"
 python3 -m pytest "$@"

@@ -39,3 +39,8 @@ def test_kernels_ship_inside_srt_only() -> None:
     assert any(f.startswith("srt/kernels/") and f.endswith(".py") for f in shipped), shipped
     assert not [f for f in shipped if f.startswith("kernels/")]
     assert any(f.startswith("srt/_rust") for f in shipped)
+
+
+def test_the_playground_page_ships_inside_srt() -> None:
+    shipped = [str(f) for f in files("srt") or []]
+    assert "srt/entrypoints/http/static/playground.html" in shipped, shipped

@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from srt.entrypoints.http import native_api, openai_api, openapi, ops_api
+from srt.entrypoints.http import native_api, openai_api, openapi, ops_api, playground
 from srt.entrypoints.http.context import CONTEXT, Phase, ServerContext
 from srt.entrypoints.http.middleware import (
     add_cors_headers,
@@ -53,8 +53,8 @@ def build_app(context: ServerContext) -> web.Application:
         middlewares=[error_middleware, cors_middleware(args.allowed_origins), auth_middleware],
     )
     app[CONTEXT] = context
-    for table in (native_api.routes, openai_api.routes, ops_api.routes, openapi.routes):
-        app.add_routes(table)
+    for module in (native_api, openai_api, ops_api, openapi, playground):
+        app.add_routes(module.routes)
     app.on_response_prepare.append(add_cors_headers)
     return app
 
