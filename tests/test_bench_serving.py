@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from bench_serving import arrival_gaps, parse_args
-from http_server import running_server
+from http_server import ServerProcess
 from serving_client import ProcessTreeCpu
 from serving_datasets import (
     BenchTokenizer,
@@ -248,40 +248,37 @@ def run_bench(server_url: str, out: Path, *flags: str) -> tuple[int, dict[str, A
 
 
 @pytest.mark.slow
-def test_bench_serving_against_srt(
-    tiny_model_factory: Callable[[str], Path], tmp_path: Path
-) -> None:
-    with running_server(tiny_model_factory("llama")) as server:
-        status, results, stderr = run_bench(
-            server.url,
-            tmp_path / "gsp.json",
-            *("--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "2"),
-            *("--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "48"),
-            *("--gsp-question-len", "8", "--gsp-output-len", "5", "--max-concurrency", "2"),
-            *("--server-pid", str(server.process.pid)),
-        )
-        assert status == 0, stderr
-        assert results["is_result"]
-        assert (results["completed"], results["failed"], results["errors"]) == (6, 0, [])
-        assert results["total_output_tokens"] == 30
-        assert results["output_len_mismatches"] == 0
-        assert results["cache_flushed"] is True
-        assert 0 <= results["cache_hit_rate"] <= 1
-        assert 0.4 < results["best_cache_hit_rate"] <= 1
-        assert results["server_cpu_s_per_1k_output_tokens"] > 0
-        for metric in ("ttft", "tpot", "itl", "e2e"):
-            assert results[f"p99_{metric}_ms"] >= results[f"median_{metric}_ms"] > 0
+def test_bench_serving_against_srt(tiny_server: ServerProcess, tmp_path: Path) -> None:
+    status, results, stderr = run_bench(
+        tiny_server.url,
+        tmp_path / "gsp.json",
+        *("--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "2"),
+        *("--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "48"),
+        *("--gsp-question-len", "8", "--gsp-output-len", "5", "--max-concurrency", "2"),
+        *("--server-pid", str(tiny_server.process.pid)),
+    )
+    assert status == 0, stderr
+    assert results["is_result"]
+    assert (results["completed"], results["failed"], results["errors"]) == (6, 0, [])
+    assert results["total_output_tokens"] == 30
+    assert results["output_len_mismatches"] == 0
+    assert results["cache_flushed"] is True
+    assert 0 <= results["cache_hit_rate"] <= 1
+    assert 0.4 < results["best_cache_hit_rate"] <= 1
+    assert results["server_cpu_s_per_1k_output_tokens"] > 0
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        assert results[f"p99_{metric}_ms"] >= results[f"median_{metric}_ms"] > 0
 
-        # Prompts beyond the tiny model's context: every request fails, and the run says so.
-        status, results, stderr = run_bench(
-            server.url,
-            tmp_path / "too-long.json",
-            *("--num-prompts", "2", "--random-input-len", "2100", "--random-output-len", "4"),
-            *("--random-range-ratio", "1", "--seed", "7"),
-        )
-        assert status == 1
-        assert not results["is_result"]
-        assert (results["completed"], results["failed"]) == (0, 2)
-        assert all("context length" in e["error"] for e in results["errors"])
-        assert results["seed"] == 7
-        assert "2 of 2 requests failed: this run is not a result" in stderr
+    # Prompts beyond the tiny model's context: every request fails, and the run says so.
+    status, results, stderr = run_bench(
+        tiny_server.url,
+        tmp_path / "too-long.json",
+        *("--num-prompts", "2", "--random-input-len", "2100", "--random-output-len", "4"),
+        *("--random-range-ratio", "1", "--seed", "7"),
+    )
+    assert status == 1
+    assert not results["is_result"]
+    assert (results["completed"], results["failed"]) == (0, 2)
+    assert all("context length" in e["error"] for e in results["errors"])
+    assert results["seed"] == 7
+    assert "2 of 2 requests failed: this run is not a result" in stderr

@@ -6,13 +6,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from http_server import ServerProcess, running_server
+from http_server import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -23,9 +21,8 @@ UNTIL_CONTEXT_ENDS = {"max_new_tokens": None, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_factory: Callable[[str], Path]) -> Iterator[ServerProcess]:
-    with running_server(tiny_model_factory("llama"), "--max-request-bytes", "65536") as server:
-        yield server
+def server(tiny_server: ServerProcess) -> ServerProcess:
+    return tiny_server
 
 
 def call(server: ServerProcess, method: str, path: str, body: Any = None) -> tuple[int, Any]:

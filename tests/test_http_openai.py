@@ -6,27 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
-from http_server import ServerProcess, running_server
+from conftest import TINY_SERVER_MODEL
+from http_server import ServerProcess
 
 pytestmark = pytest.mark.slow
 
-MODEL = "tiny"
+MODEL = TINY_SERVER_MODEL
 PROMPT = "The quick brown fox jumps over the lazy dog"
 MESSAGES: Any = [{"role": "user", "content": "Tell me about foxes."}]
 GREEDY: Any = {"temperature": 0.0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_factory: Callable[[str], Path]) -> Iterator[ServerProcess]:
-    with running_server(tiny_model_factory("llama"), "--served-model-name", MODEL) as server:
-        yield server
+def server(tiny_server: ServerProcess) -> ServerProcess:
+    return tiny_server
 
 
 @pytest.fixture(scope="module")
@@ -261,14 +259,13 @@ def test_an_abort_after_the_stream_began_is_an_error_event(server: ServerProcess
 # ---- a real model --------------------------------------------------------------------------
 
 
-def test_smollm2_answers_a_chat(smollm2: Path) -> None:
-    with running_server(smollm2) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-        model = client.models.list().data[0].id
-        messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
-        answer = client.chat.completions.create(
-            model=model, messages=messages, max_tokens=16, temperature=0
-        )
+def test_smollm2_answers_a_chat(smollm2_server: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=f"{smollm2_server.url}/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
+    answer = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=16, temperature=0
+    )
     text = answer.choices[0].message.content
     assert text is not None
     assert "Paris" in text  # an answer, so the chat template framed the question

@@ -9,12 +9,12 @@ import shutil
 import struct
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from http_server import ServerProcess, running_server
+from http_server import ServerProcess
 from playwright.sync_api import Browser, Page, ViewportSize, expect, sync_playwright
 
 pytestmark = pytest.mark.slow
@@ -27,9 +27,8 @@ RATE = re.compile(r"^\d+\.\d$")
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_factory: Callable[[str], Path]) -> Iterator[ServerProcess]:
-    with running_server(tiny_model_factory("llama")) as server:
-        yield server
+def server(tiny_server: ServerProcess) -> ServerProcess:
+    return tiny_server
 
 
 @pytest.fixture(scope="module")
