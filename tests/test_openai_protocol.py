@@ -179,11 +179,13 @@ def test_min_tokens_beyond_max_tokens(tokenizer: PreTrainedTokenizerBase) -> Non
     refused(lambda: completion(tokenizer, min_tokens=5, max_tokens=2), "min_tokens")
 
 
-def test_echo_with_logprobs_is_refused_until_prompt_logprobs_exist(
+def test_echo_with_logprobs_asks_for_the_prompt_logprobs(
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    error = refused(lambda: completion(tokenizer, echo=True, logprobs=1), "echo")
-    assert "prompt logprobs" in error.message
+    assert completion(tokenizer, echo=True, logprobs=1).obj.logprob_start_len == 0
+    assert completion(tokenizer, echo=True, logprobs=0).obj.logprob_start_len == 0
+    assert completion(tokenizer, echo=True).obj.logprob_start_len == -1
+    assert completion(tokenizer, logprobs=1).obj.logprob_start_len == -1
 
 
 def test_stream_options(tokenizer: PreTrainedTokenizerBase) -> None:
@@ -294,9 +296,11 @@ def result(
     cached_tokens: int = 0,
     logprobs: bool = False,
     completion_tokens: int | None = None,
+    prompt_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """A result (or stream chunk) in the tokenizer manager's shape: a chunk's
-    `completion_tokens` counts all tokens so far."""
+    `completion_tokens` counts all tokens so far; with `prompt_ids`, the prompt logprobs of
+    `logprob_start_len` 0 and one top alternative."""
     meta: dict[str, Any] = {
         "id": "r",
         "prompt_tokens": prompt_tokens,
@@ -308,6 +312,13 @@ def result(
     if logprobs:
         meta["output_token_logprobs"] = [(-0.5, t, None) for t in ids]
         meta["output_top_logprobs"] = [[(-0.5, t, None), (-1.5, t + 1, None)] for t in ids]
+    if prompt_ids is not None:
+        meta["input_token_logprobs"] = [
+            (None if p == 0 else -2.0, t, None) for p, t in enumerate(prompt_ids)
+        ]
+        meta["input_top_logprobs"] = [
+            None if p == 0 else [(-2.0, t, None)] for p, t in enumerate(prompt_ids)
+        ]
     out: dict[str, Any] = {"text": text, "output_ids": ids, "meta_info": meta}
     if index is not None:
         out["index"] = index
@@ -421,12 +432,70 @@ def test_a_chat_response(tokenizer: PreTrainedTokenizerBase) -> None:
     assert builder.usage_chunk() is None
 
 
-def test_an_aborted_request_is_its_error(tokenizer: PreTrainedTokenizerBase) -> None:
-    builder = ResponseBuilder(chat(tokenizer, stream=True), MODEL, tokenizer)
+def test_echo_logprobs_start_with_the_prompt(tokenizer: PreTrainedTokenizerBase) -> None:
+    prompt_ids = tokenizer("hi")["input_ids"]
+    prompt_texts = [str(tokenizer.decode([t])) for t in prompt_ids]
+    ids = tokenizer("ab cd", add_special_tokens=False)["input_ids"]
+    texts = [str(tokenizer.decode([t])) for t in ids]
+    req = completion(tokenizer, echo=True, logprobs=1)
+    whole = ResponseBuilder(req, MODEL, tokenizer).response(
+        [result("".join(texts), ids, STOP, logprobs=True, prompt_ids=prompt_ids)]
+    )
+    # The client's Completion type has no room for OpenAI's null first prompt logprob (the
+    # client does not validate responses): the dict is checked as it is.
+    (choice,) = whole["choices"]
+    assert choice["text"] == "hi" + "".join(texts)
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == prompt_texts + texts
+    prompt_logprobs = [None] + [-2.0] * (len(prompt_ids) - 1)
+    assert logprobs["token_logprobs"] == prompt_logprobs + [-0.5] * len(ids)
+    assert logprobs["top_logprobs"][:2] == [None, {prompt_texts[1]: -2.0}]
+    all_texts = prompt_texts + texts
+    assert logprobs["text_offset"] == [sum(map(len, all_texts[:i])) for i in range(len(all_texts))]
+    # Streamed: the prompt's tokens come with the echo in the choice's first chunk.
+    req = completion(tokenizer, echo=True, logprobs=1, stream=True)
+    stream = ResponseBuilder(req, MODEL, tokenizer)
+    first = stream.chunk(result(texts[0], ids[:1], None, logprobs=True, prompt_ids=prompt_ids))
+    last = stream.chunk(result("".join(texts[1:]), ids[1:], STOP, logprobs=True, prompt_ids=[]))
+    parts = [first["choices"][0], last["choices"][0]]
+    assert parts[0]["text"] + parts[1]["text"] == choice["text"]
+    assert {k: parts[0]["logprobs"][k] + parts[1]["logprobs"][k] for k in logprobs} == logprobs
+
+
+def test_logprobs_zero_with_echo_have_no_alternatives(tokenizer: PreTrainedTokenizerBase) -> None:
+    builder = ResponseBuilder(completion(tokenizer, echo=True, logprobs=0), MODEL, tokenizer)
+    prompt = result("x", [7], STOP, logprobs=True, prompt_ids=[1, 5, 6])
+    del prompt["meta_info"]["input_top_logprobs"]  # SGLang leaves them out for 0 alternatives
+    prompt["meta_info"]["output_top_logprobs"] = [[]]
+    logprobs = builder.response([prompt])["choices"][0]["logprobs"]
+    assert logprobs["top_logprobs"] == [None, {}, {}, {}]
+    assert logprobs["token_logprobs"] == [None, -2.0, -2.0, -0.5]
+
+
+def test_an_aborted_request_ends_with_finish_reason_abort(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
     aborted = {"type": "abort", "message": "aborted by an operator"}
+    builder = ResponseBuilder(chat(tokenizer, stream=True), MODEL, tokenizer)
+    # "abort" is SGLang's and vLLM's finish reason, outside the client's types (which it does
+    # not validate responses against).
+    (choice,) = builder.chunk(result("Hi", [7], aborted))["choices"]
+    assert (choice["delta"]["content"], choice["finish_reason"]) == ("Hi", "abort")
+    builder = ResponseBuilder(completion(tokenizer, n=2), MODEL, tokenizer)
+    whole = builder.response([result(" x", [5], STOP), result(" y", [6], aborted)])
+    assert [(c["text"], c["finish_reason"]) for c in whole["choices"]] == [
+        (" x", "stop"),
+        (" y", "abort"),
+    ]
+    assert whole["usage"]["completion_tokens"] == 2
+
+
+def test_a_refused_request_is_its_error(tokenizer: PreTrainedTokenizerBase) -> None:
+    builder = ResponseBuilder(chat(tokenizer, stream=True), MODEL, tokenizer)
+    bad = {"type": "abort", "message": "the prompt cannot fit", "status_code": 400}
     with pytest.raises(ApiError) as info:
-        builder.chunk(result("", [], aborted, index=0))
-    assert "aborted by an operator" in info.value.message
+        builder.chunk(result("", [], bad, index=0))
+    assert (info.value.status, info.value.message) == (400, "the prompt cannot fit")
     refused_ = {"type": "abort", "message": "the queue is full", "status_code": 429}
     with pytest.raises(ApiError) as info:
         ResponseBuilder(completion(tokenizer), MODEL, tokenizer).response(

@@ -4,6 +4,11 @@ A request is checked whole (`openai_protocol`) before anything is sent, and a st
 once its first result is in, so that every refusal (a bad field, a prompt beyond the context, a
 full queue) is an HTTP error with its status. Later errors go out as an SSE error event followed
 by `[DONE]`. A client that goes away closes the result generator, which aborts its requests.
+
+A request aborted by someone else (`/abort_request`, or a shutdown whose grace period it
+outlasted) is no error, as in SGLang and vLLM: the answer (or the stream, to its usage chunk and
+`[DONE]`) carries what it generated, its choices ending with finish reason "abort". An error
+status would make OpenAI's clients retry a request that was stopped on purpose.
 """
 
 from __future__ import annotations
@@ -53,8 +58,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     per token), `echo`, `stream` with `stream_options.include_usage`, `user`, and SGLang's extra
     sampling fields (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
     `ignore_eos`, `skip_special_tokens`, `spaces_between_special_tokens`, `no_stop_trim`).
+    With `echo` and `logprobs`, the logprobs start with the prompt's tokens (the first null).
     Answers a `text_completion` with `usage` (`prompt_tokens_details.cached_tokens`), or its
-    chunks as server-sent events ending with `[DONE]`."""
+    chunks as server-sent events ending with `[DONE]`. An aborted request's choices end with
+    finish reason "abort" (see the module's note)."""
     return await serve(request, parse_completion_request)
 
 
@@ -69,7 +76,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     `stream_options.include_usage`, `user`, and SGLang's extra sampling fields as for
     `/v1/completions`. Tool calling, audio and structured output are refused. Answers a
     `chat.completion` with `usage`, or `chat.completion.chunk` server-sent events (each choice's
-    first delta carries the assistant role) ending with `[DONE]`."""
+    first delta carries the assistant role) ending with `[DONE]`. An aborted request's choices
+    end with finish reason "abort" (see the module's note)."""
     return await serve(request, parse_chat_request)
 
 
@@ -98,7 +106,7 @@ async def serve(request: web.Request, parse: Parser) -> web.StreamResponse:
             return json_response(builder.response(answers))
         with request_errors():
             first = await anext(results)
-        first_chunk = builder.chunk(first)  # an abort before the stream began: an HTTP error
+        first_chunk = builder.chunk(first)  # a refusal before the stream began: an HTTP error
         response = await start_stream(request)
         try:
             await send_event(response, first_chunk)

@@ -92,7 +92,8 @@ class OpenAIRequest:
     top_logprobs: int | None
     """Top logprobs per token when logprobs were asked for, else None."""
     echo_texts: list[str] | None
-    """Completions with `echo`: each prompt's text, which its choices start with."""
+    """Completions with `echo`: each prompt's text, which its choices start with (and with
+    `logprobs`, whose tokens' logprobs their logprobs start with)."""
 
     @property
     def stream(self) -> bool:
@@ -116,17 +117,14 @@ def parse_completion_request(
     if logprobs is not None and logprobs > MAX_TOP_LOGPROBS:
         raise bad_request(f"logprobs must be at most {MAX_TOP_LOGPROBS}", "logprobs")
     echo = optional(body, "echo", is_bool, "true or false") or False
-    if echo and logprobs is not None:
-        raise bad_request(
-            "echo together with logprobs needs prompt logprobs, which srt does not return yet",
-            "echo",
-        )
     echo_texts = None
     if echo:
         echo_texts = texts if texts is not None else [str(tokenizer.decode(p)) for p in ids or ()]
     rid = f"cmpl-{uuid.uuid4().hex}"
     params = sampling_params(body, "max_tokens", n)
     obj = make_input(body, rid, texts, ids, params, logprobs)
+    if echo and logprobs is not None:  # the echoed prompt's tokens come with their logprobs
+        obj.logprob_start_len = 0
     return OpenAIRequest(False, rid, obj, n, include_usage(body), logprobs, echo_texts)
 
 

@@ -1,9 +1,12 @@
 """The tokenizer manager's SGLang-shaped results out as OpenAI responses and stream chunks.
 
 Choice `i` of a request with `n` samples per prompt is sample `i % n` of prompt `i // n`, which
-is the order (and the `index`) the tokenizer manager gives its results. A result whose finish
-reason is an abort becomes the request's error: the whole answer, or (streaming) an error event.
-Usage counts each prompt once however many samples it has, as OpenAI does.
+is the order (and the `index`) the tokenizer manager gives its results. A request the scheduler
+refused (an abort with an HTTP status: 400, 429) becomes the request's error: the whole answer,
+or (streaming) an error event. A request aborted without one (`/abort_request`, or a shutdown
+that outlasted its grace period) is not an error, as in SGLang and vLLM: its choice keeps what it
+generated and ends with finish reason "abort". Usage counts each prompt once however many
+samples it has, as OpenAI does.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from srt.entrypoints.http.context import abort_error
-from srt.entrypoints.http.errors import ApiError
 from srt.entrypoints.http.openai_protocol import OpenAIRequest
 
 if TYPE_CHECKING:
@@ -23,16 +25,13 @@ Result = Mapping[str, Any]
 
 
 def finish_reason(meta: Mapping[str, Any]) -> str | None:
-    """OpenAI's finish reason ("stop", "length") of a result, None while it runs; ApiError for
-    an aborted request."""
+    """The finish reason of a result ("stop", "length", or "abort" for a request aborted by a
+    client, an operator or a shutdown), None while it runs; ApiError for a refused request."""
     reason = meta["finish_reason"]
     if reason is None:
         return None
-    if reason["type"] == "abort":
-        error = abort_error(reason)
-        if error is None:  # aborted by an operator or a shutdown, not refused
-            message = reason.get("message") or "no reason given"
-            error = ApiError(500, f"the request was aborted: {message}", code="request_aborted")
+    error = abort_error(reason)
+    if error is not None:
         raise error
     return str(reason["type"])
 
@@ -72,7 +71,7 @@ class ResponseBuilder:
     # ---- whole responses ---------------------------------------------------------------------
 
     def response(self, results: Sequence[Result]) -> dict[str, Any]:
-        """The response to a request that did not stream; ApiError if one was aborted."""
+        """The response to a request that did not stream; ApiError if one was refused."""
         choices = []
         for i, result in enumerate(results):
             meta = result["meta_info"]
@@ -96,7 +95,7 @@ class ResponseBuilder:
 
     def chunk(self, result: Result) -> dict[str, Any]:
         """The stream chunk of one streamed result (the news of one choice); ApiError if the
-        request was aborted."""
+        request was refused."""
         i = result.get("index", 0)
         meta = result["meta_info"]
         self.metas[i] = meta
@@ -138,21 +137,26 @@ class ResponseBuilder:
         return texts[i // self.req.n] if texts is not None else ""
 
     def logprobs(self, i: int, result: Result) -> dict[str, Any] | None:
-        """OpenAI's logprobs of the tokens in `result`, None unless asked for."""
+        """OpenAI's logprobs of the tokens in `result`, None unless asked for. With `echo`,
+        the prompt's tokens come first (in a stream's first chunk of the choice), the first
+        with a null logprob and null alternatives, as OpenAI gives them.
+
+        `text_offset` counts the token texts from 0 (as vLLM does): it is the offset into
+        the choice's text wherever the token texts spell it (a BOS token, or a character split
+        across tokens, shifts the offsets after it)."""
         if self.req.top_logprobs is None:
             return None
         meta = result["meta_info"]
-        tokens = [
-            (self.token_text(token), logprob) for logprob, token, _ in meta["output_token_logprobs"]
-        ]
-        tops = [
-            [(self.token_text(token), logprob) for logprob, token, _ in top]
-            for top in meta["output_top_logprobs"]
-        ]
+        tokens = self.token_logprobs(meta["output_token_logprobs"])
+        tops = self.top_logprobs(meta["output_token_logprobs"], meta["output_top_logprobs"])
         if self.req.chat:
             return {"content": chat_logprobs(tokens, tops), "refusal": None}
+        if self.req.echo_texts is not None and "input_token_logprobs" in meta:
+            prompt = meta["input_token_logprobs"]
+            tokens = self.token_logprobs(prompt) + tokens
+            tops = self.top_logprobs(prompt, meta.get("input_top_logprobs")) + tops
         offsets = []
-        offset = self.text_offset.get(i, len(self.echo(i)))
+        offset = self.text_offset.get(i, 0)
         for text, _ in tokens:
             offsets.append(offset)
             offset += len(text)
@@ -160,9 +164,22 @@ class ResponseBuilder:
         return {
             "tokens": [text for text, _ in tokens],
             "token_logprobs": [logprob for _, logprob in tokens],
-            "top_logprobs": [best_first(top) for top in tops],
+            "top_logprobs": [None if top is None else best_first(top) for top in tops],
             "text_offset": offsets,
         }
+
+    def token_logprobs(self, entries: Sequence[Sequence[Any]]) -> list[tuple[str, Any]]:
+        """(text, logprob) of SGLang's `(logprob, token id, None)` entries."""
+        return [(self.token_text(token), logprob) for logprob, token, _ in entries]
+
+    def top_logprobs(
+        self, entries: Sequence[Sequence[Any]], tops: Sequence[Any] | None
+    ) -> list[list[tuple[str, float]] | None]:
+        """The alternatives of each entry as (text, logprob), None where its logprob is None
+        (the first prompt token); no alternatives when none were asked for."""
+        if tops is None:  # top_logprobs_num 0: SGLang leaves the prompt's alternatives out
+            return [None if entry[0] is None else [] for entry in entries]
+        return [None if top is None else self.token_logprobs(top) for top in tops]
 
     def token_text(self, token: int) -> str:
         return str(self.tokenizer.decode([token]))
@@ -177,7 +194,7 @@ def best_first(top: list[tuple[str, float]]) -> dict[str, float]:
 
 
 def chat_logprobs(
-    tokens: list[tuple[str, float]], tops: list[list[tuple[str, float]]]
+    tokens: list[tuple[str, Any]], tops: list[list[tuple[str, float]] | None]
 ) -> list[dict[str, Any]]:
     """Chat's logprobs `content`: each token with its bytes and its top alternatives."""
 
@@ -185,6 +202,6 @@ def chat_logprobs(
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
     return [
-        {**entry(text, logprob), "top_logprobs": [entry(t, lp) for t, lp in top]}
+        {**entry(text, logprob), "top_logprobs": [entry(t, lp) for t, lp in top or ()]}
         for (text, logprob), top in zip(tokens, tops, strict=False)
     ]
