@@ -1,11 +1,14 @@
 """The OpenAI API through the official `openai` client (and raw aiohttp where the client cannot
-go) against a real `srt-serve` on a tiny model, one server for the module; one chat on
-SmolLM2-135M-Instruct."""
+go) against the session's `srt-serve` on a tiny model; a chat, and emoji and CJK streamed whole,
+on SmolLM2-135M-Instruct."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,6 +16,7 @@ import openai
 import pytest
 from conftest import TINY_SERVER_MODEL
 from http_server import ServerProcess
+from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -165,6 +169,44 @@ def test_logprobs(client: openai.OpenAI) -> None:
     assert all(len(t.top_logprobs) == 2 for t in content.content)
 
 
+def test_echo_with_logprobs_starts_with_the_prompt(client: openai.OpenAI) -> None:
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, logprobs=1, **GREEDY)
+    echoed = client.completions.create(
+        model=MODEL, prompt=PROMPT, echo=True, logprobs=1, **GREEDY
+    ).choices[0]
+    assert echoed.text == PROMPT + plain.choices[0].text
+    logprobs, out = echoed.logprobs, plain.choices[0].logprobs
+    assert logprobs is not None
+    assert out is not None
+    assert logprobs.tokens is not None
+    assert logprobs.token_logprobs is not None
+    assert logprobs.top_logprobs is not None
+    prompt_tokens = len(logprobs.tokens) - 8
+    assert plain.usage is not None
+    assert prompt_tokens == plain.usage.prompt_tokens
+    assert logprobs.tokens[prompt_tokens:] == out.tokens
+    assert "".join(logprobs.tokens[:prompt_tokens]).endswith(PROMPT)
+    assert logprobs.token_logprobs[0] is None
+    assert logprobs.top_logprobs[0] is None
+    assert all(lp <= 0 for lp in logprobs.token_logprobs[1:])
+    assert all(len(top) == 1 for top in logprobs.top_logprobs[1:])
+    assert logprobs.text_offset == sorted(logprobs.text_offset)
+    streamed: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    text = ""
+    for chunk in client.completions.create(
+        model=MODEL, prompt=PROMPT, echo=True, logprobs=1, stream=True, **GREEDY
+    ):
+        text += chunk.choices[0].text
+        chunk_logprobs = chunk.choices[0].logprobs
+        assert chunk_logprobs is not None
+        for key, values in streamed.items():
+            values += getattr(chunk_logprobs, key)
+    assert text == echoed.text
+    assert streamed["tokens"] == logprobs.tokens
+    assert streamed["text_offset"] == logprobs.text_offset
+    assert streamed["token_logprobs"][1:] == pytest.approx(logprobs.token_logprobs[1:], abs=1e-3)
+
+
 def test_stop_strings_end_the_text(client: openai.OpenAI) -> None:
     free = client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY).choices[0].text
     stop = next(free[i : i + 2] for i in range(1, len(free) - 1) if free[i : i + 2].isprintable())
@@ -235,8 +277,9 @@ def test_a_prompt_beyond_the_context_is_400_then_service_goes_on(
     assert client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY).choices[0].text
 
 
-def test_an_abort_after_the_stream_began_is_an_error_event(server: ServerProcess) -> None:
+def test_an_aborted_stream_ends_with_finish_reason_abort(server: ServerProcess) -> None:
     body = {"model": MODEL, "prompt": PROMPT, "stream": True, "ignore_eos": True}
+    body["stream_options"] = {"include_usage": True}
 
     async def go() -> list[Any]:
         async with aiohttp.ClientSession() as session:
@@ -244,16 +287,81 @@ def test_an_abort_after_the_stream_began_is_an_error_event(server: ServerProcess
             assert response.status == 200
             stream = events(response)
             first = await anext(stream)
-            abort = {"rid": first["id"]}
+            abort = {"rid": first["id"]}  # one prompt sampled once: its rid is the response id
             async with session.post(server.url + "/abort_request", json=abort) as aborted:
                 assert aborted.status == 200
             rest = [event async for event in stream]
             response.close()
-            return rest
+            return [first, *rest]
 
-    rest = asyncio.run(go())
-    assert rest[-1] == "[DONE]"
-    assert "aborted" in rest[-2]["error"]["message"]
+    *chunks, usage, done = asyncio.run(go())
+    assert done == "[DONE]"
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "abort"
+    assert usage["usage"]["completion_tokens"] >= len(chunks) - 1
+
+
+async def server_load(session: aiohttp.ClientSession, server: ServerProcess) -> dict[str, int]:
+    async with session.get(server.url + "/get_server_info") as response:
+        load: dict[str, int] = (await response.json())["load"]
+        return load
+
+
+async def wait_load(server: ServerProcess, running: bool) -> dict[str, int]:
+    """The server's load once requests run (`running`) or once none runs or waits."""
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):
+            load = await server_load(session, server)
+            busy = load["num_running_reqs"] + load["num_waiting_reqs"] > 0
+            if busy == running and (not running or load["num_running_reqs"] > 0):
+                return load
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"the server's load stayed {load}")
+
+
+def test_an_aborted_request_answers_what_it_generated(server: ServerProcess) -> None:
+    """An operator's abort is no error (no retry): the choice ends with finish reason abort."""
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    long: Any = {"extra_body": {"ignore_eos": True}}
+
+    async def go() -> Any:
+        answer = asyncio.ensure_future(
+            client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, **long)
+        )
+        await wait_load(server, running=True)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(server.url + "/abort_request", json={"abort_all": True}) as aborted,
+        ):
+            assert aborted.status == 200
+        return await answer
+
+    answer = asyncio.run(go())
+    assert [c.finish_reason for c in answer.choices] == ["abort", "abort"]
+    assert answer.usage is not None
+    assert answer.usage.prompt_tokens > 0
+    again = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    assert again.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY).choices
+
+
+def test_a_client_gone_mid_stream_has_its_request_aborted(server: ServerProcess) -> None:
+    body = {"model": MODEL, "messages": MESSAGES, "stream": True, "ignore_eos": True}
+
+    async def go() -> str:
+        async with aiohttp.ClientSession() as session:
+            response = await session.post(server.url + "/v1/chat/completions", json=body)
+            assert response.status == 200
+            first = await anext(events(response))
+            response.close()  # the client goes away after one chunk
+        return str(first["id"])  # one prompt sampled once: its rid is the response id
+
+    rid = asyncio.run(go())
+    load = asyncio.run(wait_load(server, running=False))
+    assert load["invariant_violations"] == 0
+    for _ in range(100):  # the log line may trail the load by a moment
+        if f"Finish: rid={rid} finish_reason=abort" in server.output():
+            break
+        time.sleep(0.05)
+    assert f"Finish: rid={rid} finish_reason=abort" in server.output()
 
 
 # ---- a real model --------------------------------------------------------------------------
@@ -272,3 +380,39 @@ def test_smollm2_answers_a_chat(smollm2_server: ServerProcess) -> None:
     assert answer.usage is not None
     # The template's default system prompt and role markers wrap the 7-token question.
     assert answer.usage.prompt_tokens > 20
+
+
+def test_smollm2_streams_emoji_and_cjk_whole(smollm2_server: ServerProcess, smollm2: Path) -> None:
+    """Greedy SmolLM2 repeats a rocket and two Chinese characters (several byte-level tokens
+    each): no chunk may carry half a character, through the OpenAI API and /generate."""
+    client = openai.OpenAI(base_url=f"{smollm2_server.url}/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    messages: Any = [{"role": "user", "content": "Echo: \U0001f680 \u706b\u7bad"}]
+    greedy: Any = {"max_tokens": 12, "temperature": 0}
+    answer = client.chat.completions.create(model=model, messages=messages, **greedy)
+    text = answer.choices[0].message.content
+    assert text is not None
+    assert "\U0001f680" in text
+    assert "\u706b\u7bad" in text
+    deltas = [
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(
+            model=model, messages=messages, stream=True, **greedy
+        )
+    ]
+    assert "".join(deltas) == text
+    assert not any("\ufffd" in delta for delta in deltas)
+    # The same prompt through /generate, SGLang's cumulative stream.
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    params = {"max_new_tokens": 12, "temperature": 0}
+    body = {"input_ids": ids, "sampling_params": params, "stream": True}
+    status, chunks = raw_post(smollm2_server, "/generate", body)
+    assert status == 200
+    *chunks, done = chunks
+    assert done == "[DONE]"
+    texts = [chunk["text"] for chunk in chunks]
+    assert texts[-1] == text
+    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(texts))
+    assert not any("\ufffd" in t for t in texts)
