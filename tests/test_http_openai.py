@@ -1,14 +1,11 @@
 """The OpenAI API through the official `openai` client (and raw aiohttp where the client cannot
-go) against the session's `srt-serve` on a tiny model; a chat, and emoji and CJK streamed whole,
-on SmolLM2-135M-Instruct."""
+go) against the session's `srt-serve` on a tiny model (SmolLM2: test_http_smollm2.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,7 +13,6 @@ import openai
 import pytest
 from conftest import TINY_SERVER_MODEL
 from http_server import ServerProcess
-from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -362,57 +358,3 @@ def test_a_client_gone_mid_stream_has_its_request_aborted(server: ServerProcess)
             break
         time.sleep(0.05)
     assert f"Finish: rid={rid} finish_reason=abort" in server.output()
-
-
-# ---- a real model --------------------------------------------------------------------------
-
-
-def test_smollm2_answers_a_chat(smollm2_server: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=f"{smollm2_server.url}/v1", api_key="unused", max_retries=0)
-    model = client.models.list().data[0].id
-    messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
-    answer = client.chat.completions.create(
-        model=model, messages=messages, max_tokens=16, temperature=0
-    )
-    text = answer.choices[0].message.content
-    assert text is not None
-    assert "Paris" in text  # an answer, so the chat template framed the question
-    assert answer.usage is not None
-    # The template's default system prompt and role markers wrap the 7-token question.
-    assert answer.usage.prompt_tokens > 20
-
-
-def test_smollm2_streams_emoji_and_cjk_whole(smollm2_server: ServerProcess, smollm2: Path) -> None:
-    """Greedy SmolLM2 repeats a rocket and two Chinese characters (several byte-level tokens
-    each): no chunk may carry half a character, through the OpenAI API and /generate."""
-    client = openai.OpenAI(base_url=f"{smollm2_server.url}/v1", api_key="unused", max_retries=0)
-    model = client.models.list().data[0].id
-    messages: Any = [{"role": "user", "content": "Echo: \U0001f680 \u706b\u7bad"}]
-    greedy: Any = {"max_tokens": 12, "temperature": 0}
-    answer = client.chat.completions.create(model=model, messages=messages, **greedy)
-    text = answer.choices[0].message.content
-    assert text is not None
-    assert "\U0001f680" in text
-    assert "\u706b\u7bad" in text
-    deltas = [
-        chunk.choices[0].delta.content or ""
-        for chunk in client.chat.completions.create(
-            model=model, messages=messages, stream=True, **greedy
-        )
-    ]
-    assert "".join(deltas) == text
-    assert not any("\ufffd" in delta for delta in deltas)
-    # The same prompt through /generate, SGLang's cumulative stream.
-    tokenizer = AutoTokenizer.from_pretrained(smollm2)
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    params = {"max_new_tokens": 12, "temperature": 0}
-    body = {"input_ids": ids, "sampling_params": params, "stream": True}
-    status, chunks = raw_post(smollm2_server, "/generate", body)
-    assert status == 200
-    *chunks, done = chunks
-    assert done == "[DONE]"
-    texts = [chunk["text"] for chunk in chunks]
-    assert texts[-1] == text
-    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(texts))
-    assert not any("\ufffd" in t for t in texts)
