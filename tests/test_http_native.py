@@ -176,14 +176,17 @@ def test_disconnect_aborts_the_request(server: ServerProcess) -> None:
             response.close()  # the client goes away mid-stream
 
     asyncio.run(go())
+    logged = "Finish: rid=gone-client finish_reason=abort"
     for _ in range(200):
         now = load(server)
-        if now["num_running_reqs"] == 0 and now["num_waiting_reqs"] == 0:
+        if (now["num_running_reqs"], now["num_waiting_reqs"]) == (0, 0) and (
+            logged in server.output()
+        ):
             break
         asyncio.run(asyncio.sleep(0.05))
     assert (now["num_running_reqs"], now["num_waiting_reqs"]) == (0, 0)
     assert now["invariant_violations"] == 0
-    assert "Finish: rid=gone-client finish_reason=abort" in server.output()
+    assert logged in server.output()
 
 
 # ---- operations --------------------------------------------------------------------------------
