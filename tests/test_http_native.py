@@ -51,6 +51,16 @@ async def read_events(response: aiohttp.ClientResponse) -> list[Any]:
     return events
 
 
+async def start_long_stream(
+    session: aiohttp.ClientSession, server: ServerProcess, rid: str
+) -> aiohttp.ClientResponse:
+    """A streamed request `rid` that runs until the context ends, once its first event is in."""
+    body = {"text": PROMPT, "rid": rid, "stream": True, "sampling_params": UNTIL_CONTEXT_ENDS}
+    response = await session.post(server.url + "/generate", json=body)
+    await response.content.readline()
+    return response
+
+
 def stream(server: ServerProcess, body: dict[str, Any]) -> list[Any]:
     async def go() -> list[Any]:
         async with (
@@ -164,15 +174,8 @@ def test_200_concurrent_streams_all_complete(server: ServerProcess) -> None:
 
 def test_disconnect_aborts_the_request(server: ServerProcess) -> None:
     async def go() -> None:
-        body = {
-            "text": PROMPT,
-            "rid": "gone-client",
-            "stream": True,
-            "sampling_params": UNTIL_CONTEXT_ENDS,
-        }
         async with aiohttp.ClientSession() as session:
-            response = await session.post(server.url + "/generate", json=body)
-            await response.content.readline()  # the first event: the request runs
+            response = await start_long_stream(session, server, "gone-client")
             response.close()  # the client goes away mid-stream
 
     asyncio.run(go())
@@ -220,15 +223,8 @@ def test_flush_cache_when_idle_and_refused_while_running(server: ServerProcess) 
     assert call(server, "POST", "/flush_cache")[0] == 200
 
     async def go() -> tuple[int, Any, list[Any]]:
-        body = {
-            "text": PROMPT,
-            "rid": "flush-blocker",
-            "stream": True,
-            "sampling_params": UNTIL_CONTEXT_ENDS,
-        }
         async with aiohttp.ClientSession() as session:
-            response = await session.post(server.url + "/generate", json=body)
-            await response.content.readline()
+            response = await start_long_stream(session, server, "flush-blocker")
             async with session.post(server.url + "/flush_cache") as refused:
                 status, error = refused.status, await refused.json()
             async with session.post(
@@ -300,15 +296,9 @@ def test_context_overflow_names_both_numbers(server: ServerProcess) -> None:
 
 def test_duplicate_in_flight_rid_is_400(server: ServerProcess) -> None:
     async def go() -> tuple[int, Any]:
-        body = {
-            "text": PROMPT,
-            "rid": "twice",
-            "stream": True,
-            "sampling_params": UNTIL_CONTEXT_ENDS,
-        }
         async with aiohttp.ClientSession() as session:
-            first = await session.post(server.url + "/generate", json=body)
-            await first.content.readline()
+            first = await start_long_stream(session, server, "twice")
+            body = {"text": PROMPT, "rid": "twice", "sampling_params": UNTIL_CONTEXT_ENDS}
             async with session.post(server.url + "/generate", json=body) as second:
                 result = second.status, await second.json()
             first.close()
