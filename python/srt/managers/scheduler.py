@@ -7,9 +7,10 @@ else a decode batch of every running request) and returns what the detokenizer s
 data flow and `schedule_policy` for admission.
 
 Memory: every KV slot is free (allocator), in the radix cache (evictable or locked), or held by a
-request that runs. `check_invariants` verifies free + evictable + locked + held = total (and, when
-idle, that no request row or lock is left); it runs whenever the loop goes idle, and after every
-step when `SRT_CHECK_INVARIANTS=1` (tests).
+request that runs; `cache_manager.CacheManager` moves slots between them. `check_invariants`
+verifies free + evictable + locked + held = total (and, when idle, that no request row or lock is
+left); it runs whenever the loop goes idle, and after every step when `SRT_CHECK_INVARIANTS=1`
+(tests).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from srt import envs
 from srt.io_struct import BatchTokenIDOut, FinishReason, GetLoadOut, TokenizedGenerateReq
 from srt.layers.sampler import sample
 from srt.managers.batch_log import BatchLogger
+from srt.managers.cache_manager import CacheManager, int32_tensor, req_row
 from srt.managers.schedule_batch import (
     ForwardKind,
     Req,
@@ -78,6 +80,7 @@ class Scheduler:
         )
         self.allocator = TokenToKVPoolAllocator(model_runner.max_total_tokens)
         self.tree_cache = None if server_args.disable_radix_cache else RadixCache(1, self.allocator)
+        self.cache = CacheManager(self.allocator, self.tree_cache, self.req_to_token_pool)
         self.stop_strings = StopStringChecker(tokenizer_path)
         self.rng = random.Random(server_args.random_seed)
         if server_args.random_seed is not None:
@@ -205,7 +208,7 @@ class Scheduler:
         )
         chunk = self.server_args.chunked_prefill_size
         adder = PrefillAdder(
-            rem_total_tokens=self._available_with_cache() - reserved,
+            rem_total_tokens=self.cache.available() - reserved,
             rem_input_tokens=self.server_args.max_prefill_tokens,
             rem_chunk_tokens=None if chunk == -1 else chunk,
             rem_requests=min(
@@ -216,7 +219,7 @@ class Scheduler:
         if chunked is not None:
             # Bounded by the memory there is: running requests retract if they run short later.
             rest = list(chunked.fill_ids()[chunked.kv_len :])
-            adder.add_chunked_req(chunked, rest[: self._available_with_cache()], len(rest))
+            adder.add_chunked_req(chunked, rest[: self.cache.available()], len(rest))
         ordered = order_waiting(
             self.waiting, self.server_args.schedule_policy, self._cached_prefix, self.rng
         )
@@ -275,13 +278,13 @@ class Scheduler:
             req.cached_tokens = len(slots)
             req.admitted = True
         if slots:
-            self.req_to_token_pool.write(req.row, 0, _tensor(slots))
+            self.req_to_token_pool.write(req.row, 0, int32_tensor(slots))
         return result
 
     def get_decode_batch(self) -> ScheduleBatch | None:
         if not self.running:
             return None
-        if self._available_with_cache() < len(self.running):
+        if self.cache.available() < len(self.running):
             self._retract_until_decodable()
             if not self.running:
                 return None
@@ -295,7 +298,7 @@ class Scheduler:
         remaining one can get a slot for its next token."""
         victims = sorted(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
         retracted: list[Req] = []
-        while self.running and self._available_with_cache() < len(self.running):
+        while self.running and self.cache.available() < len(self.running):
             victim = victims.pop(0)
             self.running.remove(victim)
             self._release(victim, keep_stop_state=True)
@@ -315,16 +318,16 @@ class Scheduler:
         )
 
     def run_batch(self, batch: ScheduleBatch) -> None:
-        slots = self._alloc(batch.num_new_tokens)
+        slots = self.cache.alloc(batch.num_new_tokens)
         positions = None
         if batch.kind is ForwardKind.EXTEND:
             prefix_lens = [req.kv_len for req in batch.reqs]
             positions = [req.logit_positions() for req in batch.reqs]
             forward_batch = self.runner.prepare_extend(
-                [_row(req) for req in batch.reqs],
+                [req_row(req) for req in batch.reqs],
                 prefix_lens,
                 [req.extend_ids for req in batch.reqs],
-                _tensor(slots),
+                int32_tensor(slots),
                 logit_lens=[len(where) for where in positions],
             )
             start = 0
@@ -335,29 +338,21 @@ class Scheduler:
             for req, slot in zip(batch.reqs, slots, strict=True):
                 req.kv_slots.append(slot)
             forward_batch = self.runner.prepare_decode(
-                [_row(req) for req in batch.reqs],
+                [req_row(req) for req in batch.reqs],
                 [req.kv_len for req in batch.reqs],
                 [req.output_ids[-1] for req in batch.reqs],
-                _tensor(slots),
+                int32_tensor(slots),
             )
         logits = self.runner.forward(forward_batch)
         if positions is not None:
             logits = record_prompt_logprobs(batch.reqs, logits, positions)
         self.process_batch_result(batch, logits)
 
-    def _alloc(self, n: int) -> array[int]:
-        if self.tree_cache is not None and self.allocator.available_size() < n:
-            self.tree_cache.evict(n - self.allocator.available_size())
-        slots = self.allocator.alloc(n)
-        if slots is None:
-            raise RuntimeError(f"out of KV slots: {n} needed, admission should have prevented it")
-        return slots
-
     def process_batch_result(self, batch: ScheduleBatch, logits: torch.Tensor) -> None:
         complete = [i for i, req in enumerate(batch.reqs) if req.kv_len == req.fill_len]
         for req in batch.reqs:
             if req.kv_len < req.fill_len:  # a chunk of a longer prompt: cache it, no token
-                self._cache_unfinished(req)
+                self.cache.cache_unfinished(req)
         if not complete:
             return
         reqs = [batch.reqs[i] for i in complete]
@@ -373,7 +368,7 @@ class Scheduler:
             if not req.finished() and req.sampling_params.stop:
                 self.stop_strings.check(req)
             if batch.kind is ForwardKind.EXTEND and not req.finished():
-                self._cache_unfinished(req)  # later requests can share the prompt at once
+                self.cache.cache_unfinished(req)  # later requests can share the prompt at once
                 self.running.append(req)
             if req.finished():
                 if req in self.running:
@@ -389,44 +384,10 @@ class Scheduler:
 
     # ---- KV memory -------------------------------------------------------------------------
 
-    def _available_with_cache(self) -> int:
-        evictable = self.tree_cache.evictable_size() if self.tree_cache is not None else 0
-        return self.allocator.available_size() + evictable
-
-    def _cache_unfinished(self, req: Req) -> None:
-        """Puts a prefilled chunk into the cache and re-locks the request's prefix there, so the
-        chunk is shared and counted as the cache's."""
-        if self.tree_cache is None:
-            return
-        key = req.fill_ids()[: req.kv_len]
-        self._insert(req, key)
-        slots, node = self.tree_cache.match_prefix(key)
-        self.tree_cache.inc_lock_ref(node)
-        assert req.last_node is not None
-        self.tree_cache.dec_lock_ref(req.last_node)
-        req.kv_slots = slots
-        req.prefix_len, req.last_node = len(slots), node
-        self.req_to_token_pool.write(_row(req), 0, _tensor(slots))
-
-    def _insert(self, req: Req, key: array[int]) -> None:
-        """Inserts the request's KV for `key` and frees its slots the cache already held."""
-        assert self.tree_cache is not None
-        cached = self.tree_cache.insert(key, req.kv_slots[: len(key)])
-        if cached > req.prefix_len:
-            self.allocator.free(req.kv_slots[req.prefix_len : cached])
-
     def _release(self, req: Req, keep_stop_state: bool = False) -> None:
-        """Gives back everything `req` holds: its KV (into the cache when there is one), its
-        lock and its row."""
-        if req.row is not None:
-            if self.tree_cache is not None:
-                self._insert(req, req.fill_ids()[: req.kv_len])
-                assert req.last_node is not None
-                self.tree_cache.dec_lock_ref(req.last_node)
-            else:
-                self.allocator.free(req.kv_slots)
-            self.req_to_token_pool.free([req.row])
-        req.row, req.kv_slots, req.prefix_len, req.last_node = None, array("i"), 0, None
+        """Gives back everything `req` holds (`CacheManager.release`) and, unless it is only
+        retracted, its stop-string state."""
+        self.cache.release(req)
         if not keep_stop_state:
             self.stop_strings.forget(req)
 
@@ -434,9 +395,7 @@ class Scheduler:
         """Empties the radix cache; refused (returns why) while any request is in flight."""
         if not self.is_idle():
             return "requests are in flight"
-        if self.tree_cache is not None:
-            self.tree_cache.evict(self.tree_cache.evictable_size())
-            self.tree_cache.reset()
+        self.cache.flush()
         return None
 
     # ---- output ------------------------------------------------------------------------------
@@ -455,28 +414,8 @@ class Scheduler:
 
     def check_invariants(self) -> list[str]:
         """What is wrong with the KV bookkeeping (empty when all is well)."""
-        problems = []
-        free = self.allocator.available_size()
-        evictable = locked = 0
-        if self.tree_cache is not None:
-            evictable, locked = self.tree_cache.evictable_size(), self.tree_cache.protected_size()
-            try:
-                self.tree_cache.check_invariants()
-            except Exception as e:  # InvariantError from Rust
-                problems.append(f"radix tree: {e}")
         holders = self.running + ([self.chunked_req] if self.chunked_req else [])
-        held = sum(req.held_slots for req in holders)
-        if free + evictable + locked + held != self.allocator.size:
-            problems.append(
-                f"free {free} + evictable {evictable} + locked {locked} + held {held} "
-                f"!= total {self.allocator.size}"
-            )
-        rows = self.req_to_token_pool.size - self.req_to_token_pool.available()
-        if rows != len(holders):
-            problems.append(f"{rows} request rows in use by {len(holders)} requests")
-        if self.is_idle() and locked:
-            problems.append(f"{locked} slots still locked with no request in flight")
-        return problems
+        return self.cache.check_invariants(holders, self.is_idle())
 
     def check_and_count(self) -> None:
         problems = self.check_invariants()
@@ -492,19 +431,8 @@ class Scheduler:
             rid=rid,
             num_running_reqs=len(self.running) + (self.chunked_req is not None),
             num_waiting_reqs=len(self.waiting),
-            num_used_tokens=total - self._available_with_cache(),
+            num_used_tokens=total - self.cache.available(),
             max_total_tokens=total,
             invariant_violations=self.invariant_violations,
             num_retracted_reqs=self.num_retracted,
         )
-
-
-def _row(req: Req) -> int:
-    assert req.row is not None, f"request {req.rid} has no row"
-    return req.row
-
-
-def _tensor(ids: array[int]) -> torch.Tensor:
-    return (
-        torch.frombuffer(ids, dtype=torch.int32) if len(ids) else torch.empty(0, dtype=torch.int32)
-    )

@@ -1,9 +1,10 @@
 """The TokenizerManager (DESIGN §1-2), in the main process: requests in, results out.
 
-It tokenizes and validates each request, sends a `TokenizedGenerateReq` on ring "scheduler",
-and keeps one `ReqState` per request id in flight. One receive loop reads ring "tokenizer" and
-routes each `BatchStrOut` entry to its state (and the scheduler's replies to control messages to
-the caller waiting for them); callers of `generate_request` wait on their states' event.
+It tokenizes and validates each request (`request_tokenizer`), sends a `TokenizedGenerateReq` on
+ring "scheduler", and keeps one `ReqState` (`req_state`) per request id in flight. One receive
+loop reads ring "tokenizer" and routes each `BatchStrOut` entry to its state (and the scheduler's
+replies to control messages to the caller waiting for them); callers of `generate_request` wait
+on their states' event and get the results their states build.
 
 Everything runs on one asyncio loop: the one `start` is called on (the HTTP server's, or the
 Engine's background thread). No HTTP here: the HTTP server and the offline Engine share this.
@@ -22,10 +23,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-import torch
 
 from srt.io_struct import (
     AbortReq,
@@ -38,16 +36,14 @@ from srt.io_struct import (
     HealthCheckOut,
     HealthCheckReq,
     Message,
-    TokenizedGenerateReq,
 )
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.codec import decode
 from srt.managers.generate_req_input import GenerateReqInput, ReqInput, expand
-from srt.managers.hf_tokenizer import load_tokenizer
 from srt.managers.metrics import TokenizerMetrics
+from srt.managers.req_state import ReqState
 from srt.managers.request_log import log_finished
-from srt.model_executor.model_config import ModelConfig
-from srt.sampling_params import SamplingParams
+from srt.managers.request_tokenizer import RequestTokenizer
 from srt.server_args import ServerArgs
 
 # How long a broken ring waits for the launcher's word on which stage died and why.
@@ -59,48 +55,6 @@ Reply = TypeVar("Reply", FlushCacheOut, GetLoadOut, HealthCheckOut)
 
 class EngineDeadError(RuntimeError):
     """A stage process stopped (or the engine shut down): no request can complete."""
-
-
-@dataclass(eq=False)
-class ReqState:
-    """One request id in flight, as the receive loop updates it."""
-
-    req: ReqInput
-    input_ids: tuple[int, ...]
-    notify: asyncio.Event
-    """Shared by the requests of one `generate_request` call: set on every update."""
-    created: float = field(default_factory=time.perf_counter)
-    pieces: list[str] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[float] = field(default_factory=list)
-    output_top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
-    input_token_logprobs: list[float | None] = field(default_factory=list)
-    input_top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
-    input_logprobs_sent: int = 0  # prompt positions a stream has yielded
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    finish_reason: FinishReason | None = None
-    finished_at: float | None = None
-    last_token_at: float | None = None
-    # What a stream has yielded so far: pieces and ids, and whether its last chunk went out.
-    pieces_sent: int = 0
-    ids_sent: int = 0
-    done: bool = False
-    sent: bool = False
-    """Whether the scheduler got the request (else nothing of it can come back)."""
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def has_news(self) -> bool:
-        """Whether a stream has something to yield (new ids, or the finish)."""
-        return len(self.output_ids) > self.ids_sent or (self.finished and not self.done)
 
 
 class TokenizerManager:
@@ -117,20 +71,10 @@ class TokenizerManager:
         self.init_metrics()
 
     def init_tokenizer(self) -> None:
-        args = self.server_args
-        if args.model_path is None:
-            raise ValueError("the tokenizer manager needs --model-path")
-        self.tokenizer = load_tokenizer(args)
-        config = ModelConfig.load(
-            args.model_path,
-            args.dtype,
-            torch.device("cpu"),
-            context_length=args.context_length,
-            trust_remote_code=args.trust_remote_code,
-        )
-        self.context_length = config.context_length
-        # Ids the model can embed and the detokenizer can decode.
-        self.vocab_size = min(len(self.tokenizer), config.vocab_size)
+        self.request_tokenizer = RequestTokenizer(self.server_args)
+        self.tokenizer = self.request_tokenizer.tokenizer
+        self.context_length = self.request_tokenizer.context_length
+        self.vocab_size = self.request_tokenizer.vocab_size
 
     def init_channels(self, sender: Sender, receiver: Receiver) -> None:
         self.send_to_scheduler = sender
@@ -313,7 +257,7 @@ class TokenizerManager:
         request id already in flight, `EngineDeadError` when the pipeline is gone."""
         self.check_alive()
         reqs = expand(obj)
-        tokenized = self.tokenize(reqs)
+        tokenized = self.request_tokenizer.tokenize(reqs)
         self.check_new_rids(reqs)
         indexed = obj.stream and (not obj.is_single or len(reqs) > 1)
         notify = asyncio.Event()
@@ -332,7 +276,7 @@ class TokenizerManager:
             else:
                 await self.wait_finished(states)
                 for state in states:
-                    yield self.result(state, indexed, stream=False)
+                    yield state.result(indexed, stream=False)
         finally:
             await self.abandon(states)
 
@@ -350,7 +294,7 @@ class TokenizerManager:
             await self.wait_news(states)
             for state in states:
                 if state.has_news:
-                    yield self.result(state, indexed, stream=True)
+                    yield state.result(indexed, stream=True)
 
     async def wait_finished(self, states: list[ReqState]) -> None:
         while not all(s.finished for s in states):
@@ -374,129 +318,9 @@ class TokenizerManager:
             with contextlib.suppress(EngineDeadError):
                 await self.send(AbortReq(rid))
 
-    def result(self, state: ReqState, indexed: bool, stream: bool) -> dict[str, Any]:
-        """The SGLang-shaped dict of a request: all of it, or (stream) what is new since the
-        previous chunk."""
-        start_piece = state.pieces_sent if stream else 0
-        start_id = state.ids_sent if stream else 0
-        ids = state.output_ids[start_id:]
-        state.pieces_sent = len(state.pieces)
-        state.ids_sent = len(state.output_ids)
-        state.done = state.finished
-        end = state.finished_at if state.finished_at is not None else time.perf_counter()
-        reason = state.finish_reason
-        meta: dict[str, Any] = {
-            "id": state.req.rid,
-            "prompt_tokens": state.prompt_tokens,
-            "completion_tokens": state.completion_tokens,
-            "cached_tokens": state.cached_tokens,
-            "finish_reason": reason.to_json() if reason is not None else None,
-            "e2e_latency": end - state.created,
-        }
-        if state.req.return_logprob:
-            meta["output_token_logprobs"] = [
-                (logprob, token, None)
-                for logprob, token in zip(state.output_logprobs[start_id:], ids, strict=False)
-            ]
-            meta["output_top_logprobs"] = [
-                [(logprob, token, None) for token, logprob in top]
-                for top in state.output_top_logprobs[start_id:]
-            ]
-            if state.req.logprob_start_len >= 0:
-                meta.update(self.input_logprobs(state, stream))
-        out: dict[str, Any] = {
-            "text": "".join(state.pieces[start_piece:]),
-            "output_ids": ids,
-            "meta_info": meta,
-        }
-        if indexed:
-            out["index"] = state.req.index
-        return out
-
-    def input_logprobs(self, state: ReqState, stream: bool) -> dict[str, Any]:
-        """SGLang's `input_token_logprobs`: `(logprob, id, None)` per prompt position from
-        `logprob_start_len` on (logprob None at position 0), and with `top_logprobs_num` its
-        `input_top_logprobs` (None at position 0). A stream has them in one chunk (the first
-        after the prompt is prefilled), empty in the others."""
-        start = state.req.logprob_start_len
-        begin = state.input_logprobs_sent if stream else 0
-        state.input_logprobs_sent = len(state.input_token_logprobs)
-        positions = range(start + begin, start + len(state.input_token_logprobs))
-        out: dict[str, Any] = {
-            "input_token_logprobs": [
-                (state.input_token_logprobs[p - start], state.input_ids[p], None) for p in positions
-            ]
-        }
-        if state.req.top_logprobs_num:
-            out["input_top_logprobs"] = [
-                [(logprob, token, None) for token, logprob in state.input_top_logprobs[p - start]]
-                if p
-                else None
-                for p in positions
-            ]
-        return out
-
-    # ---- tokenization and validation ---------------------------------------------------------
-
-    def tokenize(self, reqs: list[ReqInput]) -> list[TokenizedGenerateReq]:
-        """Tokenized, validated requests (ValueError for the first bad one)."""
-        texts = sorted({r.text for r in reqs if r.text is not None})
-        encoded = self.tokenizer(texts)["input_ids"] if texts else []
-        ids_of = dict(zip(texts, encoded, strict=True))
-        out = []
-        for req in reqs:
-            if req.input_ids is not None:
-                ids = req.input_ids
-                self.check_ids(ids, "input_ids")
-            else:
-                assert req.text is not None
-                ids = ids_of[req.text]
-            out.append(self.build_req(req, ids))
-        return out
-
-    def build_req(self, req: ReqInput, ids: list[int]) -> TokenizedGenerateReq:
-        if not ids or req.text == "":
-            raise ValueError("the prompt is empty")
-        kwargs = dict(req.sampling_kwargs)
-        if kwargs.get("max_new_tokens", 0) is None:
-            kwargs["max_new_tokens"] = max(self.context_length - len(ids), 0)
-        params = SamplingParams(**kwargs)
-        self.check_ids(params.stop_token_ids, "stop_token_ids")
-        self.check_ids([token for token, _ in params.logit_bias], "logit_bias")
-        total = len(ids) + params.max_new_tokens
-        if len(ids) >= self.context_length:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens, which leaves no room for output in the "
-                f"context length of {self.context_length} tokens"
-            )
-        if req.logprob_start_len >= len(ids):
-            raise ValueError(
-                f"logprob_start_len ({req.logprob_start_len}) must be below the prompt length "
-                f"({len(ids)} tokens)"
-            )
-        if total > self.context_length:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens and max_new_tokens is "
-                f"{params.max_new_tokens}: {total} tokens exceed the context length of "
-                f"{self.context_length} tokens"
-            )
-        return TokenizedGenerateReq(
-            rid=req.rid,
-            input_text=req.text or "",
-            input_ids=tuple(ids),
-            sampling_params=params,
-            stream=req.stream,
-            return_logprob=req.return_logprob,
-            top_logprobs_num=req.top_logprobs_num,
-            logprob_start_len=req.logprob_start_len,
-        )
-
     def check_ids(self, ids: list[int] | tuple[int, ...], what: str) -> None:
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(
-                f"{what} holds token id {bad}, outside the vocabulary [0, {self.vocab_size})"
-            )
+        """ValueError if `ids` (named `what` in the message) hold an id outside the vocabulary."""
+        self.request_tokenizer.check_ids(ids, what)
 
     # ---- control -------------------------------------------------------------------------------
 
