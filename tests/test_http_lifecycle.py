@@ -55,30 +55,37 @@ async def status_of(server: ServerProcess, path: str) -> int:
         return response.status
 
 
-def run_sigterm_during_a_request(
-    server: ServerProcess, sampling: dict[str, Any]
-) -> tuple[list[Any], int, int]:
-    """Starts a streamed request, sends SIGTERM once it runs; returns its events, the status
-    `/health` answered during shutdown, and the server's exit status."""
+def run_sigterm_during_requests(
+    server: ServerProcess, samplings: list[dict[str, Any]]
+) -> tuple[list[list[Any]], int, int]:
+    """Starts one streamed request per sampling, sends SIGTERM once all run; returns their
+    events, the status `/health` answered during shutdown, and the server's exit status."""
 
-    async def go() -> tuple[list[Any], int]:
-        started = asyncio.Event()
-        body = {"text": "Once upon a time", "sampling_params": sampling}
-        request = asyncio.ensure_future(stream_until_done(server, body, started))
-        await started.wait()
+    async def go() -> tuple[list[list[Any]], int]:
+        starts = [asyncio.Event() for _ in samplings]
+        requests = [
+            asyncio.ensure_future(
+                stream_until_done(
+                    server, {"text": "Once upon a time", "sampling_params": sampling}, started
+                )
+            )
+            for sampling, started in zip(samplings, starts, strict=True)
+        ]
+        for started in starts:
+            await started.wait()
         server.process.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
         health = await status_of(server, "/health")
-        return await request, health
+        return list(await asyncio.gather(*requests)), health
 
     events, health = asyncio.run(go())
     return events, health, server.process.wait(60)
 
 
-def test_health_is_503_until_warmed_up_then_sigterm_lets_requests_finish(
+def test_503_until_warm_then_sigterm_drains_within_the_grace_period_and_exits_0(
     tiny_model_factory: Callable[[str], Path],
 ) -> None:
-    server = spawn_server(tiny_model_factory("llama"))
+    server = spawn_server(tiny_model_factory("llama"), "--graceful-shutdown-timeout", "2")
     try:
         statuses = set()
         while (status := server.health_status()) != 200:
@@ -89,31 +96,18 @@ def test_health_is_503_until_warmed_up_then_sigterm_lets_requests_finish(
         children = psutil.Process(server.process.pid).children(recursive=True)
         assert len(children) >= 2
         assert shm_segments(server.process.pid) == []  # unlinked once both ends attached
-        sampling = {"max_new_tokens": 24, "ignore_eos": True}
-        events, health, code = run_sigterm_during_a_request(server, sampling)
+        short = {"max_new_tokens": 8, "ignore_eos": True}
+        (finished, cut), health, code = run_sigterm_during_requests(server, [short, LONG])
     finally:
         server.stop()
     assert health == 503
     assert code == 0, server.output()
-    assert events[-1] == "[DONE]"
-    assert events[-2]["meta_info"]["finish_reason"] == {"type": "length", "length": 24}
+    assert finished[-1] == cut[-1] == "[DONE]"
+    # The short request finishes within the grace period; the long one is aborted after it.
+    assert finished[-2]["meta_info"]["finish_reason"] == {"type": "length", "length": 8}
+    assert cut[-2]["meta_info"]["finish_reason"]["type"] == "abort"
     assert live(children) == []
     assert shm_segments(server.process.pid) == []
-
-
-def test_sigterm_aborts_what_outlasts_the_grace_period(
-    tiny_model_factory: Callable[[str], Path],
-) -> None:
-    server = spawn_server(tiny_model_factory("llama"), "--graceful-shutdown-timeout", "0.5")
-    try:
-        server.wait_healthy()
-        events, health, code = run_sigterm_during_a_request(server, LONG)
-    finally:
-        server.stop()
-    assert health == 503
-    assert code == 0, server.output()
-    assert events[-1] == "[DONE]"
-    assert events[-2]["meta_info"]["finish_reason"]["type"] == "abort"
 
 
 def test_a_dead_stage_fails_requests_and_the_server_exits_1(
