@@ -1,9 +1,11 @@
 """The reference attention backend: PyTorch's scaled_dot_product_attention over the KV pool.
 
 Runs everywhere (it is the CPU path). Extend attends one sequence at a time with a causal mask
-shifted by the sequence's cached prefix; decode gathers every sequence's K/V into one padded
-batch and attends in a single call per layer. What a decode batch's layers share (the flat list
-of slots to gather, the additive padding mask) is derived once per forward pass.
+shifted by the sequence's cached prefix. Decode gathers every sequence's K/V into one padded
+batch and attends in a single call per layer; when sequences of the batch share cached prefix
+slots, it attends each shared prefix once per group instead (cascade.py). What a decode batch's
+layers share (the slots to gather, the additive padding mask, the groups) is derived once per
+forward pass.
 """
 
 from __future__ import annotations
@@ -14,6 +16,13 @@ import torch
 import torch.nn.functional as F
 
 from srt.layers.attention.base import AttentionBackend
+from srt.layers.attention.cascade import (
+    MIN_SAVED_TOKENS,
+    CascadeMetadata,
+    build_cascade_metadata,
+    cascade_decode,
+    plan_shared_prefixes,
+)
 from srt.layers.forward_batch import ForwardMode
 
 if TYPE_CHECKING:
@@ -22,18 +31,31 @@ if TYPE_CHECKING:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    def __init__(self) -> None:
+    def __init__(self, cascade_min_saved: int | None = MIN_SAVED_TOKENS) -> None:
+        """cascade_min_saved: attend a prefix that decode sequences share once per group when
+        that saves at least this many tokens per layer (None: never)."""
+        self.cascade_min_saved = cascade_min_saved
         self._decode_mask: torch.Tensor | None = None
         self._decode_slots: torch.Tensor | None = None
+        self._cascade: CascadeMetadata | None = None
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        self._cascade = None
         if forward_batch.forward_mode is not ForwardMode.DECODE or forward_batch.batch_size == 0:
             return
         max_len = max(forward_batch.seq_lens_cpu)
         rows = forward_batch.req_to_token_pool.req_to_token[forward_batch.req_pool_indices]
+        rows = rows[:, :max_len]
+        if self.cascade_min_saved is not None and forward_batch.batch_size > 1:
+            groups = plan_shared_prefixes(
+                rows.cpu(), forward_batch.seq_lens_cpu, self.cascade_min_saved
+            )
+            if groups:
+                self._cascade = build_cascade_metadata(rows, forward_batch.seq_lens, groups)
+                return
         # [batch * max_len]: a sequence's slots, then padding (whatever its row holds past its
         # length; masked out below).
-        self._decode_slots = rows[:, :max_len].flatten().long()
+        self._decode_slots = rows.flatten().long()
         positions = torch.arange(max_len, device=forward_batch.seq_lens.device)
         padding = positions[None, :] >= forward_batch.seq_lens[:, None]
         dtype = forward_batch.kv_pool.k_buffers[0].dtype
@@ -81,10 +103,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         layer: RadixAttention,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
-        assert self._decode_slots is not None, "init_forward_metadata must run first"
-        assert self._decode_mask is not None
         pool = forward_batch.kv_pool
         pool.store(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        if self._cascade is not None:
+            k_buffer, v_buffer = pool.k_buffers[layer.layer_id], pool.v_buffers[layer.layer_id]
+            return cascade_decode(q, k_buffer, v_buffer, self._cascade, layer.scaling)
+        assert self._decode_slots is not None, "init_forward_metadata must run first"
+        assert self._decode_mask is not None
         batch, kv_heads, head_dim = q.shape[0], layer.num_kv_heads, layer.head_dim
         shape = (batch, -1, kv_heads, head_dim)  # [batch, len, kv_heads, head_dim]
         keys = pool.k_buffers[layer.layer_id].index_select(0, self._decode_slots).view(shape)
