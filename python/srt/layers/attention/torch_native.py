@@ -1,9 +1,11 @@
 """The reference attention backend: PyTorch's scaled_dot_product_attention over the KV pool.
 
 Runs everywhere (it is the CPU path). Extend attends one sequence at a time with a causal mask
-shifted by the sequence's cached prefix; decode gathers every sequence's K/V into one padded
-batch and attends in a single call per layer. What a decode batch's layers share (the flat list
-of slots to gather, the additive padding mask) is derived once per forward pass.
+shifted by the sequence's cached prefix. Decode gathers every sequence's K/V into one padded
+batch and attends in a single call per layer; when sequences of the batch share cached prefix
+slots, it attends each shared prefix once per group instead (cascade.py). What a decode batch's
+layers share (the slots to gather, the additive padding mask, the groups) is derived once per
+forward pass.
 """
 
 from __future__ import annotations
@@ -14,6 +16,13 @@ import torch
 import torch.nn.functional as F
 
 from srt.layers.attention.base import AttentionBackend
+from srt.layers.attention.cascade import (
+    MIN_SAVED_TOKENS,
+    CascadeMetadata,
+    build_cascade_metadata,
+    cascade_decode,
+    plan_shared_prefixes,
+)
 from srt.layers.forward_batch import ForwardMode
 
 if TYPE_CHECKING:
@@ -22,23 +31,65 @@ if TYPE_CHECKING:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    def __init__(self) -> None:
+    def __init__(self, cascade_min_saved: int | None = MIN_SAVED_TOKENS) -> None:
+        """cascade_min_saved: attend a prefix that decode sequences share once per group when
+        that saves at least this many tokens per layer (None: never)."""
+        self.cascade_min_saved = cascade_min_saved
         self._decode_mask: torch.Tensor | None = None
         self._decode_slots: torch.Tensor | None = None
+        self._cascade: CascadeMetadata | None = None
+        # Extend: (first new token, new tokens, None or (all slots, mask)) per sequence.
+        self._extend_seqs: list[tuple[int, int, tuple[torch.Tensor, torch.Tensor] | None]] = []
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        if forward_batch.forward_mode is not ForwardMode.DECODE or forward_batch.batch_size == 0:
+        self._cascade = None
+        if forward_batch.forward_mode is ForwardMode.EXTEND:
+            self._init_extend_metadata(forward_batch)
+            return
+        if forward_batch.batch_size == 0:
             return
         max_len = max(forward_batch.seq_lens_cpu)
         rows = forward_batch.req_to_token_pool.req_to_token[forward_batch.req_pool_indices]
+        rows = rows[:, :max_len]
+        if self.cascade_min_saved is not None and forward_batch.batch_size > 1:
+            groups = plan_shared_prefixes(
+                rows.cpu(), forward_batch.seq_lens_cpu, self.cascade_min_saved
+            )
+            if groups:
+                self._cascade = build_cascade_metadata(rows, forward_batch.seq_lens, groups)
+                return
         # [batch * max_len]: a sequence's slots, then padding (whatever its row holds past its
         # length; masked out below).
-        self._decode_slots = rows[:, :max_len].flatten().long()
+        self._decode_slots = rows.flatten().long()
         positions = torch.arange(max_len, device=forward_batch.seq_lens.device)
         padding = positions[None, :] >= forward_batch.seq_lens[:, None]
         dtype = forward_batch.kv_pool.k_buffers[0].dtype
         mask = torch.zeros(padding.shape, dtype=dtype, device=padding.device)
         self._decode_mask = mask.masked_fill_(padding, float("-inf"))[:, None, None, :]
+
+    def _init_extend_metadata(self, forward_batch: ForwardBatch) -> None:
+        """Per sequence: its slice of the new tokens, and, after a cached prefix, the slots of
+        its whole sequence and the additive mask that shifts causality past the prefix."""
+        req_to_token = forward_batch.req_to_token_pool.req_to_token
+        device = forward_batch.input_ids.device
+        dtype = forward_batch.kv_pool.k_buffers[0].dtype
+        self._extend_seqs = []
+        start = 0
+        for i, (seq_len, extend_len) in enumerate(
+            zip(forward_batch.seq_lens_cpu, forward_batch.extend_seq_lens_cpu, strict=True)
+        ):
+            prefix_len = seq_len - extend_len
+            cached = None
+            if prefix_len > 0:
+                row = forward_batch.req_pool_indices[i]
+                slots = req_to_token[row, :seq_len].long()
+                query_pos = torch.arange(prefix_len, seq_len, device=device)
+                key_pos = torch.arange(seq_len, device=device)
+                mask = torch.zeros((extend_len, seq_len), dtype=dtype, device=device)
+                mask.masked_fill_(key_pos[None, :] > query_pos[:, None], float("-inf"))
+                cached = (slots, mask)
+            self._extend_seqs.append((start, extend_len, cached))
+            start += extend_len
 
     def forward_extend(
         self,
@@ -51,26 +102,24 @@ class TorchNativeAttnBackend(AttentionBackend):
         pool = forward_batch.kv_pool
         pool.store(layer.layer_id, forward_batch.out_cache_loc, k, v)
         k_buffer, v_buffer = pool.k_buffers[layer.layer_id], pool.v_buffers[layer.layer_id]
-        req_to_token = forward_batch.req_to_token_pool.req_to_token
         out = torch.empty_like(q)
-        start = 0
-        for i, (seq_len, extend_len) in enumerate(
-            zip(forward_batch.seq_lens_cpu, forward_batch.extend_seq_lens_cpu, strict=True)
-        ):
-            prefix_len = seq_len - extend_len
-            row = int(forward_batch.req_pool_indices[i])
-            slots = req_to_token[row, :seq_len].long()
-            q_i = q[start : start + extend_len].transpose(0, 1)  # [heads, new, head_dim]
-            k_i = k_buffer.index_select(0, slots).transpose(0, 1)  # [kv_heads, seq, head_dim]
-            v_i = v_buffer.index_select(0, slots).transpose(0, 1)
-            query_pos = torch.arange(prefix_len, seq_len, device=q.device)
-            key_pos = torch.arange(seq_len, device=q.device)
-            mask = key_pos[None, :] <= query_pos[:, None]
-            o = F.scaled_dot_product_attention(
-                q_i, k_i, v_i, attn_mask=mask, scale=layer.scaling, enable_gqa=True
-            )
-            out[start : start + extend_len] = o.transpose(0, 1)
-            start += extend_len
+        for start, extend_len, cached in self._extend_seqs:
+            end = start + extend_len
+            q_i = q[start:end].transpose(0, 1)  # [heads, new, head_dim]
+            if cached is None:
+                # No cached prefix: the sequence is its new tokens, whose K/V are at hand.
+                k_i, v_i = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
+                o = F.scaled_dot_product_attention(
+                    q_i, k_i, v_i, is_causal=True, scale=layer.scaling, enable_gqa=True
+                )
+            else:
+                slots, mask = cached
+                k_i = k_buffer.index_select(0, slots).transpose(0, 1)  # [kv_heads, seq, dim]
+                v_i = v_buffer.index_select(0, slots).transpose(0, 1)
+                o = F.scaled_dot_product_attention(
+                    q_i, k_i, v_i, attn_mask=mask, scale=layer.scaling, enable_gqa=True
+                )
+            out[start:end] = o.transpose(0, 1)
         return out.flatten(1)
 
     def forward_decode(
@@ -81,10 +130,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         layer: RadixAttention,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
-        assert self._decode_slots is not None, "init_forward_metadata must run first"
-        assert self._decode_mask is not None
         pool = forward_batch.kv_pool
         pool.store(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        if self._cascade is not None:
+            k_buffer, v_buffer = pool.k_buffers[layer.layer_id], pool.v_buffers[layer.layer_id]
+            return cascade_decode(q, k_buffer, v_buffer, self._cascade, layer.scaling)
+        assert self._decode_slots is not None, "init_forward_metadata must run first"
+        assert self._decode_mask is not None
         batch, kv_heads, head_dim = q.shape[0], layer.num_kv_heads, layer.head_dim
         shape = (batch, -1, kv_heads, head_dim)  # [batch, len, kv_heads, head_dim]
         keys = pool.k_buffers[layer.layer_id].index_select(0, self._decode_slots).view(shape)
