@@ -137,10 +137,12 @@ def test_bad_value_is_one_line_naming_the_flag(argv: list[str], flag: str) -> No
     assert flag in lines[0]
 
 
-def test_missing_model_is_reported() -> None:
+def test_missing_model_is_one_line_before_any_stage_starts() -> None:
     result = run_cli("--model", "/nonexistent", "--port", "8123")
     assert result.returncode == 1
-    assert "no model at /nonexistent" in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "srt-serve: no model at /nonexistent: the path does not exist"
+    ]
 
 
 def test_no_model_and_no_default_package_says_how_to_install(

