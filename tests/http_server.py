@@ -83,10 +83,10 @@ class ServerProcess:
             raise
 
 
-def spawn_server(model: Path | str, *flags: str, log_dir: Path | None = None) -> ServerProcess:
-    """Starts `srt-serve --model MODEL FLAGS` on a free port, without waiting for it."""
+def spawn_server(model: Path | str, *flags: str, log_dir: Path) -> ServerProcess:
+    """Starts `srt-serve --model MODEL FLAGS` on a free port, without waiting for it; its
+    output goes to a file in `log_dir`."""
     port = free_port()
-    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="srt-serve-"))
     log_path = log_dir / f"srt-serve-{port}.log"
     command = [sys.executable, "-m", "srt.entrypoints.cli", "--model", str(model)]
     command += ["--port", str(port), *flags]
@@ -100,9 +100,10 @@ def spawn_server(model: Path | str, *flags: str, log_dir: Path | None = None) ->
 @contextlib.contextmanager
 def running_server(model: Path | str, *flags: str) -> Iterator[ServerProcess]:
     """A healthy server for the duration of the block; stopped (SIGTERM) after it."""
-    server = spawn_server(model, *flags)
-    try:
-        server.wait_healthy()
-        yield server
-    finally:
-        server.stop()
+    with tempfile.TemporaryDirectory(prefix="srt-serve-") as log_dir:
+        server = spawn_server(model, *flags, log_dir=Path(log_dir))
+        try:
+            server.wait_healthy()
+            yield server
+        finally:
+            server.stop()

@@ -83,9 +83,10 @@ def run_sigterm_during_requests(
 
 
 def test_503_until_warm_then_sigterm_drains_within_the_grace_period_and_exits_0(
-    tiny_model_factory: Callable[[str], Path],
+    tiny_model_factory: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    server = spawn_server(tiny_model_factory("llama"), "--graceful-shutdown-timeout", "2")
+    model = tiny_model_factory("llama")
+    server = spawn_server(model, "--graceful-shutdown-timeout", "2", log_dir=tmp_path)
     try:
         statuses = set()
         while (status := server.health_status()) != 200:
@@ -111,9 +112,9 @@ def test_503_until_warm_then_sigterm_drains_within_the_grace_period_and_exits_0(
 
 
 def test_a_dead_stage_fails_requests_and_the_server_exits_1(
-    tiny_model_factory: Callable[[str], Path],
+    tiny_model_factory: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    server = spawn_server(tiny_model_factory("llama"))
+    server = spawn_server(tiny_model_factory("llama"), log_dir=tmp_path)
     try:
         server.wait_healthy()
         scheduler = next(

