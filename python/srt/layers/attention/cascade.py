@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from srt.mem_cache.memory_pool import gather_rows
+
 # A group pays for its extra kernels once it saves gathering and attending this many tokens per
 # layer: (members - 1) * prefix length.
 MIN_SAVED_TOKENS = 64
@@ -127,15 +129,15 @@ def cascade_decode(
     # Query head h reads KV head h // group: [batch, kv_heads, group, head_dim].
     queries = q.reshape(batch, kv_heads, group, head_dim)
     shape = (batch, -1, kv_heads, head_dim)
-    keys = k_buffer.index_select(0, metadata.suffix_slots).view(shape).transpose(1, 2)
-    values = v_buffer.index_select(0, metadata.suffix_slots).view(shape).transpose(1, 2)
+    keys = gather_rows(k_buffer, metadata.suffix_slots).view(shape).transpose(1, 2)
+    values = gather_rows(v_buffer, metadata.suffix_slots).view(shape).transpose(1, 2)
     out, maxima, sums = _partial_attention(queries, keys, values, metadata.suffix_mask, scale)
     for prefix in metadata.prefixes:
         n = prefix.members.numel()
         # All members' query rows of a KV head against the prefix: [kv_heads, n * group, d].
         rows = queries[prefix.members].transpose(0, 1).reshape(kv_heads, n * group, head_dim)
-        prefix_k = k_buffer.index_select(0, prefix.slots).transpose(0, 1)
-        prefix_v = v_buffer.index_select(0, prefix.slots).transpose(0, 1)
+        prefix_k = gather_rows(k_buffer, prefix.slots).transpose(0, 1)
+        prefix_v = gather_rows(v_buffer, prefix.slots).transpose(0, 1)
         partial = _partial_attention(rows, prefix_k, prefix_v, None, scale)
         # Back to [n, kv_heads, group, ...], the members' order in `out`.
         p_out, p_max, p_sum = (t.view(kv_heads, n, group, -1).transpose(0, 1) for t in partial)

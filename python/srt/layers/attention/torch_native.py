@@ -101,7 +101,6 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         pool = forward_batch.kv_pool
         pool.store(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        k_buffer, v_buffer = pool.k_buffers[layer.layer_id], pool.v_buffers[layer.layer_id]
         out = torch.empty_like(q)
         for start, extend_len, cached in self._extend_seqs:
             end = start + extend_len
@@ -114,8 +113,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 )
             else:
                 slots, mask = cached
-                k_i = k_buffer.index_select(0, slots).transpose(0, 1)  # [kv_heads, seq, dim]
-                v_i = v_buffer.index_select(0, slots).transpose(0, 1)
+                k_i, v_i = (t.transpose(0, 1) for t in pool.gather(layer.layer_id, slots))
                 o = F.scaled_dot_product_attention(
                     q_i, k_i, v_i, attn_mask=mask, scale=layer.scaling, enable_gqa=True
                 )
@@ -139,8 +137,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         assert self._decode_mask is not None
         batch, kv_heads, head_dim = q.shape[0], layer.num_kv_heads, layer.head_dim
         shape = (batch, -1, kv_heads, head_dim)  # [batch, len, kv_heads, head_dim]
-        keys = pool.k_buffers[layer.layer_id].index_select(0, self._decode_slots).view(shape)
-        values = pool.v_buffers[layer.layer_id].index_select(0, self._decode_slots).view(shape)
+        keys, values = (t.view(shape) for t in pool.gather(layer.layer_id, self._decode_slots))
         # The query heads that share a KV head attend as that KV head's rows of queries
         # ([batch, kv_heads, group, head_dim]): query head h reads KV head h // group.
         o = F.scaled_dot_product_attention(
