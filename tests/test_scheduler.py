@@ -42,6 +42,7 @@ class ScriptedRunner:
     """A model runner whose logits put all mass on `(last input token + 1) % VOCAB`, skipping EOS
     unless the input token is `EOS - 1`; it records every pass."""
 
+    device = torch.device("cpu")
     max_total_tokens: int = 256
     max_running_requests: int = 8
     context_length: int = 512
@@ -175,6 +176,15 @@ def test_long_prompts_are_prefilled_in_chunks() -> None:
     ]
     assert finished["long"].output_ids == [22, 23]
     assert finished["short"].output_ids == [32]
+
+
+@pytest.mark.parametrize(
+    ("device", "given", "expected"), [("cpu", None, 4096), ("cuda", None, 8192), ("cpu", 64, 64)]
+)
+def test_the_chunk_size_defaults_by_device(device: str, given: int | None, expected: int) -> None:
+    runner = ScriptedRunner()
+    runner.device = torch.device(device)
+    assert scheduler_over(runner, chunked_prefill_size=given).chunked_prefill_size == expected
 
 
 def test_max_prefill_tokens_and_max_running_requests_bound_a_step() -> None:

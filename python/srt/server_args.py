@@ -190,10 +190,12 @@ class ServerArgs:
     max_prefill_tokens: int = field(
         default=16384, metadata=_arg("scheduling", "Most prompt tokens in one prefill step.")
     )
-    chunked_prefill_size: int = field(
-        default=8192,
+    chunked_prefill_size: int | None = field(
+        default=None,
         metadata=_arg(
-            "scheduling", "Longest prefill chunk in tokens; -1 turns chunked prefill off."
+            "scheduling",
+            "Most prompt tokens computed in one prefill step, longer prompts are split across "
+            "steps; -1 turns chunked prefill off (default: 4096 on the CPU, 8192 on CUDA).",
         ),
     )
     schedule_policy: str = field(

@@ -60,6 +60,12 @@ RETRACT_DECODE_STEPS = 20
 # A waiting request sharing this many uncached prompt tokens with one admitted in the same step
 # waits one step to take them from the cache instead of computing them twice.
 IN_BATCH_PREFIX_TOKENS = 32
+# --chunked-prefill-size when not given. On the CPU, GEMMs of a few thousand rows run faster per
+# row than larger ones (their activations stay in cache): the 7,511 prompt tokens of
+# bench_offline_throughput's random workload prefilled in 18.6 s in steps of at most 4,096 tokens
+# and in 21.6 s in one step of 7,511 (SmolLM2, three alternating runs each).
+DEFAULT_CHUNKED_PREFILL_SIZE = 8192
+CPU_CHUNKED_PREFILL_SIZE = 4096
 
 
 class Scheduler:
@@ -77,6 +83,11 @@ class Scheduler:
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.max_running_requests = min(
             model_runner.max_running_requests, self.req_to_token_pool.size
+        )
+        self.chunked_prefill_size = server_args.chunked_prefill_size or (
+            CPU_CHUNKED_PREFILL_SIZE
+            if model_runner.device.type == "cpu"
+            else DEFAULT_CHUNKED_PREFILL_SIZE
         )
         self.allocator = TokenToKVPoolAllocator(model_runner.max_total_tokens)
         self.tree_cache = None if server_args.disable_radix_cache else RadixCache(1, self.allocator)
@@ -206,7 +217,7 @@ class Scheduler:
             sum(min(r.remaining_new_tokens, CLIP_MAX_NEW_TOKENS) for r in self.running)
             * self.new_token_ratio
         )
-        chunk = self.server_args.chunked_prefill_size
+        chunk = self.chunked_prefill_size
         adder = PrefillAdder(
             rem_total_tokens=self.cache.available() - reserved,
             rem_input_tokens=self.server_args.max_prefill_tokens,
