@@ -1,4 +1,5 @@
-"""The models' `Linear`: the packed oneDNN path on the CPU equals `F.linear` on the same weight."""
+"""The models' `Linear`: srt's packed CPU kernel (`srt._rust.linear`) equals `F.linear` on the
+same weight, a row's result does not depend on the rest of the batch, bad buffers are refused."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from runner_helpers import make_runner
 
-from srt.layers.linear import PACKED_MIN_ROWS, Linear, onednn_linear_available, prepare_for_device
+from srt import _rust
+from srt.layers.linear import Linear, prepare_for_device
 
-needs_onednn = pytest.mark.skipif(not onednn_linear_available(), reason="torch without oneDNN")
+needs_kernel = pytest.mark.skipif(not _rust.linear_supported(), reason="CPU without AVX2 and FMA")
 
 
 def prepared_linear(in_features: int, out_features: int, bias: bool) -> Linear:
@@ -26,9 +28,9 @@ def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
     return float((ours - reference).abs().max() / reference.abs().max())
 
 
-@needs_onednn
+@needs_kernel
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, PACKED_MIN_ROWS, 7, 64, 300])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 64, 300])
 def test_packed_matches_f_linear(rows: int, bias: bool) -> None:
     layer = prepared_linear(96, 200, bias)
     assert layer.packed
@@ -41,17 +43,18 @@ def test_packed_matches_f_linear(rows: int, bias: bool) -> None:
     assert relative_error(ours.double(), reference) < 1e-6
 
 
-@needs_onednn
+@needs_kernel
 def test_a_row_does_not_depend_on_the_other_rows() -> None:
     layer = prepared_linear(576, 960, bias=True)
     x = torch.randn(256, 576)
     with torch.inference_mode():
         together = layer(x)
-        for rows in (PACKED_MIN_ROWS, 5, 32, 100):
+        for rows in (1, 2, 5, 32, 100):
             assert torch.equal(layer(x[:rows]), together[:rows])
+        assert torch.equal(layer(x[7:8]), together[7:8])
 
 
-@needs_onednn
+@needs_kernel
 def test_weights_changed_after_packing_are_packed_again() -> None:
     layer = prepared_linear(32, 48, bias=False)
     x = torch.randn(8, 32)
@@ -60,6 +63,46 @@ def test_weights_changed_after_packing_are_packed_again() -> None:
     with torch.inference_mode():
         ours = layer(x)
     assert relative_error(ours, F.linear(x, layer.weight)) < 1e-5
+
+
+@needs_kernel
+def test_leading_dimensions_and_strided_inputs_are_accepted() -> None:
+    layer = prepared_linear(24, 40, bias=True)
+    x = torch.randn(3, 5, 48)[..., ::2]  # [3, 5, 24], not contiguous
+    with torch.inference_mode():
+        ours = layer(x)
+        empty = layer(torch.empty(0, 24))
+    assert ours.shape == (3, 5, 40)
+    assert relative_error(ours, F.linear(x, layer.weight, layer.bias)) < 1e-5
+    assert empty.shape == (0, 40)
+
+
+@needs_kernel
+def test_an_input_that_requires_grad_keeps_autograd() -> None:
+    layer = prepared_linear(16, 32, bias=False)
+    x = torch.randn(4, 16, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None
+    assert torch.allclose(x.grad, layer.weight.sum(0).expand(4, 16))
+
+
+@needs_kernel
+def test_the_kernel_refuses_buffers_that_do_not_fit() -> None:
+    layer = prepared_linear(16, 32, bias=False)
+    assert layer._packed is not None
+    packed = layer._packed.numpy()
+    x = torch.randn(4, 16).numpy()
+    out = torch.empty(4, 32).numpy()
+    with pytest.raises(ValueError, match="the output has 127 floats, expected 128"):
+        _rust.linear(x, 4, packed, 32, 16, None, out.reshape(-1)[:127])
+    with pytest.raises(ValueError, match="overlaps"):
+        _rust.linear(out.reshape(-1)[:64], 4, packed, 32, 16, None, out)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _rust.linear(torch.randn(4, 32).numpy()[:, ::2], 4, packed, 32, 16, None, out)
+    readonly = out.copy()
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        _rust.linear(x, 4, packed, 32, 16, None, readonly)
 
 
 def test_half_precision_keeps_f_linear() -> None:
@@ -71,7 +114,7 @@ def test_half_precision_keeps_f_linear() -> None:
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
-@needs_onednn
+@needs_kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])  # separate and tied output projection
 def test_runner_packs_every_projection(
     arch: str, tiny_model_factory: Callable[[str], Path]

@@ -6,6 +6,8 @@ Only the facades in `srt.mem_cache`, `srt.managers` and `srt.ipc` import this mo
 from array import array
 from collections.abc import Sequence
 
+import numpy as np
+from numpy.typing import NDArray
 from typing_extensions import Buffer
 
 # Runs of token or slot ids: an int32 buffer (`array('i')`, numpy int32; read in one copy) or,
@@ -132,3 +134,21 @@ class ShmRing:
     def max_frame_len(self) -> int: ...
     @property
     def peer_pid(self) -> int: ...
+
+# --- CPU linear layers (rust/python/src/gemm.rs) -----------------------------------------------
+# Float32 buffers: C-contiguous numpy views of CPU tensors, shared, not copied.
+_Floats = Buffer | NDArray[np.float32]
+
+def linear_supported() -> bool:
+    """Whether this CPU runs `linear` (x86-64 with AVX2 and FMA)."""
+
+def packed_weight_len(n: int, k: int) -> int:
+    """The number of floats of a packed `[n, k]` weight."""
+
+def pack_weight(weight: _Floats, n: int, k: int, packed: _Floats) -> None:
+    """Packs a row-major `[n, k]` float32 weight into `packed` for `linear`."""
+
+def linear(
+    x: _Floats, m: int, packed: _Floats, n: int, k: int, bias: _Floats | None, out: _Floats
+) -> None:
+    """`out[m, n] = x[m, k] · Wᵀ + bias` (GIL released, on PyTorch's OpenMP threads)."""

@@ -1,21 +1,18 @@
-"""The models' linear layers: `F.linear`, except float32 on the CPU, where the weights are laid
-out for the CPU once after loading (`prepare_for_device`).
+"""The models' linear layers: `F.linear`, except float32 on an x86-64 CPU with AVX2 and FMA,
+where the product runs in srt's own kernel (`srt._rust.linear`, rust/core/src/gemm.rs) over a
+copy of the weight packed for it once after loading (`prepare_for_device`).
 
-Why: on the CPU, `F.linear` goes to MKL's sgemm, which reaches only a third to a half of the
-machine's float32 throughput at decode-sized batches (a few to a few hundred rows), worst on the
-wide lm_head. oneDNN's inner product on a copy of the weight reordered into its blocked layout
-ahead of time runs the same float32 arithmetic (no reduced precision) up to twice as fast there,
-and its result for a row does not depend on the other rows of the batch.
-
-A single row (batch-1 decode) is a matrix-vector product bound by memory, where MKL's path over
-the plain weight beats oneDNN's; it keeps that path. Its speed depends on the plain weight's
-layout: with fewer inputs than outputs (the lm_head, q/k/v, gate/up), MKL streams a weight stored
-input-major (column-major [out, in], i.e. the transpose stored contiguously) up to twice as fast
-as one stored row-major, so such weights are re-laid out that way; values and shape stay the same.
+Why: on the CPU the projections and the lm_head are most of a decode step, and the BLAS that
+PyTorch ships (MKL, and oneDNN's inner product on pre-packed weights) reaches a third to a half
+of the cores' float32 multiply-add throughput at decode-sized batches, less on AMD cores. The
+kernel runs the same float32 arithmetic, shares PyTorch's OpenMP threads, and serves every row
+count with one code path, so a row's result is the same bits alone, in any batch, and through
+prefill or decode.
 
 What must stay true: the packed copy is made from the weight as it is when `prepare_for_device`
 runs; a weight changed in place afterwards (a reload) is noticed through its version counter and
-packed again before its next use.
+packed again before its next use. The packed path is for inference: an input that requires grad
+takes `F.linear`.
 """
 
 from __future__ import annotations
@@ -24,19 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Inputs with fewer rows run `F.linear` on the plain weight (see the module docstring).
-PACKED_MIN_ROWS = 2
-
-
-def onednn_linear_available() -> bool:
-    """Whether this torch build has the oneDNN inner product on packed weights."""
-    return torch.backends.mkldnn.is_available() and hasattr(
-        torch.ops.mkldnn, "_reorder_linear_weight"
-    )
+from srt import _rust
 
 
 class Linear(nn.Linear):
-    """`nn.Linear` over inputs of shape [rows, in_features], with an optional packed weight."""
+    """`nn.Linear`, with the weight packed for srt's CPU kernel where that applies."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
@@ -48,18 +37,21 @@ class Linear(nn.Linear):
         return self._packed is not None
 
     def prepare_for_device(self) -> None:
-        """Packs the weight for oneDNN when it is float32 on the CPU; elsewhere (CUDA, half
-        precision) the layer keeps running `F.linear`. Call once the weights are loaded."""
+        """Packs the weight when it is float32 on a CPU the kernel runs on; elsewhere (CUDA,
+        half precision, other CPUs) the layer keeps running `F.linear`. Call once the weights
+        are loaded."""
         weight = self.weight
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        if (
+            weight.device.type != "cpu"
+            or weight.dtype != torch.float32
+            or not _rust.linear_supported()
+        ):
             self._packed = None
             return
-        if not onednn_linear_available():
-            return
-        with torch.no_grad():
-            if self.out_features >= self.in_features and weight.stride(0) != 1:
-                weight.data = weight.data.t().contiguous().t()  # column-major, see the docstring
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        packed = torch.empty(_rust.packed_weight_len(self.out_features, self.in_features))
+        plain = weight.detach().contiguous()
+        _rust.pack_weight(plain.numpy(), self.out_features, self.in_features, packed.numpy())
+        self._packed = packed
         self._packed_from = (weight.data_ptr(), weight._version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,11 +60,23 @@ class Linear(nn.Linear):
             self.weight._version,
         ):
             self.prepare_for_device()
-        if self._packed is None or x.dim() != 2 or x.shape[0] < PACKED_MIN_ROWS:
+        packed = self._packed
+        if packed is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.requires_grad:
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(
-            x.contiguous(), self._packed, self.bias, "none", [], ""
-        )
+        rows = x.reshape(-1, self.in_features).contiguous()
+        out = torch.empty(rows.shape[0], self.out_features)
+        if rows.shape[0]:
+            bias = None if self.bias is None else self.bias.detach().numpy()
+            _rust.linear(
+                rows.numpy(),
+                rows.shape[0],
+                packed.numpy(),
+                self.out_features,
+                self.in_features,
+                bias,
+                out.numpy(),
+            )
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 def prepare_for_device(model: nn.Module) -> None:

@@ -5,6 +5,8 @@ pub mod allocator;
 pub mod decode_window;
 pub mod detokenizer;
 pub mod error;
+pub mod gemm;
+pub mod parallel;
 pub mod radix;
 pub mod ring;
 pub mod stop;

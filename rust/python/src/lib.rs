@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 mod allocator;
 mod boundary;
 mod detokenizer;
+mod gemm;
 mod radix;
 mod ring;
 
@@ -37,5 +38,6 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     allocator::register(m)?;
     detokenizer::register(m)?;
     ring::register(m)?;
+    gemm::register(m)?;
     Ok(())
 }

@@ -1,0 +1,151 @@
+//! Runs one piece of work on several threads: on the OpenMP threads already in the process when
+//! there are some (PyTorch's CPU build brings libgomp and exports its symbols), else on threads
+//! spawned for the call.
+//!
+//! Why OpenMP's threads: the model runner alternates our kernels with PyTorch's operators many
+//! times per forward. PyTorch's OpenMP workers keep spinning for a while after each of its
+//! parallel regions; threads of our own would compete with them for the same few cores. Running
+//! our work in OpenMP's team shares the cores instead, and a team of spinning workers starts a
+//! region within microseconds. The team size follows `torch.set_num_threads`
+//! (`omp_get_max_threads`).
+//!
+//! What must stay true: the work closure does not panic (an unwind cannot cross OpenMP's C
+//! frames; it would abort the process), and it splits its work by the `(thread, threads)` it is
+//! given, which may be fewer threads than asked for.
+
+use std::ffi::{c_int, c_uint, c_void, CStr};
+use std::sync::OnceLock;
+
+type GompParallel = unsafe extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, c_uint, c_uint);
+type OmpQuery = unsafe extern "C" fn() -> c_int;
+
+/// The three entry points of libgomp that a parallel region needs.
+struct OpenMp {
+    parallel: GompParallel,
+    thread_num: OmpQuery,
+    num_threads: OmpQuery,
+    max_threads: OmpQuery,
+}
+
+static OPENMP: OnceLock<OpenMp> = OnceLock::new();
+
+fn symbol(name: &CStr) -> Option<*mut c_void> {
+    // SAFETY: dlsym with RTLD_DEFAULT only searches the symbols already loaded; `name` is a
+    // valid NUL-terminated string.
+    let address = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    (!address.is_null()).then_some(address)
+}
+
+/// libgomp, when the process has loaded it into its global symbols. Looked up until found (a
+/// process may load PyTorch after its first call), then kept.
+fn openmp() -> Option<&'static OpenMp> {
+    if let Some(found) = OPENMP.get() {
+        return Some(found);
+    }
+    let parallel = symbol(c"GOMP_parallel")?;
+    let thread_num = symbol(c"omp_get_thread_num")?;
+    let num_threads = symbol(c"omp_get_num_threads")?;
+    let max_threads = symbol(c"omp_get_max_threads")?;
+    // SAFETY: these are libgomp's exported functions, whose C signatures are the ones given
+    // (GOMP_parallel is libgomp's ABI for `#pragma omp parallel` since GCC 4.9).
+    let found = unsafe {
+        OpenMp {
+            parallel: std::mem::transmute::<*mut c_void, GompParallel>(parallel),
+            thread_num: std::mem::transmute::<*mut c_void, OmpQuery>(thread_num),
+            num_threads: std::mem::transmute::<*mut c_void, OmpQuery>(num_threads),
+            max_threads: std::mem::transmute::<*mut c_void, OmpQuery>(max_threads),
+        }
+    };
+    Some(OPENMP.get_or_init(|| found))
+}
+
+/// How many threads `run` uses: OpenMP's current team size, else the machine's cores.
+pub fn max_threads() -> usize {
+    match openmp() {
+        // SAFETY: omp_get_max_threads takes no arguments and only reads OpenMP's settings.
+        Some(omp) => usize::try_from(unsafe { (omp.max_threads)() })
+            .unwrap_or(1)
+            .max(1),
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
+}
+
+/// What a parallel region's threads share: the work and the library that runs it.
+struct Region<'a> {
+    work: &'a (dyn Fn(usize, usize) + Sync),
+    omp: &'static OpenMp,
+}
+
+extern "C" fn region_entry(data: *mut c_void) {
+    // SAFETY: `data` is the `Region` that `run` passed to GOMP_parallel, alive until
+    // GOMP_parallel returns, which is after every thread of the team has left this function.
+    let region = unsafe { &*(data as *const Region<'_>) };
+    // SAFETY: called inside the parallel region, where both queries are defined.
+    let (thread, threads) = unsafe { ((region.omp.thread_num)(), (region.omp.num_threads)()) };
+    let threads = usize::try_from(threads).unwrap_or(1).max(1);
+    let thread = usize::try_from(thread).unwrap_or(0).min(threads - 1);
+    (region.work)(thread, threads);
+}
+
+/// Calls `work(thread, threads)` once for each of `threads` threads (the caller's included)
+/// and returns when all have finished. `threads` may come out smaller than asked.
+pub fn run(threads: usize, work: &(dyn Fn(usize, usize) + Sync)) {
+    if threads <= 1 {
+        work(0, 1);
+        return;
+    }
+    match openmp() {
+        Some(omp) => {
+            let region = Region { work, omp };
+            let team = c_uint::try_from(threads).unwrap_or(c_uint::MAX);
+            // SAFETY: `region_entry` reads `region` only while GOMP_parallel runs, and
+            // GOMP_parallel returns after the whole team is done; flags 0 asks for nothing
+            // special (no proc_bind).
+            unsafe {
+                (omp.parallel)(
+                    region_entry,
+                    &region as *const Region<'_> as *mut c_void,
+                    team,
+                    0,
+                )
+            };
+        }
+        None => std::thread::scope(|scope| {
+            for thread in 1..threads {
+                scope.spawn(move || work(thread, threads));
+            }
+            work(0, threads);
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn every_thread_runs_once_with_its_own_index() {
+        let seen: Vec<AtomicUsize> = (0..4).map(|_| AtomicUsize::new(0)).collect();
+        let team = AtomicUsize::new(0);
+        run(4, &|thread, threads| {
+            seen[thread].fetch_add(1, Ordering::Relaxed);
+            team.store(threads, Ordering::Relaxed);
+        });
+        let threads = team.load(Ordering::Relaxed);
+        assert!((1..=4).contains(&threads));
+        for (index, count) in seen.iter().enumerate() {
+            assert_eq!(count.load(Ordering::Relaxed), usize::from(index < threads));
+        }
+    }
+
+    #[test]
+    fn one_thread_runs_on_the_caller() {
+        let caller = std::thread::current().id();
+        run(1, &|thread, threads| {
+            assert_eq!((thread, threads), (0, 1));
+            assert_eq!(std::thread::current().id(), caller);
+        });
+        assert!(max_threads() >= 1);
+    }
+}

@@ -1,0 +1,113 @@
+//! `srt._rust.linear` and its weight packing: the binding of `srt_core::gemm`. Floats arrive as
+//! C-contiguous float32 buffers (numpy views of CPU tensors, shared, not copied); shapes are
+//! checked by the core, writability and overlap here. The product runs with the GIL released.
+
+use std::ptr::NonNull;
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use srt_core::gemm;
+
+use crate::to_py_err;
+
+/// A float32 buffer's memory, C-contiguous (and writable when `writable`).
+fn floats(what: &str, buffer: &PyBuffer<f32>, writable: bool) -> PyResult<NonNull<[f32]>> {
+    if writable && buffer.readonly() {
+        return Err(PyValueError::new_err(format!("{what} is read-only")));
+    }
+    buffer
+        .as_slice_ptr()
+        .ok_or_else(|| PyValueError::new_err(format!("{what} is not C-contiguous")))
+}
+
+fn overlap(a: NonNull<[f32]>, b: NonNull<[f32]>) -> bool {
+    let start = |s: NonNull<[f32]>| s.cast::<f32>().as_ptr() as usize;
+    let end = |s: NonNull<[f32]>| start(s) + s.len() * 4;
+    start(a) < end(b) && start(b) < end(a)
+}
+
+/// Whether this CPU runs `linear` (x86-64 with AVX2 and FMA).
+#[pyfunction]
+fn linear_supported() -> bool {
+    gemm::supported()
+}
+
+/// The number of floats of a packed `[n, k]` weight.
+#[pyfunction]
+fn packed_weight_len(n: usize, k: usize) -> usize {
+    gemm::packed_len(n, k)
+}
+
+/// Packs a row-major `[n, k]` float32 weight into `packed` for `linear`.
+#[pyfunction]
+fn pack_weight(
+    py: Python<'_>,
+    weight: PyBuffer<f32>,
+    n: usize,
+    k: usize,
+    packed: PyBuffer<f32>,
+) -> PyResult<()> {
+    let source = floats("the weight", &weight, false)?;
+    let target = floats("the packed weight", &packed, true)?;
+    if overlap(source, target) {
+        return Err(PyValueError::new_err(
+            "the weight and the packed weight overlap",
+        ));
+    }
+    // SAFETY: both buffers stay acquired (and their memory alive) until this function returns;
+    // they do not overlap, so the shared and the mutable slice alias nothing.
+    let (source, target) = unsafe { (source.as_ref(), &mut *target.as_ptr()) };
+    py.detach(|| gemm::pack_weight(source, n, k, target))
+        .map_err(to_py_err)
+}
+
+/// `out[m, n] = x[m, k] · Wᵀ + bias` over a weight packed by `pack_weight`.
+#[pyfunction]
+#[pyo3(signature = (x, m, packed, n, k, bias, out))]
+#[allow(clippy::too_many_arguments)]
+fn linear(
+    py: Python<'_>,
+    x: PyBuffer<f32>,
+    m: usize,
+    packed: PyBuffer<f32>,
+    n: usize,
+    k: usize,
+    bias: Option<PyBuffer<f32>>,
+    out: PyBuffer<f32>,
+) -> PyResult<()> {
+    let input = floats("the input", &x, false)?;
+    let weight = floats("the packed weight", &packed, false)?;
+    let bias = bias
+        .as_ref()
+        .map(|b| floats("the bias", b, false))
+        .transpose()?;
+    let output = floats("the output", &out, true)?;
+    if [Some(input), Some(weight), bias]
+        .into_iter()
+        .flatten()
+        .any(|s| overlap(s, output))
+    {
+        return Err(PyValueError::new_err("the output overlaps an input"));
+    }
+    // SAFETY: every buffer stays acquired until this function returns; the output overlaps
+    // none of the inputs, so the one mutable slice aliases nothing.
+    let (input, weight, bias, output) = unsafe {
+        (
+            input.as_ref(),
+            weight.as_ref(),
+            bias.map(|b| b.as_ref()),
+            &mut *output.as_ptr(),
+        )
+    };
+    py.detach(|| gemm::linear(input, m, weight, n, k, bias, output))
+        .map_err(to_py_err)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(linear_supported, m)?)?;
+    m.add_function(wrap_pyfunction!(packed_weight_len, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_weight, m)?)?;
+    m.add_function(wrap_pyfunction!(linear, m)?)?;
+    Ok(())
+}
