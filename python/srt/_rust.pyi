@@ -152,3 +152,19 @@ def linear(
     x: _Floats, m: int, packed: _Floats, n: int, k: int, bias: _Floats | None, out: _Floats
 ) -> None:
     """`out[m, n] = x[m, k] · Wᵀ + bias` (GIL released, on PyTorch's OpenMP threads)."""
+
+# --- CPU decode attention (rust/python/src/attention.rs) ----------------------------------------
+
+def decode_attention(
+    q: _Floats,
+    k_cache: _Floats,
+    v_cache: _Floats,
+    slots: Buffer | NDArray[np.int32],
+    seq_lens: Buffer | NDArray[np.int32],
+    kv_heads: int,
+    head_dim: int,
+    scale: float,
+    out: _Floats,
+) -> None:
+    """`out[b] = softmax(q[b] · Kᵀ · scale) · V` over the first `seq_lens[b]` slots of row `b`
+    of `slots` ([batch, width] int32), each query head against its KV head (GIL released)."""

@@ -2,6 +2,7 @@
 //! `srt-python` crate, which is the only place where Python types appear.
 
 pub mod allocator;
+pub mod attention;
 pub mod decode_window;
 pub mod detokenizer;
 pub mod error;

@@ -2,8 +2,11 @@
 //! numpy int32: what srt passes around) and are copied out in one piece, with no per-item
 //! Python work; lists and tuples of ints are accepted too, for convenience, at Python speed.
 //! Runs of slot ids leave as `array('i')`, which the model runner reads with `torch.frombuffer`.
+//! The CPU kernels' tensors arrive as numpy views of their memory, shared, never copied.
 
-use pyo3::buffer::{PyBuffer, PyUntypedBuffer};
+use std::ptr::NonNull;
+
+use pyo3::buffer::{Element, PyBuffer, PyUntypedBuffer};
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::marker::Ungil;
@@ -92,4 +95,32 @@ where
     } else {
         f()
     }
+}
+
+/// A typed buffer's memory (a CPU tensor's numpy view, an int32 array), which must be
+/// C-contiguous, and writable when `writable`.
+pub(crate) fn contiguous<T: Element>(
+    what: &str,
+    buffer: &PyBuffer<T>,
+    writable: bool,
+) -> PyResult<NonNull<[T]>> {
+    if writable && buffer.readonly() {
+        return Err(PyValueError::new_err(format!("{what} is read-only")));
+    }
+    buffer
+        .as_slice_ptr()
+        .ok_or_else(|| PyValueError::new_err(format!("{what} is not C-contiguous")))
+}
+
+/// Whether the memory of two buffers shares any byte.
+pub(crate) fn overlap<A, B>(a: NonNull<[A]>, b: NonNull<[B]>) -> bool {
+    let (a_start, b_start) = (
+        a.cast::<A>().as_ptr() as usize,
+        b.cast::<B>().as_ptr() as usize,
+    );
+    let (a_end, b_end) = (
+        a_start + a.len() * size_of::<A>(),
+        b_start + b.len() * size_of::<B>(),
+    );
+    a_start < b_end && b_start < a_end
 }

@@ -2,30 +2,13 @@
 //! C-contiguous float32 buffers (numpy views of CPU tensors, shared, not copied); shapes are
 //! checked by the core, writability and overlap here. The product runs with the GIL released.
 
-use std::ptr::NonNull;
-
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use srt_core::gemm;
 
+use crate::boundary::{contiguous, overlap};
 use crate::to_py_err;
-
-/// A float32 buffer's memory, C-contiguous (and writable when `writable`).
-fn floats(what: &str, buffer: &PyBuffer<f32>, writable: bool) -> PyResult<NonNull<[f32]>> {
-    if writable && buffer.readonly() {
-        return Err(PyValueError::new_err(format!("{what} is read-only")));
-    }
-    buffer
-        .as_slice_ptr()
-        .ok_or_else(|| PyValueError::new_err(format!("{what} is not C-contiguous")))
-}
-
-fn overlap(a: NonNull<[f32]>, b: NonNull<[f32]>) -> bool {
-    let start = |s: NonNull<[f32]>| s.cast::<f32>().as_ptr() as usize;
-    let end = |s: NonNull<[f32]>| start(s) + s.len() * 4;
-    start(a) < end(b) && start(b) < end(a)
-}
 
 /// Whether this CPU runs `linear` (x86-64 with AVX2 and FMA).
 #[pyfunction]
@@ -48,8 +31,8 @@ fn pack_weight(
     k: usize,
     packed: PyBuffer<f32>,
 ) -> PyResult<()> {
-    let source = floats("the weight", &weight, false)?;
-    let target = floats("the packed weight", &packed, true)?;
+    let source = contiguous("the weight", &weight, false)?;
+    let target = contiguous("the packed weight", &packed, true)?;
     if overlap(source, target) {
         return Err(PyValueError::new_err(
             "the weight and the packed weight overlap",
@@ -76,13 +59,13 @@ fn linear(
     bias: Option<PyBuffer<f32>>,
     out: PyBuffer<f32>,
 ) -> PyResult<()> {
-    let input = floats("the input", &x, false)?;
-    let weight = floats("the packed weight", &packed, false)?;
+    let input = contiguous("the input", &x, false)?;
+    let weight = contiguous("the packed weight", &packed, false)?;
     let bias = bias
         .as_ref()
-        .map(|b| floats("the bias", b, false))
+        .map(|b| contiguous("the bias", b, false))
         .transpose()?;
-    let output = floats("the output", &out, true)?;
+    let output = contiguous("the output", &out, true)?;
     if [Some(input), Some(weight), bias]
         .into_iter()
         .flatten()

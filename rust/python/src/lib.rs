@@ -8,6 +8,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 mod allocator;
+mod attention;
 mod boundary;
 mod detokenizer;
 mod gemm;
@@ -39,5 +40,6 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     detokenizer::register(m)?;
     ring::register(m)?;
     gemm::register(m)?;
+    attention::register(m)?;
     Ok(())
 }

@@ -1,11 +1,13 @@
 """The reference attention backend: PyTorch's scaled_dot_product_attention over the KV pool.
 
 Runs everywhere (it is the CPU path). Extend attends one sequence at a time with a causal mask
-shifted by the sequence's cached prefix. Decode gathers every sequence's K/V into one padded
-batch and attends in a single call per layer; when sequences of the batch share cached prefix
-slots, it attends each shared prefix once per group instead (cascade.py). What a decode batch's
-layers share (the slots to gather, the additive padding mask, the groups) is derived once per
-forward pass.
+shifted by the sequence's cached prefix. Decode in float32 on the CPU reads each sequence's K/V
+rows in place, in srt's Rust kernel (`srt._rust.decode_attention`), which costs a fraction of
+gathering them for PyTorch at decode sizes; elsewhere decode gathers every sequence's K/V into
+one padded batch and attends in a single call per layer. When sequences of the batch share
+cached prefix slots, decode attends each shared prefix once per group instead (cascade.py). What
+a decode batch's layers share (the slots, the additive padding mask, the groups) is derived once
+per forward pass.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from srt import _rust
 from srt.layers.attention.base import AttentionBackend
 from srt.layers.attention.cascade import (
     MIN_SAVED_TOKENS,
@@ -28,21 +31,28 @@ from srt.layers.forward_batch import ForwardMode
 if TYPE_CHECKING:
     from srt.layers.forward_batch import ForwardBatch
     from srt.layers.radix_attention import RadixAttention
+    from srt.mem_cache.memory_pool import KVPool
 
 
 class TorchNativeAttnBackend(AttentionBackend):
+    # Float32 decode on the CPU reads K/V in place (the Rust kernel); False gathers them.
+    decode_in_place = True
+
     def __init__(self, cascade_min_saved: int | None = MIN_SAVED_TOKENS) -> None:
         """cascade_min_saved: attend a prefix that decode sequences share once per group when
         that saves at least this many tokens per layer (None: never)."""
         self.cascade_min_saved = cascade_min_saved
         self._decode_mask: torch.Tensor | None = None
         self._decode_slots: torch.Tensor | None = None
+        # Its metadata: [batch, max_len] int32 slots, [batch] int32 lengths.
+        self._in_place: tuple[torch.Tensor, torch.Tensor] | None = None
         self._cascade: CascadeMetadata | None = None
         # Extend: (first new token, new tokens, None or (all slots, mask)) per sequence.
         self._extend_seqs: list[tuple[int, int, tuple[torch.Tensor, torch.Tensor] | None]] = []
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         self._cascade = None
+        self._in_place = None
         if forward_batch.forward_mode is ForwardMode.EXTEND:
             self._init_extend_metadata(forward_batch)
             return
@@ -58,12 +68,15 @@ class TorchNativeAttnBackend(AttentionBackend):
             if groups:
                 self._cascade = build_cascade_metadata(rows, forward_batch.seq_lens, groups)
                 return
+        dtype = forward_batch.kv_pool.k_buffers[0].dtype
+        if self.decode_in_place and rows.device.type == "cpu" and dtype == torch.float32:
+            self._in_place = (rows.contiguous(), forward_batch.seq_lens.to(torch.int32))
+            return
         # [batch * max_len]: a sequence's slots, then padding (whatever its row holds past its
         # length; masked out below).
         self._decode_slots = rows.flatten().long()
         positions = torch.arange(max_len, device=forward_batch.seq_lens.device)
         padding = positions[None, :] >= forward_batch.seq_lens[:, None]
-        dtype = forward_batch.kv_pool.k_buffers[0].dtype
         mask = torch.zeros(padding.shape, dtype=dtype, device=padding.device)
         self._decode_mask = mask.masked_fill_(padding, float("-inf"))[:, None, None, :]
 
@@ -133,6 +146,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         if self._cascade is not None:
             k_buffer, v_buffer = pool.k_buffers[layer.layer_id], pool.v_buffers[layer.layer_id]
             return cascade_decode(q, k_buffer, v_buffer, self._cascade, layer.scaling)
+        if self._in_place is not None:
+            return self._decode_in_place(q, layer, forward_batch.kv_pool, *self._in_place)
         assert self._decode_slots is not None, "init_forward_metadata must run first"
         assert self._decode_mask is not None
         batch, kv_heads, head_dim = q.shape[0], layer.num_kv_heads, layer.head_dim
@@ -148,3 +163,27 @@ class TorchNativeAttnBackend(AttentionBackend):
             scale=layer.scaling,
         )
         return o.reshape(batch, -1)
+
+    @staticmethod
+    def _decode_in_place(
+        q: torch.Tensor,
+        layer: RadixAttention,
+        pool: KVPool,
+        rows: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """Float32 CPU decode through the Rust kernel, reading K/V rows in the pool."""
+        query = q.contiguous()
+        out = torch.empty_like(query)
+        _rust.decode_attention(
+            query.numpy(),
+            pool.k_buffers[layer.layer_id].numpy(),
+            pool.v_buffers[layer.layer_id].numpy(),
+            rows.numpy(),
+            seq_lens.numpy(),
+            layer.num_kv_heads,
+            layer.head_dim,
+            layer.scaling,
+            out.numpy(),
+        )
+        return out.reshape(q.shape[0], -1)

@@ -44,13 +44,28 @@ pub(super) unsafe fn run(job: &Job, panels: Range<usize>) {
         let mut panel = panels.start;
         while panel < panels.end {
             let width = group.min(panels.end - panel);
+            // The first tile over these panels streams them in from memory; it asks for the
+            // next panels of this thread's share meanwhile, so that the next first tile finds
+            // them in cache instead of waiting on memory.
+            let next = panel + width;
+            let ahead = if next < panels.end {
+                group.min(panels.end - next)
+            } else {
+                0
+            };
             // The block's rows are spread evenly over its tiles (7 rows: 4 + 3, not 6 + 1).
             let mut row = first_row;
             for tile in 0..tiles {
                 let tile_rows = (first_row + rows - row).div_ceil(tiles - tile);
-                // SAFETY: rows `row..row + tile_rows` and panels `panel..panel + width` lie
+                let prefetch = if tile == 0 { ahead } else { 0 };
+                let at = Tile {
+                    row,
+                    panel,
+                    prefetch,
+                };
+                // SAFETY: rows `row..row + tile_rows` and panels `panel..next + prefetch` lie
                 // inside the job and inside this thread's share, as the caller guarantees.
-                unsafe { dispatch(job, row, tile_rows, panel, width) };
+                unsafe { dispatch(job, at, tile_rows, width) };
                 row += tile_rows;
             }
             panel += width;
@@ -59,38 +74,56 @@ pub(super) unsafe fn run(job: &Job, panels: Range<usize>) {
     }
 }
 
-/// Runs the tile of `rows × width` (as `panels_per_tile` allows) at (`row`, `panel`).
+/// Where a tile starts, and how many panels after its own it prefetches.
+#[derive(Clone, Copy)]
+struct Tile {
+    row: usize,
+    panel: usize,
+    prefetch: usize,
+}
+
+/// Runs the tile of `rows × width` (as `panels_per_tile` allows) at `at`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dispatch(job: &Job, row: usize, rows: usize, panel: usize, width: usize) {
+unsafe fn dispatch(job: &Job, at: Tile, rows: usize, width: usize) {
     // SAFETY: forwarded from `run`; every arm's constants equal (`rows`, `width`).
     unsafe {
         match (rows, width) {
-            (1, 4) => tile::<1, 4>(job, row, panel),
-            (1, 3) => tile::<1, 3>(job, row, panel),
-            (1, 2) => tile::<1, 2>(job, row, panel),
-            (1, _) => tile::<1, 1>(job, row, panel),
-            (2, 2) => tile::<2, 2>(job, row, panel),
-            (2, _) => tile::<2, 1>(job, row, panel),
-            (3, 2) => tile::<3, 2>(job, row, panel),
-            (3, _) => tile::<3, 1>(job, row, panel),
-            (4, _) => tile::<4, 1>(job, row, panel),
-            (5, _) => tile::<5, 1>(job, row, panel),
-            _ => tile::<6, 1>(job, row, panel),
+            (1, 4) => tile::<1, 4>(job, at),
+            (1, 3) => tile::<1, 3>(job, at),
+            (1, 2) => tile::<1, 2>(job, at),
+            (1, _) => tile::<1, 1>(job, at),
+            (2, 2) => tile::<2, 2>(job, at),
+            (2, _) => tile::<2, 1>(job, at),
+            (3, 2) => tile::<3, 2>(job, at),
+            (3, _) => tile::<3, 1>(job, at),
+            (4, _) => tile::<4, 1>(job, at),
+            (5, _) => tile::<5, 1>(job, at),
+            _ => tile::<6, 1>(job, at),
         }
     }
 }
 
-/// Output rows `row..row + R`, columns of panels `panel..panel + W`.
+/// Output rows `at.row..at.row + R`, columns of panels `at.panel..at.panel + W`.
 #[inline(always)]
-unsafe fn tile<const R: usize, const W: usize>(job: &Job, row: usize, panel: usize) {
+unsafe fn tile<const R: usize, const W: usize>(job: &Job, at: Tile) {
+    let Tile {
+        row,
+        panel,
+        prefetch,
+    } = at;
     let k = job.k;
     // SAFETY: the caller keeps rows and panels inside the job, so every offset below stays
     // inside the buffers `Job` describes; loads and stores are unaligned ones.
     unsafe {
         let x = job.x.add(row * k);
         let weights = job.packed.add(panel * k * PANEL);
+        // One cache line (16 floats) per inner step and panel: the next panels, whole.
+        let upcoming = weights.add(W * k * PANEL);
         let mut acc = [[[_mm256_setzero_ps(); 2]; W]; R];
         for inner in 0..k {
+            for q in 0..prefetch {
+                _mm_prefetch::<_MM_HINT_T0>(upcoming.add((q * k + inner) * PANEL).cast());
+            }
             let mut w = [[_mm256_setzero_ps(); 2]; W];
             for (q, pair) in w.iter_mut().enumerate() {
                 let lanes = weights.add((q * k + inner) * PANEL);

@@ -1,0 +1,355 @@
+//! Float32 decode attention on the CPU, straight from the paged KV cache: one new query token
+//! per sequence against every K/V row its slots name, with no gathered copy of the cache.
+//!
+//! Why: a decode step's attention reads little (a few hundred K/V rows per sequence) but the
+//! PyTorch path gathers each layer's K and V into padded tensors and calls a general attention
+//! kernel, whose fixed costs per call are most of its time at decode sizes. Here each sequence
+//! is one task that reads its rows in place, on PyTorch's OpenMP threads, each row whole (every
+//! KV head's floats are adjacent in the cache) and once for K, once for V.
+//!
+//! Layouts: `q` and `out` are `[batch, heads, head_dim]`; the K and V caches are
+//! `[pool_slots, kv_heads, head_dim]`; `slots` is `[batch, width]`, a sequence's slots first and
+//! anything after its length ignored. Query head `h` reads KV head `h / (heads / kv_heads)`.
+//!
+//! What must stay true: a sequence's result depends only on its own query and rows (batch
+//! invariance): each task sums in a fixed order, whatever the batch and the threads.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::parallel;
+use crate::{Error, Result};
+
+/// The shape of one decode attention call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeShape {
+    /// Sequences, one query token each.
+    pub batch: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// K/V heads (divides `heads`).
+    pub kv_heads: usize,
+    /// Floats per head.
+    pub head_dim: usize,
+    /// Rows of the K and V caches (slots of the pool).
+    pub pool_slots: usize,
+    /// Slots per sequence in `slots`.
+    pub width: usize,
+}
+
+/// Calls with fewer K/V rows than this in all run on the calling thread.
+const PARALLEL_MIN_ROWS: usize = 256;
+
+fn invalid(message: String) -> Error {
+    Error::InvalidArgument(message)
+}
+
+fn check(
+    shape: &DecodeShape,
+    lens: [(&str, usize); 5],
+    slots: &[i32],
+    seq_lens: &[i32],
+) -> Result<()> {
+    let DecodeShape {
+        batch,
+        heads,
+        kv_heads,
+        head_dim,
+        pool_slots,
+        width,
+    } = *shape;
+    if kv_heads == 0 || head_dim == 0 || heads % kv_heads != 0 {
+        return Err(invalid(format!(
+            "{heads} query heads cannot share {kv_heads} K/V heads of {head_dim} floats"
+        )));
+    }
+    let expected = [
+        batch * heads * head_dim,
+        pool_slots * kv_heads * head_dim,
+        pool_slots * kv_heads * head_dim,
+        batch * heads * head_dim,
+        batch * width,
+    ];
+    for ((what, len), want) in lens.into_iter().zip(expected) {
+        if len != want {
+            return Err(invalid(format!(
+                "{what} has {len} elements, expected {want}"
+            )));
+        }
+    }
+    if seq_lens.len() != batch {
+        return Err(invalid(format!(
+            "{} sequence lengths for {batch} sequences",
+            seq_lens.len()
+        )));
+    }
+    for (seq, &len) in seq_lens.iter().enumerate() {
+        let len = usize::try_from(len).unwrap_or(0);
+        if len == 0 || len > width {
+            return Err(invalid(format!(
+                "sequence {seq} has length {}, outside 1..={width}",
+                seq_lens[seq]
+            )));
+        }
+        let row = &slots[seq * width..seq * width + len];
+        if let Some(&bad) = row
+            .iter()
+            .find(|&&slot| usize::try_from(slot).map_or(true, |s| s >= pool_slots))
+        {
+            return Err(invalid(format!(
+                "sequence {seq} names slot {bad}, outside the pool's {pool_slots} slots"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `out = softmax(q · Kᵀ · scale) · V` for each sequence over its first `seq_lens[b]` slots.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention(
+    shape: &DecodeShape,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    slots: &[i32],
+    seq_lens: &[i32],
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    let lens = [
+        ("the query", q.len()),
+        ("the K cache", k_cache.len()),
+        ("the V cache", v_cache.len()),
+        ("the output", out.len()),
+        ("the slots", slots.len()),
+    ];
+    check(shape, lens, slots, seq_lens)?;
+    let rows: usize = seq_lens.iter().map(|&len| len as usize).sum();
+    let threads = if rows >= PARALLEL_MIN_ROWS {
+        parallel::max_threads()
+    } else {
+        1
+    };
+    let task = Task {
+        shape: *shape,
+        q,
+        k_cache,
+        v_cache,
+        slots,
+        seq_lens,
+        scale,
+        out: out.as_mut_ptr(),
+    };
+    let next = AtomicUsize::new(0);
+    parallel::run(threads, &|_, _| {
+        let mut scores = Vec::new();
+        loop {
+            let index = next.fetch_add(1, Ordering::Relaxed);
+            if index >= shape.batch {
+                break;
+            }
+            // SAFETY: `check` validated every length and slot; task `index` is claimed by this
+            // thread alone and writes only its own query heads' rows of `out`.
+            unsafe { task.run(index, &mut scores) };
+        }
+    });
+    Ok(())
+}
+
+/// One call's inputs, shared by the threads; each task writes its own rows of `out`.
+struct Task<'a> {
+    shape: DecodeShape,
+    q: &'a [f32],
+    k_cache: &'a [f32],
+    v_cache: &'a [f32],
+    slots: &'a [i32],
+    seq_lens: &'a [i32],
+    scale: f32,
+    out: *mut f32,
+}
+
+// SAFETY: the inputs are shared slices; `out` outlives the parallel region and each task writes
+// a disjoint range of it (its sequence's query heads that read its KV head).
+unsafe impl Sync for Task<'_> {}
+
+impl Task<'_> {
+    /// Attends every query head of sequence `seq`, with `scores` as scratch.
+    ///
+    /// # Safety
+    /// The call was checked, and no other thread runs the same sequence.
+    unsafe fn run(&self, seq: usize, scores: &mut Vec<f32>) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has the features; the rest is the caller's promise.
+            return unsafe { self.run_avx2(seq, scores) };
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_portable(seq, scores) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_avx2(&self, seq: usize, scores: &mut Vec<f32>) {
+        // SAFETY: forwarded from `run`; this copy is compiled for AVX2.
+        unsafe { self.run_portable(seq, scores) }
+    }
+
+    /// The `kv_heads * head_dim` floats at `slot` in a K or V cache.
+    #[inline(always)]
+    fn cache_row<'c>(&self, cache: &'c [f32], slot: i32) -> &'c [f32] {
+        let row = self.shape.kv_heads * self.shape.head_dim;
+        // In bounds: `check` kept every slot below the pool size.
+        let start = slot as usize * row;
+        &cache[start..start + row]
+    }
+
+    #[inline(always)]
+    unsafe fn run_portable(&self, seq: usize, scores: &mut Vec<f32>) {
+        let DecodeShape {
+            heads,
+            kv_heads,
+            head_dim: d,
+            width,
+            ..
+        } = self.shape;
+        let group = heads / kv_heads;
+        let len = self.seq_lens[seq] as usize;
+        let row_slots = &self.slots[seq * width..seq * width + len];
+        let queries = &self.q[seq * heads * d..(seq + 1) * heads * d];
+        // Scores are [heads, len]: query head h's row, then the next head's.
+        scores.clear();
+        scores.resize(heads * len, 0.0);
+        for (t, &slot) in row_slots.iter().enumerate() {
+            if let Some(&ahead) = row_slots.get(t + PREFETCH_ROWS) {
+                prefetch(self.cache_row(self.k_cache, ahead));
+            }
+            let keys = self.cache_row(self.k_cache, slot);
+            for (h, query) in queries.chunks_exact(d).enumerate() {
+                let key = &keys[(h / group) * d..(h / group + 1) * d];
+                scores[h * len + t] = dot(query, key) * self.scale;
+            }
+        }
+        for weights in scores.chunks_exact_mut(len) {
+            let inverse = 1.0 / exponentiate(weights);
+            weights.iter_mut().for_each(|w| *w *= inverse);
+        }
+        // SAFETY: this task owns its sequence's `heads * d` outputs.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(self.out.add(seq * heads * d), heads * d) };
+        out.fill(0.0);
+        for (t, &slot) in row_slots.iter().enumerate() {
+            if let Some(&ahead) = row_slots.get(t + PREFETCH_ROWS) {
+                prefetch(self.cache_row(self.v_cache, ahead));
+            }
+            let values = self.cache_row(self.v_cache, slot);
+            for (h, head_out) in out.chunks_exact_mut(d).enumerate() {
+                let value = &values[(h / group) * d..(h / group + 1) * d];
+                axpy(scores[h * len + t], value, head_out);
+            }
+        }
+    }
+}
+
+/// How many rows ahead of the one being read the next rows are requested from memory: slots
+/// freed and reused in any order scatter a sequence's rows over the cache, where the hardware
+/// prefetcher cannot follow them.
+const PREFETCH_ROWS: usize = 4;
+
+/// Asks for `row`'s cache lines ahead of use (a hint; nothing on other architectures).
+#[inline(always)]
+fn prefetch(row: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in row.chunks(16) {
+        // SAFETY: prefetching is a hint that never faults; the address is inside `row`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
+
+/// Lanes of the partial sums: one AVX register (the compiler vectorizes the fixed-size loops).
+const LANES: usize = 8;
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut partial = [0f32; LANES];
+    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a_chunks
+        .remainder()
+        .iter()
+        .zip(b_chunks.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a_chunks.zip(b_chunks) {
+        for lane in 0..LANES {
+            partial[lane] += x[lane] * y[lane];
+        }
+    }
+    partial.iter().sum::<f32>() + tail
+}
+
+/// Replaces `scores` by `e^(score - max score)` and returns their sum.
+#[inline(always)]
+fn exponentiate(scores: &mut [f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = scores.chunks_exact(LANES);
+    let mut max = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for chunk in chunks {
+        for lane in 0..LANES {
+            lanes[lane] = lanes[lane].max(chunk[lane]);
+        }
+    }
+    max = lanes.iter().copied().fold(max, f32::max);
+    for score in scores.iter_mut() {
+        *score = exp_nonpositive(*score - max);
+    }
+    let mut sums = [0f32; LANES];
+    let chunks = scores.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for chunk in chunks {
+        for lane in 0..LANES {
+            sums[lane] += chunk[lane];
+        }
+    }
+    sums.iter().sum::<f32>() + tail
+}
+
+/// `e^x` for `x <= 0` within about one ulp (Cephes' `expf`: `x = n ln 2 + r`, a degree-6
+/// polynomial in `r`, times `2^n`); 0 for `x` below -87 (and for NaN). Plain arithmetic that
+/// the compiler vectorizes, unlike a call to the C library's `expf` per element.
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    const LN2_HIGH: f32 = 0.693_359_4;
+    const LN2_LOW: f32 = -2.121_944_4e-4;
+    if x.is_nan() || x < -87.0 {
+        return 0.0;
+    }
+    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = x - n * LN2_HIGH - n * LN2_LOW;
+    let mut p = 1.987_569_1e-4;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let mantissa = p * r * r + r + 1.0;
+    mantissa * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+#[inline(always)]
+fn axpy(weight: f32, x: &[f32], out: &mut [f32]) {
+    for (o, &value) in out.iter_mut().zip(x) {
+        *o += weight * value;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,193 @@
+//! Unit tests of `attention.rs`: against a float64 reference, batch invariance, refusals.
+
+use super::*;
+
+/// Deterministic values in [-1, 1).
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+struct Case {
+    shape: DecodeShape,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    slots: Vec<i32>,
+    seq_lens: Vec<i32>,
+}
+
+/// Sequences of the given lengths over a pool of scattered slots; 9 query heads over 3 K/V
+/// heads of 20 floats (a head size that is not a multiple of 8).
+fn case(seq_lens: &[i32]) -> Case {
+    let (heads, kv_heads, head_dim, pool_slots) = (9, 3, 20, 97);
+    let width = *seq_lens.iter().max().unwrap() as usize + 2;
+    let batch = seq_lens.len();
+    let mut slots = vec![-1; batch * width];
+    for (seq, &len) in seq_lens.iter().enumerate() {
+        for t in 0..len as usize {
+            slots[seq * width + t] = ((seq * 31 + t * 7 + 1) % pool_slots) as i32;
+        }
+    }
+    let shape = DecodeShape {
+        batch,
+        heads,
+        kv_heads,
+        head_dim,
+        pool_slots,
+        width,
+    };
+    Case {
+        shape,
+        q: values(batch * heads * head_dim, 1),
+        k: values(pool_slots * kv_heads * head_dim, 2),
+        v: values(pool_slots * kv_heads * head_dim, 3),
+        slots,
+        seq_lens: seq_lens.to_vec(),
+    }
+}
+
+fn attend(case: &Case) -> Result<Vec<f32>> {
+    let mut out = vec![f32::NAN; case.q.len()];
+    decode_attention(
+        &case.shape,
+        &case.q,
+        &case.k,
+        &case.v,
+        &case.slots,
+        &case.seq_lens,
+        0.25,
+        &mut out,
+    )?;
+    Ok(out)
+}
+
+fn reference(case: &Case) -> Vec<f64> {
+    let DecodeShape {
+        batch,
+        heads,
+        kv_heads,
+        head_dim: d,
+        width,
+        ..
+    } = case.shape;
+    let mut out = vec![0f64; batch * heads * d];
+    for seq in 0..batch {
+        for head in 0..heads {
+            let kv = head / (heads / kv_heads);
+            let q = &case.q[(seq * heads + head) * d..][..d];
+            let rows: Vec<usize> = (0..case.seq_lens[seq] as usize)
+                .map(|t| (case.slots[seq * width + t] as usize * kv_heads + kv) * d)
+                .collect();
+            let scores: Vec<f64> = rows
+                .iter()
+                .map(|&r| {
+                    0.25 * (0..d)
+                        .map(|i| f64::from(q[i]) * f64::from(case.k[r + i]))
+                        .sum::<f64>()
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let sum: f64 = weights.iter().sum();
+            for i in 0..d {
+                let value: f64 = rows
+                    .iter()
+                    .zip(&weights)
+                    .map(|(&r, w)| w * f64::from(case.v[r + i]))
+                    .sum();
+                out[(seq * heads + head) * d + i] = value / sum;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn equals_a_float64_reference() {
+    // Enough rows in all to run on several threads.
+    let case = case(&[1, 5, 40, 17, 64]);
+    let out = attend(&case).unwrap();
+    for (index, (&got, want)) in out.iter().zip(reference(&case)).enumerate() {
+        assert!(
+            (f64::from(got) - want).abs() < 1e-5,
+            "element {index}: {got} vs {want}"
+        );
+    }
+}
+
+#[test]
+fn a_sequence_comes_out_the_same_bits_alone_and_in_a_batch() {
+    let batch = case(&[3, 50, 12, 33]);
+    let together = attend(&batch).unwrap();
+    let per_seq = batch.shape.heads * batch.shape.head_dim;
+    let width = batch.shape.width;
+    for seq in 0..4 {
+        let alone = Case {
+            shape: DecodeShape {
+                batch: 1,
+                ..batch.shape
+            },
+            q: batch.q[seq * per_seq..(seq + 1) * per_seq].to_vec(),
+            k: batch.k.clone(),
+            v: batch.v.clone(),
+            slots: batch.slots[seq * width..(seq + 1) * width].to_vec(),
+            seq_lens: vec![batch.seq_lens[seq]],
+        };
+        assert_eq!(
+            attend(&alone).unwrap(),
+            together[seq * per_seq..(seq + 1) * per_seq]
+        );
+    }
+}
+
+#[test]
+fn bad_slots_lengths_and_shapes_are_refused() {
+    let mut bad_slot = case(&[4, 6]);
+    bad_slot.slots[bad_slot.shape.width + 5] = 97;
+    let message = attend(&bad_slot).unwrap_err().to_string();
+    assert!(message.contains("sequence 1 names slot 97"), "{message}");
+    let mut empty = case(&[4, 6]);
+    empty.seq_lens[0] = 0;
+    assert!(attend(&empty)
+        .unwrap_err()
+        .to_string()
+        .contains("sequence 0 has length 0"));
+    let mut long = case(&[4, 6]);
+    long.seq_lens[1] = long.shape.width as i32 + 1;
+    assert!(attend(&long).is_err());
+    let mut heads = case(&[4]);
+    heads.shape.kv_heads = 2;
+    assert!(attend(&heads)
+        .unwrap_err()
+        .to_string()
+        .contains("cannot share"));
+    let mut short = case(&[4]);
+    short.q.pop();
+    assert!(attend(&short)
+        .unwrap_err()
+        .to_string()
+        .contains("the query has"));
+}
+
+#[test]
+fn the_exponential_is_within_two_ulp_of_the_c_library() {
+    for i in 0..=200_000 {
+        let x = -(i as f32) * 87.0 / 200_000.0;
+        let (ours, libm) = (exp_nonpositive(x), x.exp());
+        assert!(
+            (ours - libm).abs() <= 2.0 * f32::EPSILON * libm,
+            "e^{x}: {ours} vs {libm}"
+        );
+    }
+    assert_eq!(exp_nonpositive(-100.0), 0.0);
+    assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+    assert_eq!(exp_nonpositive(0.0), 1.0);
+}

@@ -1,0 +1,78 @@
+//! `srt._rust.decode_attention`: the binding of `srt_core::attention`. The query, the layer's
+//! K and V caches and the output arrive as float32 numpy views of CPU tensors, the slots and
+//! lengths as int32 buffers; every length and slot is checked by the core before any is read.
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use srt_core::attention::{self, DecodeShape};
+
+use crate::boundary::{contiguous, overlap};
+use crate::to_py_err;
+
+/// `out[b] = softmax(q[b] · Kᵀ · scale) · V` over the first `seq_lens[b]` slots of row `b` of
+/// `slots` (`[batch, width]`), for each query head against its KV head.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn decode_attention(
+    py: Python<'_>,
+    q: PyBuffer<f32>,
+    k_cache: PyBuffer<f32>,
+    v_cache: PyBuffer<f32>,
+    slots: PyBuffer<i32>,
+    seq_lens: PyBuffer<i32>,
+    kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+    out: PyBuffer<f32>,
+) -> PyResult<()> {
+    let query = contiguous("the query", &q, false)?;
+    let keys = contiguous("the K cache", &k_cache, false)?;
+    let values = contiguous("the V cache", &v_cache, false)?;
+    let slot_ids = contiguous("the slots", &slots, false)?;
+    let lens = contiguous("the sequence lengths", &seq_lens, false)?;
+    let output = contiguous("the output", &out, true)?;
+    if overlap(query, output)
+        || overlap(keys, output)
+        || overlap(values, output)
+        || overlap(slot_ids, output)
+        || overlap(lens, output)
+    {
+        return Err(PyValueError::new_err("the output overlaps an input"));
+    }
+    let batch = lens.len();
+    let per_row = kv_heads * head_dim;
+    if batch == 0 || per_row == 0 {
+        return Err(PyValueError::new_err(
+            "decode attention needs sequences and K/V heads",
+        ));
+    }
+    let shape = DecodeShape {
+        batch,
+        heads: query.len() / (batch * head_dim),
+        kv_heads,
+        head_dim,
+        pool_slots: keys.len() / per_row,
+        width: slot_ids.len() / batch,
+    };
+    // SAFETY: every buffer stays acquired until this function returns; the output overlaps
+    // none of the inputs, so the one mutable slice aliases nothing.
+    let (query, keys, values, slot_ids, lens, output) = unsafe {
+        (
+            query.as_ref(),
+            keys.as_ref(),
+            values.as_ref(),
+            slot_ids.as_ref(),
+            lens.as_ref(),
+            &mut *output.as_ptr(),
+        )
+    };
+    py.detach(|| {
+        attention::decode_attention(&shape, query, keys, values, slot_ids, lens, scale, output)
+    })
+    .map_err(to_py_err)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(decode_attention, m)?)
+}
