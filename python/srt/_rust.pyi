@@ -168,3 +168,15 @@ def decode_attention(
 ) -> None:
     """`out[b] = softmax(q[b] · Kᵀ · scale) · V` over the first `seq_lens[b]` slots of row `b`
     of `slots` ([batch, width] int32), each query head against its KV head (GIL released)."""
+
+# --- CPU row-wise operators (rust/python/src/ops.rs) --------------------------------------------
+
+def rms_norm(
+    x: _Floats, residual: _Floats | None, weight: _Floats, eps: float, out: _Floats
+) -> None:
+    """`out = weight · x / sqrt(mean(x²) + eps)` per row of `len(weight)` floats; with
+    `residual`, `residual += x` first (in place) and the sum is normalized."""
+
+def silu_and_mul(gate_up: _Floats, dim: int, out: _Floats) -> None:
+    """`out = silu(gate) · up` per row, where a row of `gate_up` is `[gate | up]`, each `dim`
+    floats."""

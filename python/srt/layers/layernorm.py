@@ -1,9 +1,22 @@
-"""RMSNorm, computed in float32 as Hugging Face's Llama and Qwen do."""
+"""RMSNorm, computed in float32 as Hugging Face's Llama and Qwen do.
+
+Float32 on the CPU runs as one pass per row in srt's Rust kernel (`srt._rust.rms_norm`), the
+residual add of a decoder layer's pre-norm included; elsewhere, PyTorch's operators.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from srt import _rust
+
+
+def runs_in_rust(*tensors: torch.Tensor) -> bool:
+    """Whether srt's CPU kernels take these tensors: float32 on the CPU, no autograd."""
+    return all(
+        t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad for t in tensors
+    )
 
 
 class RMSNorm(nn.Module):
@@ -13,6 +26,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if runs_in_rust(x, self.weight.detach()):
+            x = x.contiguous()
+            out = torch.empty_like(x)
+            _rust.rms_norm(x.numpy(), None, self.weight.detach().numpy(), self.eps, out.numpy())
+            return out
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -21,6 +39,13 @@ class RMSNorm(nn.Module):
     def forward_with_residual(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Adds `x` to the residual stream, then normalizes: returns (normalized, new residual)."""
-        residual = x + residual
+        """Adds `x` to the residual stream, then normalizes: returns (normalized, new residual).
+        The residual is updated in place (the returned one is the same tensor)."""
+        if runs_in_rust(x, residual, self.weight.detach()) and residual.is_contiguous():
+            x = x.contiguous()
+            out = torch.empty_like(x)
+            weight = self.weight.detach().numpy()
+            _rust.rms_norm(x.numpy(), residual.numpy(), weight, self.eps, out.numpy())
+            return out, residual
+        residual.add_(x)
         return self.forward(residual), residual

@@ -326,7 +326,7 @@ fn exponentiate(scores: &mut [f32]) -> f32 {
 /// polynomial in `r`, times `2^n`); 0 for `x` below -87 (and for NaN). Plain arithmetic that
 /// the compiler vectorizes, unlike a call to the C library's `expf` per element.
 #[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     const LN2_HIGH: f32 = 0.693_359_4;
     const LN2_LOW: f32 = -2.121_944_4e-4;
     if x.is_nan() || x < -87.0 {

@@ -7,6 +7,7 @@ pub mod decode_window;
 pub mod detokenizer;
 pub mod error;
 pub mod gemm;
+pub mod ops;
 pub mod parallel;
 pub mod radix;
 pub mod ring;

@@ -12,6 +12,7 @@ mod attention;
 mod boundary;
 mod detokenizer;
 mod gemm;
+mod ops;
 mod radix;
 mod ring;
 
@@ -41,5 +42,6 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ring::register(m)?;
     gemm::register(m)?;
     attention::register(m)?;
+    ops::register(m)?;
     Ok(())
 }
