@@ -1,0 +1,68 @@
+"""Float32 CPU RMSNorm and gated SiLU (`srt._rust.rms_norm`, `silu_and_mul`) equal PyTorch's
+formulas (the path every other dtype and device takes), update the residual in place as
+documented, and refuse outputs that overlap their inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from srt import _rust
+from srt.layers.activation import SiluAndMul
+from srt.layers.layernorm import RMSNorm
+
+
+def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return (weight.double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).float()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 3000])  # 3000 rows run on several threads
+def test_rms_norm_with_and_without_the_residual(rows: int) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    norm = RMSNorm(40, eps=1e-5).requires_grad_(False)
+    norm.weight.copy_(torch.randn(40, generator=generator))
+    x = torch.randn(rows, 40, generator=generator) * 3
+    residual = torch.randn(rows, 40, generator=generator)
+    expected_residual = x + residual
+    with torch.inference_mode():
+        plain = norm(x)
+        out, new_residual = norm.forward_with_residual(x, residual)
+    torch.testing.assert_close(plain, reference_rms_norm(x, norm.weight, 1e-5))
+    assert new_residual is residual
+    assert torch.equal(residual, expected_residual)
+    torch.testing.assert_close(out, reference_rms_norm(expected_residual, norm.weight, 1e-5))
+
+
+def test_rms_norm_of_strided_heads() -> None:
+    """Qwen3's q/k norms normalize each head of a view into the fused projection."""
+    norm = RMSNorm(8).requires_grad_(False)
+    qkv = torch.randn(5, 3 * 4 * 8)
+    heads = qkv[:, : 4 * 8].view(5, 4, 8)
+    with torch.inference_mode():
+        ours = norm(heads)
+    torch.testing.assert_close(ours, reference_rms_norm(heads, norm.weight, 1e-6))
+
+
+@pytest.mark.parametrize("rows", [1, 9, 2000])
+def test_silu_and_mul(rows: int) -> None:
+    gate_up = torch.randn(rows, 2 * 36, generator=torch.Generator().manual_seed(rows)) * 6
+    gate_up[0, 0], gate_up[0, 1] = -100.0, 100.0
+    with torch.inference_mode():
+        ours = SiluAndMul()(gate_up)
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    torch.testing.assert_close(ours, (F.silu(gate) * up).float())
+
+
+def test_outputs_that_overlap_an_input_are_refused() -> None:
+    x = torch.randn(4, 8)
+    weight = torch.ones(8)
+    with pytest.raises(ValueError, match="overlaps"):
+        _rust.rms_norm(x.numpy(), None, weight.numpy(), 1e-6, x.numpy())
+    with pytest.raises(ValueError, match="overlaps"):
+        _rust.rms_norm(x.numpy(), x.numpy(), weight.numpy(), 1e-6, torch.empty(4, 8).numpy())
+    with pytest.raises(ValueError, match="overlaps"):
+        _rust.silu_and_mul(x.numpy(), 4, x.view(-1)[:16].numpy())
+    with pytest.raises(ValueError, match="cannot hold"):
+        _rust.silu_and_mul(x.numpy(), 3, torch.empty(4, 3).numpy())
