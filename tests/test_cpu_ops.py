@@ -1,6 +1,6 @@
-"""Float32 CPU RMSNorm and gated SiLU (`srt._rust.rms_norm`, `silu_and_mul`) equal PyTorch's
-formulas (the path every other dtype and device takes), update the residual in place as
-documented, and refuse outputs that overlap their inputs."""
+"""Float32 CPU RMSNorm, gated SiLU and rotary embedding (`srt.layers.cpu_kernels`) equal
+PyTorch's formulas (the path every other dtype and device takes; the rotation bit for bit), update
+the residual in place as documented, and refuse outputs that overlap their inputs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from srt import _rust
 from srt.layers.activation import SiluAndMul
 from srt.layers.layernorm import RMSNorm
+from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary
 
 
 def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -53,6 +54,18 @@ def test_silu_and_mul(rows: int) -> None:
         ours = SiluAndMul()(gate_up)
     gate, up = gate_up.double().chunk(2, dim=-1)
     torch.testing.assert_close(ours, (F.silu(gate) * up).float())
+
+
+def test_rotary_equals_the_pytorch_formula_bit_for_bit() -> None:
+    params = {"rope_type": "default", "rope_theta": 10000.0}
+    rope = RotaryEmbedding(16, 64, params)(torch.tensor([0, 5, 63, 7]), torch.float32)
+    qkv = torch.randn(4, 6 * 16)
+    q = qkv[:, : 4 * 16].view(4, 4, 16)  # a strided view, as the attention layers pass it
+    with torch.inference_mode():
+        ours = apply_rotary(q, rope)
+    cos, sin = rope
+    expected = q * cos + q.unflatten(-1, (2, 8)).flip(-2).flatten(-2) * sin
+    assert torch.equal(ours, expected)
 
 
 def test_outputs_that_overlap_an_input_are_refused() -> None:

@@ -180,3 +180,7 @@ def rms_norm(
 def silu_and_mul(gate_up: _Floats, dim: int, out: _Floats) -> None:
     """`out = silu(gate) · up` per row, where a row of `gate_up` is `[gate | up]`, each `dim`
     floats."""
+
+def rotary(x: _Floats, cos: _Floats, sin: _Floats, head_dim: int, out: _Floats) -> None:
+    """`out = x · cos + [x₂ | x₁] · sin` for every head of each token's row of `x`; `cos` and
+    `sin` are `[tokens, head_dim]`, `sin` signed as `[-sin | sin]`."""

@@ -1,6 +1,6 @@
 """RMSNorm, computed in float32 as Hugging Face's Llama and Qwen do.
 
-Float32 on the CPU runs as one pass per row in srt's Rust kernel (`srt._rust.rms_norm`), the
+Float32 on the CPU runs as one pass per row in srt's Rust kernel (`cpu_kernels.rms_norm`), the
 residual add of a decoder layer's pre-norm included; elsewhere, PyTorch's operators.
 """
 
@@ -9,14 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from srt import _rust
-
-
-def runs_in_rust(*tensors: torch.Tensor) -> bool:
-    """Whether srt's CPU kernels take these tensors: float32 on the CPU, no autograd."""
-    return all(
-        t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad for t in tensors
-    )
+from srt.layers import cpu_kernels
 
 
 class RMSNorm(nn.Module):
@@ -26,11 +19,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if runs_in_rust(x, self.weight.detach()):
-            x = x.contiguous()
-            out = torch.empty_like(x)
-            _rust.rms_norm(x.numpy(), None, self.weight.detach().numpy(), self.eps, out.numpy())
-            return out
+        if cpu_kernels.runs_in_rust(x, self.weight.detach()):
+            return cpu_kernels.rms_norm(x, None, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -41,11 +31,7 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Adds `x` to the residual stream, then normalizes: returns (normalized, new residual).
         The residual is updated in place (the returned one is the same tensor)."""
-        if runs_in_rust(x, residual, self.weight.detach()) and residual.is_contiguous():
-            x = x.contiguous()
-            out = torch.empty_like(x)
-            weight = self.weight.detach().numpy()
-            _rust.rms_norm(x.numpy(), residual.numpy(), weight, self.eps, out.numpy())
-            return out, residual
+        if cpu_kernels.runs_in_rust(x, residual, self.weight.detach()) and residual.is_contiguous():
+            return cpu_kernels.rms_norm(x, residual, self.weight, self.eps), residual
         residual.add_(x)
         return self.forward(residual), residual

@@ -1,5 +1,5 @@
 """The models' linear layers: `F.linear`, except float32 on an x86-64 CPU with AVX2 and FMA,
-where the product runs in srt's own kernel (`srt._rust.linear`, rust/core/src/gemm.rs) over a
+where the product runs in srt's own kernel (`cpu_kernels.linear`, rust/core/src/gemm.rs) over a
 copy of the weight packed for it once after loading (`prepare_for_device`).
 
 Why: on the CPU the projections and the lm_head are most of a decode step, and the BLAS that
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srt import _rust
+from srt.layers import cpu_kernels
 
 
 class Linear(nn.Linear):
@@ -44,14 +44,11 @@ class Linear(nn.Linear):
         if (
             weight.device.type != "cpu"
             or weight.dtype != torch.float32
-            or not _rust.linear_supported()
+            or not cpu_kernels.linear_supported()
         ):
             self._packed = None
             return
-        packed = torch.empty(_rust.packed_weight_len(self.out_features, self.in_features))
-        plain = weight.detach().contiguous()
-        _rust.pack_weight(plain.numpy(), self.out_features, self.in_features, packed.numpy())
-        self._packed = packed
+        self._packed = cpu_kernels.pack_weight(weight)
         self._packed_from = (weight.data_ptr(), weight._version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,23 +57,9 @@ class Linear(nn.Linear):
             self.weight._version,
         ):
             self.prepare_for_device()
-        packed = self._packed
-        if packed is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.requires_grad:
+        if self._packed is None or not cpu_kernels.runs_in_rust(x):
             return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, self.in_features).contiguous()
-        out = torch.empty(rows.shape[0], self.out_features)
-        if rows.shape[0]:
-            bias = None if self.bias is None else self.bias.detach().numpy()
-            _rust.linear(
-                rows.numpy(),
-                rows.shape[0],
-                packed.numpy(),
-                self.out_features,
-                self.in_features,
-                bias,
-                out.numpy(),
-            )
-        return out.view(*x.shape[:-1], self.out_features)
+        return cpu_kernels.linear(x, self._packed, self.out_features, self.bias)
 
 
 def prepare_for_device(model: nn.Module) -> None:

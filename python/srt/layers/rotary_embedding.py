@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from srt.layers import cpu_kernels
+
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 
@@ -81,8 +83,11 @@ def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> to
 
     Equal, bit for bit, to transformers' `x * cos + rotate_half(x) * sin`: swapping the halves
     and negating sin's first half multiplies the same numbers as negating x's second half.
+    Float32 on the CPU runs as one pass in srt's Rust kernel, with the same roundings.
     """
     cos, sin = rope
+    if cpu_kernels.runs_in_rust(x, cos, sin):
+        return cpu_kernels.rotary(x, cos, sin)
     half = x.shape[-1] // 2
     swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
     return x * cos + swapped * sin

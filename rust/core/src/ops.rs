@@ -1,5 +1,6 @@
 //! Float32 row-wise operators of the models on the CPU, each one pass over its rows: RMSNorm
-//! (optionally after adding the layer's output to the residual stream) and the gated SiLU.
+//! (optionally after adding the layer's output to the residual stream), the gated SiLU, and the
+//! rotary position embedding.
 //!
 //! Why: between two linear layers a decode step runs these on a few rows, where PyTorch's
 //! separate element-wise operators (five for an RMSNorm) cost more in fixed overhead and extra
@@ -120,6 +121,37 @@ pub fn silu_and_mul(gate_up: &[f32], dim: usize, out: &mut [f32]) -> Result<()> 
     Ok(())
 }
 
+/// Rotates each `head_dim`-wide head of each token's row of `x` by the token's row of `cos` and
+/// `sin` (`[tokens, head_dim]`; `sin` signed as `[-sin | sin]`), in the rotate-half layout:
+/// `out = x · cos + [x₂ | x₁] · sin`, each product rounded before the sum, as PyTorch computes it.
+pub fn rotary(x: &[f32], cos: &[f32], sin: &[f32], head_dim: usize, out: &mut [f32]) -> Result<()> {
+    if head_dim == 0 || head_dim % 2 != 0 || cos.len() % head_dim != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "rotary tables of {} floats do not hold rows of an even head size {head_dim}",
+            cos.len()
+        )));
+    }
+    let tokens = cos.len() / head_dim;
+    check_len("the sine table", sin.len(), cos.len())?;
+    check_len("the output", out.len(), x.len())?;
+    if tokens == 0 || x.len() % (tokens * head_dim) != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{} floats are not whole heads of {head_dim} for {tokens} tokens",
+            x.len()
+        )));
+    }
+    let width = x.len() / tokens;
+    let out = Rows(out.as_mut_ptr());
+    for_row_ranges(tokens, x.len(), &|first, count| {
+        let input = &x[first * width..(first + count) * width];
+        let tables = first * head_dim..(first + count) * head_dim;
+        // SAFETY: `for_row_ranges` hands each thread its own rows, inside the checked length.
+        let out = unsafe { out.rows(first, count, width) };
+        simd::rotary_rows(input, &cos[tables.clone()], &sin[tables], head_dim, out);
+    });
+    Ok(())
+}
+
 /// The row loops, compiled for AVX2 when the CPU has it and portably otherwise.
 mod simd {
     use super::LANES;
@@ -200,6 +232,42 @@ mod simd {
     #[target_feature(enable = "avx2")]
     unsafe fn silu_and_mul_avx2(gate_up: &[f32], dim: usize, out: &mut [f32]) {
         silu_and_mul_portable(gate_up, dim, out);
+    }
+
+    pub(super) fn rotary_rows(x: &[f32], cos: &[f32], sin: &[f32], dim: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { rotary_avx2(x, cos, sin, dim, out) };
+        }
+        rotary_portable(x, cos, sin, dim, out);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn rotary_avx2(x: &[f32], cos: &[f32], sin: &[f32], dim: usize, out: &mut [f32]) {
+        rotary_portable(x, cos, sin, dim, out);
+    }
+
+    #[inline(always)]
+    fn rotary_portable(x: &[f32], cos: &[f32], sin: &[f32], dim: usize, out: &mut [f32]) {
+        let half = dim / 2;
+        let width = x.len() / (cos.len() / dim);
+        let rows = x.chunks_exact(width).zip(out.chunks_exact_mut(width));
+        for ((row, out_row), (cos, sin)) in
+            rows.zip(cos.chunks_exact(dim).zip(sin.chunks_exact(dim)))
+        {
+            for (head, out_head) in row.chunks_exact(dim).zip(out_row.chunks_exact_mut(dim)) {
+                let (first, second) = head.split_at(half);
+                let (out_first, out_second) = out_head.split_at_mut(half);
+                let (cos_first, cos_second) = cos.split_at(half);
+                let (sin_first, sin_second) = sin.split_at(half);
+                for i in 0..half {
+                    out_first[i] = first[i] * cos_first[i] + second[i] * sin_first[i];
+                    out_second[i] = second[i] * cos_second[i] + first[i] * sin_second[i];
+                }
+            }
+        }
     }
 
     #[inline(always)]

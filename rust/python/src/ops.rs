@@ -1,4 +1,4 @@
-//! `srt._rust.rms_norm` and `srt._rust.silu_and_mul`: the binding of `srt_core::ops`. Tensors
+//! `srt._rust.rms_norm`, `silu_and_mul` and `rotary`: the binding of `srt_core::ops`. Tensors
 //! arrive as float32 numpy views of CPU tensors; lengths are checked by the core, writability and
 //! overlap here. The work runs with the GIL released.
 
@@ -74,7 +74,42 @@ fn silu_and_mul(
         .map_err(to_py_err)
 }
 
+/// `out = x · cos + [x₂ | x₁] · sin` for every head of each token's row of `x`.
+#[pyfunction]
+fn rotary(
+    py: Python<'_>,
+    x: PyBuffer<f32>,
+    cos: PyBuffer<f32>,
+    sin: PyBuffer<f32>,
+    head_dim: usize,
+    out: PyBuffer<f32>,
+) -> PyResult<()> {
+    let input = contiguous("the input", &x, false)?;
+    let cos = contiguous("the cosine table", &cos, false)?;
+    let sin = contiguous("the sine table", &sin, false)?;
+    let output = contiguous("the output", &out, true)?;
+    if [input, cos, sin]
+        .into_iter()
+        .any(|other| overlap(other, output))
+    {
+        return Err(PyValueError::new_err("the output overlaps an input"));
+    }
+    // SAFETY: the buffers stay acquired until this function returns; the output overlaps none
+    // of the inputs.
+    let (input, cos, sin, output) = unsafe {
+        (
+            input.as_ref(),
+            cos.as_ref(),
+            sin.as_ref(),
+            &mut *output.as_ptr(),
+        )
+    };
+    py.detach(|| ops::rotary(input, cos, sin, head_dim, output))
+        .map_err(to_py_err)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rms_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(rotary, m)?)?;
     m.add_function(wrap_pyfunction!(silu_and_mul, m)?)
 }

@@ -2,7 +2,7 @@
 
 Runs everywhere (it is the CPU path). Extend attends one sequence at a time with a causal mask
 shifted by the sequence's cached prefix. Decode in float32 on the CPU reads each sequence's K/V
-rows in place, in srt's Rust kernel (`srt._rust.decode_attention`), which costs a fraction of
+rows in place, in srt's Rust kernel (`cpu_kernels.decode_attention`), which costs a fraction of
 gathering them for PyTorch at decode sizes; elsewhere decode gathers every sequence's K/V into
 one padded batch and attends in a single call per layer. When sequences of the batch share
 cached prefix slots, decode attends each shared prefix once per group instead (cascade.py). What
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from srt import _rust
+from srt.layers import cpu_kernels
 from srt.layers.attention.base import AttentionBackend
 from srt.layers.attention.cascade import (
     MIN_SAVED_TOKENS,
@@ -31,7 +31,6 @@ from srt.layers.forward_batch import ForwardMode
 if TYPE_CHECKING:
     from srt.layers.forward_batch import ForwardBatch
     from srt.layers.radix_attention import RadixAttention
-    from srt.mem_cache.memory_pool import KVPool
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -143,11 +142,14 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         pool = forward_batch.kv_pool
         pool.store(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        k_buffer, v_buffer = pool.k_buffers[layer.layer_id], pool.v_buffers[layer.layer_id]
         if self._cascade is not None:
-            k_buffer, v_buffer = pool.k_buffers[layer.layer_id], pool.v_buffers[layer.layer_id]
             return cascade_decode(q, k_buffer, v_buffer, self._cascade, layer.scaling)
         if self._in_place is not None:
-            return self._decode_in_place(q, layer, forward_batch.kv_pool, *self._in_place)
+            rows, seq_lens = self._in_place
+            return cpu_kernels.decode_attention(
+                q, k_buffer, v_buffer, rows, seq_lens, layer.scaling
+            )
         assert self._decode_slots is not None, "init_forward_metadata must run first"
         assert self._decode_mask is not None
         batch, kv_heads, head_dim = q.shape[0], layer.num_kv_heads, layer.head_dim
@@ -163,27 +165,3 @@ class TorchNativeAttnBackend(AttentionBackend):
             scale=layer.scaling,
         )
         return o.reshape(batch, -1)
-
-    @staticmethod
-    def _decode_in_place(
-        q: torch.Tensor,
-        layer: RadixAttention,
-        pool: KVPool,
-        rows: torch.Tensor,
-        seq_lens: torch.Tensor,
-    ) -> torch.Tensor:
-        """Float32 CPU decode through the Rust kernel, reading K/V rows in the pool."""
-        query = q.contiguous()
-        out = torch.empty_like(query)
-        _rust.decode_attention(
-            query.numpy(),
-            pool.k_buffers[layer.layer_id].numpy(),
-            pool.v_buffers[layer.layer_id].numpy(),
-            rows.numpy(),
-            seq_lens.numpy(),
-            layer.num_kv_heads,
-            layer.head_dim,
-            layer.scaling,
-            out.numpy(),
-        )
-        return out.reshape(q.shape[0], -1)

@@ -45,14 +45,10 @@ pub(super) unsafe fn run(job: &Job, panels: Range<usize>) {
         while panel < panels.end {
             let width = group.min(panels.end - panel);
             // The first tile over these panels streams them in from memory; it asks for the
-            // next panels of this thread's share meanwhile, so that the next first tile finds
-            // them in cache instead of waiting on memory.
+            // panels after them meanwhile (whichever thread claims those: the last level cache
+            // is shared), so that the next first tile finds them in cache instead of waiting.
             let next = panel + width;
-            let ahead = if next < panels.end {
-                group.min(panels.end - next)
-            } else {
-                0
-            };
+            let ahead = group.min(job.n.div_ceil(PANEL).saturating_sub(next));
             // The block's rows are spread evenly over its tiles (7 rows: 4 + 3, not 6 + 1).
             let mut row = first_row;
             for tile in 0..tiles {
@@ -63,8 +59,9 @@ pub(super) unsafe fn run(job: &Job, panels: Range<usize>) {
                     panel,
                     prefetch,
                 };
-                // SAFETY: rows `row..row + tile_rows` and panels `panel..next + prefetch` lie
-                // inside the job and inside this thread's share, as the caller guarantees.
+                // SAFETY: rows `row..row + tile_rows` and panels `panel..next` lie inside the job
+                // and this thread's share, as the caller guarantees; `next..next + prefetch`
+                // inside the job.
                 unsafe { dispatch(job, at, tile_rows, width) };
                 row += tile_rows;
             }

@@ -80,7 +80,47 @@ fn silu_and_mul_equals_a_float64_reference() {
 }
 
 #[test]
+fn rotary_rotates_every_head_of_every_token_by_its_own_row() {
+    let (tokens, heads, dim) = (3, 5, 6);
+    let x = values(tokens * heads * dim, 5);
+    let cos = values(tokens * dim, 6);
+    let sin = values(tokens * dim, 7);
+    let mut out = vec![f32::NAN; x.len()];
+    rotary(&x, &cos, &sin, dim, &mut out).unwrap();
+    for t in 0..tokens {
+        for h in 0..heads {
+            let head = &x[(t * heads + h) * dim..][..dim];
+            for i in 0..dim {
+                let swapped = head[(i + dim / 2) % dim];
+                let want = head[i] * cos[t * dim + i] + swapped * sin[t * dim + i];
+                assert_eq!(
+                    out[(t * heads + h) * dim + i],
+                    want,
+                    "token {t} head {h} lane {i}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn shapes_that_do_not_fit_are_refused() {
+    assert!(rotary(
+        &values(12, 1),
+        &values(6, 1),
+        &values(6, 1),
+        3,
+        &mut [0.0; 12]
+    )
+    .is_err());
+    assert!(rotary(
+        &values(10, 1),
+        &values(8, 1),
+        &values(8, 1),
+        4,
+        &mut [0.0; 10]
+    )
+    .is_err());
     let mut out = vec![0.0; 6];
     assert!(rms_norm(&values(7, 1), None, &[1.0; 3], 1e-6, &mut out).is_err());
     assert!(rms_norm(&values(6, 1), None, &[], 1e-6, &mut out).is_err());
