@@ -66,6 +66,16 @@ def test_weights_changed_after_packing_are_packed_again() -> None:
 
 
 @needs_kernel
+def test_a_bias_replaced_after_packing_is_used() -> None:
+    layer = prepared_linear(32, 48, bias=True)
+    x = torch.randn(8, 32)
+    layer.bias.data = torch.randn(48)  # new storage, as a reload may give
+    with torch.inference_mode():
+        ours = layer(x)
+    assert relative_error(ours, F.linear(x, layer.weight, layer.bias)) < 1e-5
+
+
+@needs_kernel
 def test_leading_dimensions_and_strided_inputs_are_accepted() -> None:
     layer = prepared_linear(24, 40, bias=True)
     x = torch.randn(3, 5, 48)[..., ::2]  # [3, 5, 24], not contiguous
@@ -90,7 +100,7 @@ def test_an_input_that_requires_grad_keeps_autograd() -> None:
 def test_the_kernel_refuses_buffers_that_do_not_fit() -> None:
     layer = prepared_linear(16, 32, bias=False)
     assert layer._packed is not None
-    packed = layer._packed.numpy()
+    packed = layer._packed.packed.numpy()
     x = torch.randn(4, 16).numpy()
     out = torch.empty(4, 32).numpy()
     with pytest.raises(ValueError, match="the output has 127 floats, expected 128"):

@@ -21,9 +21,7 @@ from srt import _rust
 
 def runs_in_rust(*tensors: torch.Tensor) -> bool:
     """Whether these kernels take these tensors: float32 on the CPU, no autograd."""
-    return all(
-        t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad for t in tensors
-    )
+    return all(t.dtype == torch.float32 and t.is_cpu and not t.requires_grad for t in tensors)
 
 
 def linear_supported() -> bool:
@@ -31,32 +29,33 @@ def linear_supported() -> bool:
     return _rust.linear_supported()
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A `[out, in]` float32 weight packed for `linear` (a new tensor)."""
-    n, k = weight.shape
-    packed = torch.empty(_rust.packed_weight_len(n, k))
-    _rust.pack_weight(weight.detach().contiguous().numpy(), n, k, packed.numpy())
-    return packed
+class PackedLinear:
+    """A float32 `[out, in]` weight (and bias) packed for the linear kernel, made once after the
+    weights load; calling it computes `x · Wᵀ + bias` for x of shape [..., in]."""
 
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.empty(_rust.packed_weight_len(self.out_features, self.in_features))
+        plain = weight.detach().contiguous()
+        # The numpy views are made once: each costs microseconds, and a linear runs often.
+        self._packed = self.packed.numpy()
+        _rust.pack_weight(plain.numpy(), self.out_features, self.in_features, self._packed)
+        self._bias = None if bias is None else bias.detach().numpy()
 
-def linear(
-    x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """`x · Wᵀ + bias` for x of shape [..., in], over a weight from `pack_weight`."""
-    in_features = x.shape[-1]
-    rows = x.reshape(-1, in_features).contiguous()
-    out = torch.empty(rows.shape[0], out_features)
-    if rows.shape[0]:
-        _rust.linear(
-            rows.numpy(),
-            rows.shape[0],
-            packed.numpy(),
-            out_features,
-            in_features,
-            None if bias is None else bias.detach().numpy(),
-            out.numpy(),
-        )
-    return out.view(*x.shape[:-1], out_features)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).contiguous()
+        out = torch.empty(rows.shape[0], self.out_features)
+        if rows.shape[0]:
+            _rust.linear(
+                rows.numpy(),
+                rows.shape[0],
+                self._packed,
+                self.out_features,
+                self.in_features,
+                self._bias,
+                out.numpy(),
+            )
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 def rms_norm(

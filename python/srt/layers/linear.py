@@ -1,6 +1,6 @@
 """The models' linear layers: `F.linear`, except float32 on an x86-64 CPU with AVX2 and FMA,
-where the product runs in srt's own kernel (`cpu_kernels.linear`, rust/core/src/gemm.rs) over a
-copy of the weight packed for it once after loading (`prepare_for_device`).
+where the product runs in srt's own kernel (`cpu_kernels.PackedLinear`, rust/core/src/gemm.rs)
+over a copy of the weight packed for it once after loading (`prepare_for_device`).
 
 Why: on the CPU the projections and the lm_head are most of a decode step, and the BLAS that
 PyTorch ships (MKL, and oneDNN's inner product on pre-packed weights) reaches a third to a half
@@ -10,9 +10,9 @@ count with one code path, so a row's result is the same bits alone, in any batch
 prefill or decode.
 
 What must stay true: the packed copy is made from the weight as it is when `prepare_for_device`
-runs; a weight changed in place afterwards (a reload) is noticed through its version counter and
-packed again before its next use. The packed path is for inference: an input that requires grad
-takes `F.linear`.
+runs; a weight or bias changed in place afterwards (a reload) is noticed through its version
+counter and packed again before its next use. The packed path is for inference: an input that
+requires grad takes `F.linear`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        self._packed: torch.Tensor | None = None
-        self._packed_from: tuple[int, int] = (0, -1)  # (data_ptr, version) of the packed weight
+        self._packed: cpu_kernels.PackedLinear | None = None
+        # What the packed copy was made from: the weight's and bias's data_ptr and version.
+        self._packed_from: tuple[int, ...] = ()
 
     @property
     def packed(self) -> bool:
@@ -48,18 +49,19 @@ class Linear(nn.Linear):
         ):
             self._packed = None
             return
-        self._packed = cpu_kernels.pack_weight(weight)
-        self._packed_from = (weight.data_ptr(), weight._version)
+        self._packed = cpu_kernels.PackedLinear(weight, self.bias)
+        self._packed_from = self._fingerprint()
+
+    def _fingerprint(self) -> tuple[int, ...]:
+        bias = () if self.bias is None else (self.bias.data_ptr(), self.bias._version)
+        return (self.weight.data_ptr(), self.weight._version, *bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._packed is not None and self._packed_from != (
-            self.weight.data_ptr(),
-            self.weight._version,
-        ):
+        if self._packed is not None and self._packed_from != self._fingerprint():
             self.prepare_for_device()
         if self._packed is None or not cpu_kernels.runs_in_rust(x):
             return F.linear(x, self.weight, self.bias)
-        return cpu_kernels.linear(x, self._packed, self.out_features, self.bias)
+        return self._packed(x)
 
 
 def prepare_for_device(model: nn.Module) -> None:
