@@ -14,6 +14,8 @@ pub mod ring;
 pub mod stop;
 #[cfg(test)]
 mod test_tokenizer;
+#[cfg(test)]
+mod test_values;
 
 pub use allocator::TokenAllocator;
 pub use error::{Error, Result};

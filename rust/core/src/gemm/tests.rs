@@ -1,21 +1,7 @@
 //! Unit tests of `gemm.rs`: the kernel against a float64 reference, and batch invariance.
 
 use super::*;
-
-/// Deterministic values in [-1, 1).
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use crate::test_values::values;
 
 fn packed(weight: &[f32], n: usize, k: usize) -> Vec<f32> {
     let mut packed = vec![f32::NAN; packed_len(n, k)];

@@ -4,14 +4,9 @@ use super::*;
 
 /// Deterministic values in [-4, 4).
 fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
-        })
+    crate::test_values::values(len, seed)
+        .into_iter()
+        .map(|v| v * 4.0)
         .collect()
 }
 
