@@ -23,7 +23,11 @@ CHROMIUM = "/usr/bin/chromium"
 MAX_TOKENS = 12
 VIEWPORT: ViewportSize = {"width": 1200, "height": 800}
 MILLISECONDS = re.compile(r"^\d+ ms$")
-RATE = re.compile(r"^\d+\.\d$")
+# What the page shows where it has no figure: an en dash.
+NO_FIGURE = "\u2013"
+# A rate, or no figure when every token arrived at once (nothing to divide by: a fast server's
+# few tokens may reach the browser in one read).
+RATE_OR_NONE = re.compile(rf"^(\d+\.\d|{NO_FIGURE})$")
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +114,19 @@ def test_a_typed_question_streams_the_greedy_answer(page: Page, server: ServerPr
         tokens = expected["usage"]["completion_tokens"]
         expect(page.locator("#tokens")).to_have_text(str(tokens))
         if tokens > 1:
-            expect(page.locator("#tps")).to_have_text(RATE)
+            expect(page.locator("#tps")).to_have_text(RATE_OR_NONE)
     expect(page.locator("#conversation .message")).to_have_count(4)
     expect(page.locator("#error")).to_be_empty()
+
+
+def test_the_decode_rate_counts_the_tokens_after_the_first(page: Page) -> None:
+    """The page's rate: (tokens - 1) over the seconds from the first token to the last; a dash
+    when there is no interval to measure."""
+    rate = "([tokens, first, last]) => formatRate(tokens, first, last)"
+    assert page.evaluate(rate, [5, 1000, 3000]) == "2.0"
+    assert page.evaluate(rate, [12, 250.0, 361.5]) == "98.7"
+    assert page.evaluate(rate, [1, 1000, 3000]) == NO_FIGURE
+    assert page.evaluate(rate, [5, 1000, 1000]) == NO_FIGURE
 
 
 def test_a_refused_request_shows_the_servers_error_and_keeps_the_prompt(

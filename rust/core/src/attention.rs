@@ -147,15 +147,15 @@ pub fn decode_attention(
             if index >= shape.batch {
                 break;
             }
-            // SAFETY: `check` validated every length and slot; task `index` is claimed by this
-            // thread alone and writes only its own query heads' rows of `out`.
+            // SAFETY: `check` validated every length and slot; sequence `index` is claimed by
+            // this thread alone, and its task writes only that sequence's rows of `out`.
             unsafe { task.run(index, &mut scores) };
         }
     });
     Ok(())
 }
 
-/// One call's inputs, shared by the threads; each task writes its own rows of `out`.
+/// One call's inputs, shared by the threads; each task (a sequence) writes its own rows of `out`.
 struct Task<'a> {
     shape: DecodeShape,
     q: &'a [f32],
@@ -168,7 +168,7 @@ struct Task<'a> {
 }
 
 // SAFETY: the inputs are shared slices; `out` outlives the parallel region and each task writes
-// a disjoint range of it (its sequence's query heads that read its KV head).
+// a disjoint range of it (its sequence's rows).
 unsafe impl Sync for Task<'_> {}
 
 impl Task<'_> {

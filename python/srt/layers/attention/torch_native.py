@@ -43,7 +43,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.cascade_min_saved = cascade_min_saved
         self._decode_mask: torch.Tensor | None = None
         self._decode_slots: torch.Tensor | None = None
-        # Its metadata: [batch, max_len] int32 slots, [batch] int32 lengths.
+        # In-place decode's metadata: [batch, max_len] int32 slots, [batch] int32 lengths.
         self._in_place: tuple[torch.Tensor, torch.Tensor] | None = None
         self._cascade: CascadeMetadata | None = None
         # Extend: (first new token, new tokens, None or (all slots, mask)) per sequence.
