@@ -1,6 +1,7 @@
 """Type stubs of the private Rust extension `srt._rust` (see rust/python/src/lib.rs).
 
-Only the facades in `srt.mem_cache`, `srt.managers` and `srt.ipc` import this module.
+Only the facades in `srt.mem_cache`, `srt.managers`, `srt.ipc` and `srt.layers.cpu_kernels`
+import this module.
 """
 
 from array import array

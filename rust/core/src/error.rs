@@ -25,3 +25,13 @@ impl std::error::Error for Error {}
 
 /// The result of a fallible core operation.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// `InvalidArgument` unless a buffer of floats named `what` holds `expected` of them.
+pub(crate) fn check_len(what: &str, len: usize, expected: usize) -> Result<()> {
+    if len != expected {
+        return Err(Error::InvalidArgument(format!(
+            "{what} has {len} floats, expected {expected}"
+        )));
+    }
+    Ok(())
+}

@@ -15,6 +15,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::error::check_len;
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -46,15 +47,6 @@ fn check_shape(n: usize, k: usize) -> Result<()> {
     if n == 0 || k == 0 {
         return Err(Error::InvalidArgument(format!(
             "a linear layer needs at least one input and one output feature, got [{n}, {k}]"
-        )));
-    }
-    Ok(())
-}
-
-fn check_len(what: &str, len: usize, expected: usize) -> Result<()> {
-    if len != expected {
-        return Err(Error::InvalidArgument(format!(
-            "{what} has {len} floats, expected {expected}"
         )));
     }
     Ok(())

@@ -6,6 +6,7 @@
 //! separate element-wise operators (five for an RMSNorm) cost more in fixed overhead and extra
 //! passes than the arithmetic. Each row is computed alone, so results do not depend on the batch.
 
+use crate::error::check_len;
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -14,15 +15,6 @@ const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
 
 /// Lanes of the partial sums (one AVX register; the compiler vectorizes the fixed-size loops).
 const LANES: usize = 8;
-
-fn check_len(what: &str, len: usize, expected: usize) -> Result<()> {
-    if len != expected {
-        return Err(Error::InvalidArgument(format!(
-            "{what} has {len} floats, expected {expected}"
-        )));
-    }
-    Ok(())
-}
 
 /// Runs `work(first_row, rows)` over `rows` rows, split between threads when the call is large.
 fn for_row_ranges(rows: usize, elements: usize, work: &(dyn Fn(usize, usize) + Sync)) {
@@ -46,8 +38,6 @@ struct Rows(*mut f32);
 // SAFETY: every user splits the rows between threads so that no two write the same element, and
 // the buffer outlives the parallel region.
 unsafe impl Sync for Rows {}
-// SAFETY: as above.
-unsafe impl Send for Rows {}
 
 impl Rows {
     /// Rows `first..first + count` of width `dim`.
