@@ -10,7 +10,7 @@ with each request run alone.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +21,8 @@ import torch
 from runner_helpers import make_runner
 
 from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
+from srt.managers.req_queue import ReqQueue
+from srt.managers.schedule_batch import Req
 from srt.managers.scheduler import Scheduler
 from srt.mem_cache.memory_pool import ReqToTokenPool
 from srt.sampling_params import SamplingParams
@@ -266,7 +268,7 @@ def test_retraction_takes_the_request_with_fewest_outputs_and_keeps_outputs() ->
         collect(scheduler.step(), outputs, finished)
         assert scheduler.check_invariants() == []
         if scheduler.num_retracted > before:
-            retracted.append(scheduler.waiting[0].rid)
+            retracted.append(scheduler.waiting.first().rid)
     assert retracted[:1] == ["second"]
     for rid, prompt in prompts.items():
         n = len(finished[rid].output_ids)
@@ -373,6 +375,58 @@ def test_abort_while_waiting_running_and_chunked_frees_everything() -> None:
     finished = run_to_completion(scheduler)
     assert {f.reason.type for f in finished.values()} == {"abort"}
     assert scheduler.allocator.available_size() + scheduler.tree_cache.evictable_size() == 256  # type: ignore[union-attr]
+
+
+def test_requests_are_found_by_id_without_scanning_the_queues(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheduler = scheduler_over(ScriptedRunner(max_running_requests=2))
+    for i in range(40):
+        scheduler.add_request(request(f"r{i}", [5 + i % 50, 6], max_new_tokens=30))
+    scheduler.step()
+    assert len(scheduler.running) == 2
+    assert len(scheduler.waiting) == 38
+
+    def no_scan(queue: ReqQueue) -> Iterator[Req]:
+        raise AssertionError("a request was looked up by walking a queue")
+
+    # Finding one request (an abort, a duplicate-rid check) must not walk the queues.
+    monkeypatch.setattr(ReqQueue, "__iter__", no_scan)
+    scheduler.abort("r30")
+    scheduler.abort("r1")
+    scheduler.add_request(request("r2", [7], max_new_tokens=1))
+    assert len(scheduler.waiting) == 37
+    assert len(scheduler.running) == 1
+    out = scheduler.take_output()
+    monkeypatch.undo()
+    assert out is not None
+    reasons = dict(zip(out.rids, out.finished_reasons, strict=True))
+    assert reasons["r30"] == reasons["r1"] == FinishReason("abort", message="aborted by request")
+    assert reasons["r2"] == FinishReason(
+        "abort", message="request id 'r2' is already in flight", status_code=400
+    )
+    assert scheduler.check_invariants() == []
+    assert len(run_to_completion(scheduler)) == 38
+
+
+def test_req_queue_keeps_order_and_removes_only_its_own_request() -> None:
+    reqs = [Req(request(f"q{i}", [1, 2], max_new_tokens=1), frozenset()) for i in range(4)]
+    queue = ReqQueue()
+    for req in reqs[2:]:
+        queue.append(req)
+    queue.prepend(reqs[:2])
+    assert [r.rid for r in queue] == ["q0", "q1", "q2", "q3"]
+    assert queue.first() is reqs[0]
+    with pytest.raises(ValueError, match="already queued"):
+        queue.append(Req(request("q3", [1], max_new_tokens=1), frozenset()))
+    impostor = Req(request("q1", [1], max_new_tokens=1), frozenset())
+    assert impostor not in queue
+    assert not queue.remove(impostor)
+    assert queue.remove(reqs[1])
+    assert not queue.remove(reqs[1])
+    assert [r.rid for r in queue] == ["q0", "q2", "q3"]
+    assert queue.get("q2") is reqs[2]
+    assert queue.get("q1") is None
 
 
 def test_abort_all_and_flush_cache() -> None:

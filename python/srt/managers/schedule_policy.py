@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import random
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 
 import numpy as np
 
@@ -32,14 +32,19 @@ CLIP_MAX_NEW_TOKENS = 4096
 
 
 def order_waiting(
-    queue: list[Req], policy: str, prefix_len_of: Callable[[Req], list[int]], rng: random.Random
-) -> list[Req]:
+    queue: Collection[Req],
+    policy: str,
+    prefix_len_of: Callable[[Req], list[int]],
+    rng: random.Random,
+) -> Iterable[Req]:
     """`queue` in the order `policy` admits it. `prefix_len_of(req)` gives the ids of a request's
-    longest cached prefix (only the cache-aware policies call it)."""
+    longest cached prefix (only the cache-aware policies call it). With `fcfs` this is the
+    queue itself, walked lazily: a step that admits few requests from a long queue looks at
+    those few."""
     if policy in ("lpm", "dfs-weight") and len(queue) > CACHE_AWARE_QUEUE_LIMIT:
         policy = "fcfs"
     if policy == "fcfs":
-        return list(queue)
+        return queue
     if policy == "lof":
         return sorted(queue, key=lambda req: -req.sampling_params.max_new_tokens)
     if policy == "random":
@@ -50,7 +55,7 @@ def order_waiting(
     if policy == "lpm":
         return sorted(queue, key=lambda req: -len(prefixes[id(req)]))
     if policy == "dfs-weight":
-        return _dfs_weight(queue, prefixes)
+        return _dfs_weight(list(queue), prefixes)
     raise ValueError(f"unknown schedule policy {policy!r}")
 
 

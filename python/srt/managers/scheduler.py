@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import random
 from array import array
-from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -28,6 +27,7 @@ from srt.io_struct import BatchTokenIDOut, FinishReason, GetLoadOut, TokenizedGe
 from srt.layers.sampler import sample
 from srt.managers.batch_log import BatchLogger
 from srt.managers.cache_manager import CacheManager, int32_tensor, req_row
+from srt.managers.req_queue import ReqQueue
 from srt.managers.schedule_batch import (
     ForwardKind,
     Req,
@@ -98,8 +98,8 @@ class Scheduler:
             torch.manual_seed(server_args.random_seed)
         self.check_every_step = envs.check_invariants()
 
-        self.waiting: list[Req] = []
-        self.running: list[Req] = []
+        self.waiting = ReqQueue()
+        self.running = ReqQueue()
         self.chunked_req: Req | None = None
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.outbox: list[Req] = []
@@ -167,26 +167,29 @@ class Scheduler:
         return None
 
     def _live(self, rid: str) -> bool:
-        return any(r.rid == rid for r in self._all_reqs())
+        return self._find(rid) is not None
 
-    def _all_reqs(self) -> Iterable[Req]:
-        yield from self.waiting
-        yield from self.running
-        if self.chunked_req is not None:
-            yield self.chunked_req
+    def _find(self, rid: str) -> Req | None:
+        """The live request with id `rid` (waiting, running or mid-chunk), in O(1)."""
+        chunked = self.chunked_req
+        if chunked is not None and chunked.rid == rid:
+            return chunked
+        req = self.waiting.get(rid)
+        return req if req is not None else self.running.get(rid)
 
     def abort(self, rid: str) -> None:
         """Aborts request `rid` wherever it is ("" aborts all); unknown ids are ignored (the
         request may have finished meanwhile)."""
-        for req in list(self._all_reqs()):
-            if rid and req.rid != rid:
-                continue
+        if rid:
+            req = self._find(rid)
+            victims = [] if req is None else [req]
+        else:
+            victims = [*self.waiting, *self.running]
+            if self.chunked_req is not None:
+                victims.append(self.chunked_req)
+        for req in victims:
             req.finished_reason = FinishReason("abort", message="aborted by request")
-            if req in self.waiting:
-                self.waiting.remove(req)
-            elif req in self.running:
-                self.running.remove(req)
-            else:
+            if not (self.waiting.remove(req) or self.running.remove(req)):
                 self.chunked_req = None
             self._release(req)
             self.outbox.append(req)
@@ -244,9 +247,8 @@ class Scheduler:
         if adder.new_chunked_req is not None and adder.new_chunked_req.extend_ids:
             admitted = [*admitted, adder.new_chunked_req]
         for req in admitted:
-            if req in self.waiting:
-                self.waiting.remove(req)
-        if self.chunked_req in self.waiting:
+            self.waiting.remove(req)
+        if self.chunked_req is not None:
             self.waiting.remove(self.chunked_req)
         return ScheduleBatch(ForwardKind.EXTEND, admitted) if admitted else None
 
@@ -314,7 +316,7 @@ class Scheduler:
             self.running.remove(victim)
             self._release(victim, keep_stop_state=True)
             retracted.append(victim)
-        self.waiting[:0] = retracted
+        self.waiting.prepend(retracted)
         self.num_retracted += len(retracted)
         total_max_new = sum(r.sampling_params.max_new_tokens for r in self.running)
         decoded = sum(len(r.output_ids) for r in self.running)
@@ -382,8 +384,7 @@ class Scheduler:
                 self.cache.cache_unfinished(req)  # later requests can share the prompt at once
                 self.running.append(req)
             if req.finished():
-                if req in self.running:
-                    self.running.remove(req)
+                self.running.remove(req)
                 self._release(req)
                 self.outbox.append(req)
             elif req.stream and self._stream_due(req):
@@ -425,7 +426,7 @@ class Scheduler:
 
     def check_invariants(self) -> list[str]:
         """What is wrong with the KV bookkeeping (empty when all is well)."""
-        holders = self.running + ([self.chunked_req] if self.chunked_req else [])
+        holders = [*self.running, *([self.chunked_req] if self.chunked_req else [])]
         return self.cache.check_invariants(holders, self.is_idle())
 
     def check_and_count(self) -> None:
