@@ -229,6 +229,7 @@ def test_a_lead_byte_forever_comes_out_as_it_is_generated(
     # a 3-byte character, so a run of it never becomes UTF-8: each is a U+FFFD, and must come
     # out as it is generated, not be held (and re-decoded at every step) until the request ends.
     lead = hf.convert_tokens_to_ids("\u00e4")
+    assert isinstance(lead, int)
     assert hf_decode(hf, [lead]) == REPLACEMENT
     detok.add_request("r")
     streamed = "".join(detok.step("r", [lead]).text for _ in range(10_000))
