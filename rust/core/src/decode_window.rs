@@ -171,8 +171,9 @@ impl DecodeWindow {
     /// character, or an invalid sequence (one U+FFFD), straddles it. And it must stay so
     /// whatever comes next: either the text before the cut ends in a whole character, or
     /// [`KEEP_PENDING`] tokens follow it, enough to complete any character begun before it. The
-    /// latest such cut among the few tried is taken; when none is (no decoder LLMs use makes
-    /// that happen), the whole window is emitted, as [`DecodeWindow::flush`] would.
+    /// latest such cut among the few tried is taken; when none is (a decoder that rewrites text
+    /// further back than a few tokens), the whole window is emitted, as [`DecodeWindow::flush`]
+    /// would: the text may then differ from the whole decode, but the window stays short.
     fn give_up(&mut self, decoder: &StreamDecoder, text: &str) -> Result<String> {
         let skip = self.skip_special_tokens;
         let pending = decoder.decode(&self.ids[self.read_offset..], skip)?;
