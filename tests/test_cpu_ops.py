@@ -79,3 +79,13 @@ def test_outputs_that_overlap_an_input_are_refused() -> None:
         _rust.silu_and_mul(x.numpy(), 4, x.view(-1)[:16].numpy())
     with pytest.raises(ValueError, match="cannot hold"):
         _rust.silu_and_mul(x.numpy(), 3, torch.empty(4, 3).numpy())
+
+
+def test_sizes_past_the_address_space_are_value_errors() -> None:
+    gate_up, out = torch.randn(4).numpy(), torch.empty(2).numpy()
+    # 2 · 2^63 is 0 and 2 · (2^63 + 1) is 2 modulo 2^64: a row of "0" or "2" floats.
+    for dim in (2**63, 2**63 + 1, 2**64 - 1):
+        with pytest.raises(ValueError, match="more elements than memory can hold"):
+            _rust.silu_and_mul(gate_up, dim, out)
+    with pytest.raises(ValueError, match="even head size"):
+        _rust.rotary(gate_up[:2], gate_up[:2], gate_up[2:], 2**64 - 2, out)

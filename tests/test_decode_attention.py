@@ -85,6 +85,21 @@ def test_slots_outside_the_pool_and_bad_lengths_are_refused() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("kv_heads", "head_dim"),
+    [
+        (1, 2**63),  # sequences · head size wraps to 0 (a division by zero in the shape)
+        (2**63 + 1, 2),  # K/V heads · head size wraps to 2: a 2-float "cache" of 2^63 slots
+        (2**63, 2**63),
+    ],
+)
+def test_head_sizes_past_the_address_space_are_value_errors(kv_heads: int, head_dim: int) -> None:
+    q, cache, out = torch.zeros(2).numpy(), torch.zeros(2).numpy(), torch.zeros(2).numpy()
+    slots, lens = torch.ones(2, dtype=torch.int32).numpy(), torch.ones(2, dtype=torch.int32).numpy()
+    with pytest.raises(ValueError, match="do not fit in memory"):
+        _rust.decode_attention(q, cache, cache.copy(), slots, lens, kv_heads, head_dim, 1.0, out)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_a_model_decodes_the_same_in_place_and_gathered(
     arch: str, tiny_model_factory: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch

@@ -222,6 +222,23 @@ def test_smollm2_random_id_sequences_equal_hf_decode(smollm2: Path) -> None:
     check_random_sequences(IncrementalDetokenizer(smollm2), AutoTokenizer.from_pretrained(smollm2))
 
 
+def test_a_lead_byte_forever_comes_out_as_it_is_generated(
+    detok: IncrementalDetokenizer, hf: PreTrainedTokenizerBase
+) -> None:
+    # A logit_bias can force one token forever. Byte 0xE4 (GPT-2's byte character "ä") begins
+    # a 3-byte character, so a run of it never becomes UTF-8: each is a U+FFFD, and must come
+    # out as it is generated, not be held (and re-decoded at every step) until the request ends.
+    lead = hf.convert_tokens_to_ids("\u00e4")
+    assert isinstance(lead, int)
+    assert hf_decode(hf, [lead]) == REPLACEMENT
+    detok.add_request("r")
+    streamed = "".join(detok.step("r", [lead]).text for _ in range(10_000))
+    held = detok.finish("r").text
+    detok.free("r")
+    assert streamed + held == hf_decode(hf, [lead] * 10_000) == REPLACEMENT * 10_000
+    assert len(held) <= 4, "the window holds a few tokens at most, not the stream"
+
+
 SENTENCE = "The quick brown fox jumps over the lazy dog. 狐狸跳过了懒狗 🦊!"
 
 

@@ -115,6 +115,29 @@ def test_the_kernel_refuses_buffers_that_do_not_fit() -> None:
         _rust.linear(x, 4, packed, 32, 16, None, readonly)
 
 
+# (2^63 + 1) · 2 is 2 and (2^63 + 1) · 16 is 16 modulo 2^64: buffers of those lengths passed
+# the length checks of `m * k` and `m * n`, and the kernel then ran 2^63 rows (a segfault).
+WRAPPING_ROWS = 2**63 + 1
+
+
+def test_sizes_whose_products_overflow_are_value_errors() -> None:
+    packed = torch.zeros(_rust.packed_weight_len(16, 2)).numpy()
+    for m, k, x, out in [
+        (WRAPPING_ROWS, 2, torch.ones(2), torch.zeros(16)),
+        (2**64 // 2 - 1, 3, torch.ones(3), torch.zeros(16)),
+    ]:
+        with pytest.raises(ValueError, match="more elements than memory can hold"):
+            _rust.linear(x.numpy(), m, packed, 16, k, None, out.numpy())
+    with pytest.raises(ValueError, match="more elements than memory can hold"):
+        _rust.linear(
+            torch.ones(2).numpy(), 1, packed, WRAPPING_ROWS, 2, None, torch.zeros(16).numpy()
+        )
+    with pytest.raises(ValueError, match="more elements than memory can hold"):
+        _rust.packed_weight_len(2**62, 2**10)
+    with pytest.raises(ValueError, match="more elements than memory can hold"):
+        _rust.pack_weight(torch.ones(2).numpy(), WRAPPING_ROWS, 2, torch.zeros(32).numpy())
+
+
 def test_half_precision_keeps_f_linear() -> None:
     layer = Linear(32, 48).to(torch.bfloat16)
     prepare_for_device(layer)

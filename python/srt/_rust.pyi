@@ -137,14 +137,16 @@ class ShmRing:
     def peer_pid(self) -> int: ...
 
 # --- CPU linear layers (rust/python/src/gemm.rs) -----------------------------------------------
-# Float32 buffers: C-contiguous numpy views of CPU tensors, shared, not copied.
+# Float32 buffers: C-contiguous numpy views of CPU tensors, shared, not copied. Sizes are
+# checked against the buffers before any is read: a size that does not fit them, or whose
+# products overflow 64 bits, is a ValueError.
 _Floats = Buffer | NDArray[np.float32]
 
 def linear_supported() -> bool:
     """Whether this CPU runs `linear` (x86-64 with AVX2 and FMA)."""
 
 def packed_weight_len(n: int, k: int) -> int:
-    """The number of floats of a packed `[n, k]` weight."""
+    """The number of floats of a packed `[n, k]` weight (ValueError past 64 bits)."""
 
 def pack_weight(weight: _Floats, n: int, k: int, packed: _Floats) -> None:
     """Packs a row-major `[n, k]` float32 weight into `packed` for `linear`."""

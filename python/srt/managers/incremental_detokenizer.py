@@ -4,7 +4,9 @@ A thin facade over `srt._rust.IncrementalDetokenizer` (this module is its only i
 object holds the decode state of every in-flight request, keyed by request id:
 
 - `step`/`step_batch` take each request's new token ids and return the text they complete. No
-  piece ends inside a UTF-8 character, and for every id sequence the pieces of a request
+  piece ends inside a UTF-8 character; bytes that can no longer become one (a run of lead bytes
+  a `logit_bias` forces, say) come out as U+FFFD a few tokens later, as `decode` gives them,
+  never held to the end of the request. For every id sequence the pieces of a request
   (including `finish`'s) concatenate to what Hugging Face transformers 5 returns for
   `tokenizer.decode(ids, skip_special_tokens=..., spaces_between_special_tokens=...)`.
   transformers 5 decodes `tokenizer.json` tokenizers (`TokenizersBackend`) with

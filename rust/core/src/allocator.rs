@@ -32,8 +32,9 @@ impl TokenAllocator {
             return Err(Error::InvalidArgument("page_size must be ≥ 1".into()));
         }
         let num_pages = size / page_size;
-        let total = (num_pages + 1)
-            .checked_mul(page_size)
+        let total = num_pages
+            .checked_add(1)
+            .and_then(|pages| pages.checked_mul(page_size))
             .filter(|&t| t <= u32::MAX as usize)
             .ok_or_else(|| Error::InvalidArgument(format!("{size} slots do not fit in u32")))?;
         let mut allocator = TokenAllocator {
@@ -196,5 +197,9 @@ mod tests {
     fn rejects_pools_that_do_not_fit() {
         assert!(TokenAllocator::new(4, 0).is_err());
         assert!(TokenAllocator::new(u32::MAX as usize, 1).is_err());
+        // The padding page makes one page more than `size / page_size`: that count must not
+        // wrap around to an empty pool whose free list still names every u32 page.
+        assert!(TokenAllocator::new(usize::MAX, 1).is_err());
+        assert!(TokenAllocator::new(usize::MAX, 2).is_err());
     }
 }

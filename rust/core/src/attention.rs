@@ -16,6 +16,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::error::elements;
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -62,12 +63,16 @@ fn check(
             "{heads} query heads cannot share {kv_heads} K/V heads of {head_dim} floats"
         )));
     }
+    // Checked products: a size that wrapped around would let short buffers through, and the
+    // tasks index them by these sizes without further checks.
+    let queries = elements("the query", &[batch, heads, head_dim])?;
+    let cache = elements("a K/V cache", &[pool_slots, kv_heads, head_dim])?;
     let expected = [
-        batch * heads * head_dim,
-        pool_slots * kv_heads * head_dim,
-        pool_slots * kv_heads * head_dim,
-        batch * heads * head_dim,
-        batch * width,
+        queries,
+        cache,
+        cache,
+        queries,
+        elements("the slots", &[batch, width])?,
     ];
     for ((what, len), want) in lens.into_iter().zip(expected) {
         if len != want {

@@ -14,6 +14,14 @@
 //! up on it), and the concatenation of everything emitted equals
 //! `tokenizer.decode(all_ids, skip_special_tokens)`, or, with context ids, the text the ids add
 //! after the context: `decode(context + ids)` minus `decode(context)`.
+//!
+//! The hold is bounded. `tokenizers`' `DecodeStream` and vLLM's `detokenize_incrementally` hold
+//! for as long as the text ends in U+FFFD, so a stream that never becomes valid UTF-8 (a
+//! `logit_bias` forcing one lead byte forever) is held to the end and re-decoded whole at every
+//! step: quadratic. A UTF-8 character has at most 4 bytes, and a token carries at least one, so
+//! once more than [`MAX_PENDING`] tokens wait, those before the last [`KEEP_PENDING`] can no
+//! longer be part of a character still to complete: their text, U+FFFD included, is emitted
+//! (see [`DecodeWindow::give_up`]) and the window stays a few tokens long, whatever the stream.
 
 use tokenizers::Tokenizer;
 
@@ -21,6 +29,18 @@ use crate::error::{Error, Result};
 
 /// What an incomplete UTF-8 sequence decodes to.
 const REPLACEMENT: char = '\u{FFFD}';
+
+/// The most tokens a window holds back while their text is incomplete (or empty); past it, the
+/// older ones are given up on. A character split over byte tokens completes with its 4th.
+pub const MAX_PENDING: usize = 4;
+
+/// The tokens still held back when the others are given up on: the bytes a character that began
+/// before them may still be missing (at most 3, one token each at least).
+pub const KEEP_PENDING: usize = 3;
+
+/// How many cut points [`DecodeWindow::give_up`] tries, beyond the last [`KEEP_PENDING`], before
+/// it emits the whole window.
+const CUTS_TRIED: usize = 4;
 
 /// How `Tokenizer::decode` treats an id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,10 +154,46 @@ impl DecodeWindow {
         let text = decoder.decode(&self.ids, skip)?;
         // Hold while the last character may be incomplete, or while the new tokens added no
         // text: the prefix must keep a token with text for context.
-        if text.ends_with(REPLACEMENT) || text.len() <= self.prefix_text.len() {
+        if !text.ends_with(REPLACEMENT) && text.len() > self.prefix_text.len() {
+            return self.slide(decoder, &text);
+        }
+        if self.ids.len() - self.read_offset <= MAX_PENDING {
             return Ok(String::new());
         }
-        self.slide(decoder, &text)
+        self.give_up(decoder, &text)
+    }
+
+    /// Emits the text of the pending tokens up to a cut where it can no longer change (U+FFFD
+    /// stays U+FFFD), and makes them the prefix. `text` is the decoded window.
+    ///
+    /// A cut is taken when the window's text after it is the same whether decoded after the
+    /// old prefix or after the tokens to emit only (the context of the next steps): else a
+    /// character, or an invalid sequence (one U+FFFD), straddles it. And it must stay so
+    /// whatever comes next: either the text before the cut ends in a whole character, or
+    /// [`KEEP_PENDING`] tokens follow it, enough to complete any character begun before it. The
+    /// latest such cut among the few tried is taken; when none is (a decoder that rewrites text
+    /// further back than a few tokens), the whole window is emitted, as [`DecodeWindow::flush`]
+    /// would: the text may then differ from the whole decode, but the window stays short.
+    fn give_up(&mut self, decoder: &StreamDecoder, text: &str) -> Result<String> {
+        let skip = self.skip_special_tokens;
+        let pending = decoder.decode(&self.ids[self.read_offset..], skip)?;
+        let cuts = (self.read_offset + 1..self.ids.len()).rev();
+        for cut in cuts.take(KEEP_PENDING + CUTS_TRIED) {
+            let emitted = decoder.decode(&self.ids[..cut], skip)?;
+            if cut + KEEP_PENDING > self.ids.len() && emitted.ends_with(REPLACEMENT) {
+                continue;
+            }
+            let prefix_text = decoder.decode(&self.ids[self.read_offset..cut], skip)?;
+            let after = text.strip_prefix(emitted.as_str());
+            if after.is_some() && after == pending.strip_prefix(prefix_text.as_str()) {
+                let added = new_part(&emitted, &self.prefix_text).to_string();
+                self.ids.drain(..self.read_offset);
+                self.read_offset = cut - self.read_offset;
+                self.prefix_text = prefix_text;
+                return Ok(added);
+            }
+        }
+        self.slide(decoder, text)
     }
 
     /// Returns the text held back, an incomplete character as U+FFFD (as `decode` gives it),
@@ -273,6 +329,68 @@ mod tests {
             pieces(&mut window, &tok, &[ZHONG_TAIL_X], 1).concat(),
             "\u{FFFD}x"
         );
+    }
+
+    #[test]
+    fn a_lead_byte_forever_comes_out_as_replacement_characters_in_a_short_window() {
+        let tok = StreamDecoder::new(tokenizer());
+        let mut window = DecodeWindow::new(&tok, false, vec![]).unwrap();
+        let mut streamed = String::new();
+        for _ in 0..10_000 {
+            // 0xE4 begins a 3-byte character; a second one means the first can never complete.
+            streamed.push_str(&window.step(&tok, &[0xE4]).unwrap());
+            assert!(
+                window.len() <= MAX_PENDING + KEEP_PENDING,
+                "the window grew to {} ids",
+                window.len()
+            );
+        }
+        assert!(streamed.chars().all(|c| c == REPLACEMENT));
+        let held = window.flush(&tok).unwrap();
+        assert!(held.chars().count() <= MAX_PENDING, "{held:?}");
+        streamed.push_str(&held);
+        assert_eq!(
+            streamed,
+            tok.tokenizer().decode(&[0xE4; 10_000], false).unwrap()
+        );
+        assert_eq!(streamed.chars().count(), 10_000);
+    }
+
+    #[test]
+    fn streams_with_invalid_bytes_still_equal_the_whole_decode() {
+        let tok = StreamDecoder::new(tokenizer());
+        // Runs of invalid and incomplete bytes between whole and split characters, in chunks of
+        // every size: giving up on bytes must never cut a character that still completes.
+        let bytes: [u8; 12] = [
+            0xE4, 0xE4, 0xF0, 0x9F, 0x98, 0xE4, 0xE4, 0xE4, 0xF0, 0x9F, 0x98, 0x80,
+        ];
+        let mut ids: Vec<u32> = bytes.iter().map(|&b| u32::from(b)).collect();
+        ids.extend([
+            ZHONG_HEAD,
+            0xAD,
+            0xE4,
+            0xE4,
+            0xE4,
+            0xE4,
+            ZHONG_HEAD,
+            ZHONG_TAIL_X,
+        ]);
+        ids.extend(bytes_of("ok 👋"));
+        ids.extend([0xBF; 6]);
+        ids.extend([
+            0xF0, 0x9F, 0x8E, 0xE4, 0xE4, 0xE4, 0xE4, 0xE4, 0xF0, 0x9F, 0x8E, 0x89,
+        ]);
+        let whole = tok.tokenizer().decode(&ids, false).unwrap();
+        assert!(whole.contains('😀') && whole.contains('🎉') && whole.contains('中'));
+        for chunk in 1..8 {
+            for start in 0..ids.len() {
+                let ids = &ids[start..];
+                let mut window = DecodeWindow::new(&tok, false, vec![]).unwrap();
+                let out = pieces(&mut window, &tok, ids, chunk);
+                let reference = tok.tokenizer().decode(ids, false).unwrap();
+                assert_eq!(out.concat(), reference, "chunk {chunk}, from {start}");
+            }
+        }
     }
 
     #[test]

@@ -26,6 +26,20 @@ impl std::error::Error for Error {}
 /// The result of a fallible core operation.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// The number of elements of `what`, of shape `dims`: the product of the dimensions, or
+/// `InvalidArgument` when it does not fit in `usize`. Sizes that come from callers go through
+/// this (never a bare `*`): a product that wraps around would let a short buffer pass a length
+/// check that the kernel then reads past.
+pub(crate) fn elements(what: &str, dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |product, &dim| product.checked_mul(dim))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{what} of shape {dims:?} has more elements than memory can hold"
+            ))
+        })
+}
+
 /// `InvalidArgument` unless a buffer of floats named `what` holds `expected` of them.
 pub(crate) fn check_len(what: &str, len: usize, expected: usize) -> Result<()> {
     if len != expected {
@@ -34,4 +48,19 @@ pub(crate) fn check_len(what: &str, len: usize, expected: usize) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elements_refuses_products_that_overflow() {
+        assert_eq!(elements("x", &[3, 4, 5]), Ok(60));
+        assert_eq!(elements("x", &[]), Ok(1));
+        assert_eq!(elements("x", &[usize::MAX, 0]), Ok(0));
+        let err = elements("the input", &[usize::MAX / 2, 3]).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        assert!(err.to_string().starts_with("the input of shape"), "{err}");
+    }
 }

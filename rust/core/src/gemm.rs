@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::error::check_len;
+use crate::error::{check_len, elements};
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -38,9 +38,9 @@ pub fn supported() -> bool {
     }
 }
 
-/// The number of floats of a packed `[n, k]` weight.
-pub fn packed_len(n: usize, k: usize) -> usize {
-    n.div_ceil(PANEL) * PANEL * k
+/// The number of floats of a packed `[n, k]` weight (`InvalidArgument` past `usize`).
+pub fn packed_len(n: usize, k: usize) -> Result<usize> {
+    elements("the packed weight", &[n.div_ceil(PANEL), PANEL, k])
 }
 
 fn check_shape(n: usize, k: usize) -> Result<()> {
@@ -55,8 +55,8 @@ fn check_shape(n: usize, k: usize) -> Result<()> {
 /// Packs a row-major `[n, k]` weight into `packed` (`packed_len(n, k)` floats).
 pub fn pack_weight(weight: &[f32], n: usize, k: usize, packed: &mut [f32]) -> Result<()> {
     check_shape(n, k)?;
-    check_len("the weight", weight.len(), n * k)?;
-    check_len("the packed weight", packed.len(), packed_len(n, k))?;
+    check_len("the weight", weight.len(), elements("the weight", &[n, k])?)?;
+    check_len("the packed weight", packed.len(), packed_len(n, k)?)?;
     for (panel, block) in packed.chunks_exact_mut(k * PANEL).enumerate() {
         for (inner, lanes) in block.chunks_exact_mut(PANEL).enumerate() {
             for (lane, value) in lanes.iter_mut().enumerate() {
@@ -100,10 +100,12 @@ pub fn linear(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<()> {
+    // Every size is checked here, once per call: the kernel's offsets are products of them,
+    // and they stay inside the buffers only because these products neither wrap nor differ.
     check_shape(n, k)?;
-    check_len("the input", x.len(), m * k)?;
-    check_len("the packed weight", packed.len(), packed_len(n, k))?;
-    check_len("the output", out.len(), m * n)?;
+    check_len("the input", x.len(), elements("the input", &[m, k])?)?;
+    check_len("the packed weight", packed.len(), packed_len(n, k)?)?;
+    check_len("the output", out.len(), elements("the output", &[m, n])?)?;
     if let Some(bias) = bias {
         check_len("the bias", bias.len(), n)?;
     }
@@ -126,7 +128,7 @@ pub fn linear(
     };
     let panels = n.div_ceil(PANEL);
     let group = kernel::panels_per_tile(m);
-    let threads = if m * n * k >= PARALLEL_MIN_WORK {
+    let threads = if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_WORK {
         parallel::max_threads()
     } else {
         1

@@ -6,7 +6,7 @@
 //! separate element-wise operators (five for an RMSNorm) cost more in fixed overhead and extra
 //! passes than the arithmetic. Each row is computed alone, so results do not depend on the batch.
 
-use crate::error::check_len;
+use crate::error::{check_len, elements};
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -93,7 +93,8 @@ pub fn rms_norm(
 /// `out[r] = silu(gate[r]) · up[r]` where each row of `gate_up` is `[gate | up]`, both of
 /// `out`'s row width `dim`.
 pub fn silu_and_mul(gate_up: &[f32], dim: usize, out: &mut [f32]) -> Result<()> {
-    if dim == 0 || gate_up.len() % (2 * dim) != 0 {
+    let row = elements("a row of the input", &[2, dim])?;
+    if dim == 0 || gate_up.len() % row != 0 {
         return Err(Error::InvalidArgument(format!(
             "rows of 2 × {dim} floats cannot hold an input of {} floats",
             gate_up.len()
@@ -103,7 +104,7 @@ pub fn silu_and_mul(gate_up: &[f32], dim: usize, out: &mut [f32]) -> Result<()> 
     let rows = out.len() / dim;
     let out = Rows(out.as_mut_ptr());
     for_row_ranges(rows, gate_up.len(), &|first, count| {
-        let input = &gate_up[first * 2 * dim..(first + count) * 2 * dim];
+        let input = &gate_up[first * row..(first + count) * row];
         // SAFETY: `for_row_ranges` hands each thread its own rows, inside the checked length.
         let out = unsafe { out.rows(first, count, dim) };
         simd::silu_and_mul_rows(input, dim, out);

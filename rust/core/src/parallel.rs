@@ -88,8 +88,10 @@ extern "C" fn region_entry(data: *mut c_void) {
 }
 
 /// Calls `work(thread, threads)` once for each of `threads` threads (the caller's included)
-/// and returns when all have finished. `threads` may come out smaller than asked.
+/// and returns when all have finished. `threads` may come out smaller than asked: never more
+/// than [`max_threads`], so that no count can start more threads than the machine runs.
 pub fn run(threads: usize, work: &(dyn Fn(usize, usize) + Sync)) {
+    let threads = threads.min(max_threads());
     if threads <= 1 {
         work(0, 1);
         return;
@@ -137,6 +139,17 @@ mod tests {
         for (index, count) in seen.iter().enumerate() {
             assert_eq!(count.load(Ordering::Relaxed), usize::from(index < threads));
         }
+    }
+
+    #[test]
+    fn no_more_threads_than_the_machine_runs() {
+        let limit = max_threads();
+        let calls = AtomicUsize::new(0);
+        run(limit + 3, &|thread, threads| {
+            assert!(thread < threads && threads <= limit);
+            calls.fetch_add(1, Ordering::Relaxed);
+        });
+        assert!((1..=limit).contains(&calls.load(Ordering::Relaxed)));
     }
 
     #[test]

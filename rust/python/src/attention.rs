@@ -41,15 +41,23 @@ fn decode_attention(
         return Err(PyValueError::new_err("the output overlaps an input"));
     }
     let batch = lens.len();
-    let per_row = kv_heads * head_dim;
-    if batch == 0 || per_row == 0 {
+    // The shape is inferred from the buffers' lengths; the caller's sizes are multiplied with
+    // checks (a wrapped product could be zero, or let the core's length checks pass).
+    let (Some(per_query), Some(per_row)) =
+        (batch.checked_mul(head_dim), kv_heads.checked_mul(head_dim))
+    else {
+        return Err(PyValueError::new_err(format!(
+            "{kv_heads} K/V heads of {head_dim} floats for {batch} sequences do not fit in memory"
+        )));
+    };
+    if per_query == 0 || per_row == 0 {
         return Err(PyValueError::new_err(
             "decode attention needs sequences and K/V heads",
         ));
     }
     let shape = DecodeShape {
         batch,
-        heads: query.len() / (batch * head_dim),
+        heads: query.len() / per_query,
         kv_heads,
         head_dim,
         pool_slots: keys.len() / per_row,

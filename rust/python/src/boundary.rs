@@ -74,7 +74,7 @@ pub(crate) fn int32_array<'py>(py: Python<'py>, ids: &[u32]) -> PyResult<Bound<'
             "id {bad} does not fit in int32"
         )));
     }
-    let bytes = PyBytes::new_with(py, ids.len() * 4, |buf| {
+    let bytes = PyBytes::new_with(py, size_of_val(ids), |buf| {
         for (out, id) in buf.chunks_exact_mut(4).zip(ids) {
             out.copy_from_slice(&id.to_ne_bytes());
         }
@@ -114,13 +114,16 @@ pub(crate) fn contiguous<T: Element>(
 
 /// Whether the memory of two buffers shares any byte.
 pub(crate) fn overlap<A, B>(a: NonNull<[A]>, b: NonNull<[B]>) -> bool {
-    let (a_start, b_start) = (
-        a.cast::<A>().as_ptr() as usize,
-        b.cast::<B>().as_ptr() as usize,
-    );
-    let (a_end, b_end) = (
-        a_start + a.len() * size_of::<A>(),
-        b_start + b.len() * size_of::<B>(),
-    );
+    let (a_start, a_end) = address_range(a);
+    let (b_start, b_end) = address_range(b);
     a_start < b_end && b_start < a_end
+}
+
+/// The addresses a buffer spans. Its length is the exporter's word: the arithmetic saturates
+/// rather than wrap, so that a wrong length can only make buffers look overlapping (refused),
+/// never disjoint.
+fn address_range<T>(buffer: NonNull<[T]>) -> (usize, usize) {
+    let start = buffer.cast::<T>().as_ptr() as usize;
+    let bytes = buffer.len().saturating_mul(size_of::<T>());
+    (start, start.saturating_add(bytes))
 }

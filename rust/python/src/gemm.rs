@@ -16,10 +16,10 @@ fn linear_supported() -> bool {
     gemm::supported()
 }
 
-/// The number of floats of a packed `[n, k]` weight.
+/// The number of floats of a packed `[n, k]` weight (`ValueError` past the address space).
 #[pyfunction]
-fn packed_weight_len(n: usize, k: usize) -> usize {
-    gemm::packed_len(n, k)
+fn packed_weight_len(n: usize, k: usize) -> PyResult<usize> {
+    gemm::packed_len(n, k).map_err(to_py_err)
 }
 
 /// Packs a row-major `[n, k]` float32 weight into `packed` for `linear`.

@@ -179,3 +179,41 @@ fn the_exponential_is_within_two_ulp_of_the_c_library() {
     assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
     assert_eq!(exp_nonpositive(0.0), 1.0);
 }
+
+#[test]
+fn shapes_whose_products_overflow_are_refused() {
+    // (2^(bits-1) + 1) · 2 wraps around to 2: a plain product would accept these two-float
+    // buffers for 2^(bits-1) + 1 sequences.
+    let wrapping = (1usize << (usize::BITS - 1)) + 1;
+    let shapes = [
+        (wrapping, 1, 1, 2, 1, 1),
+        (1, 1, 1, 2, wrapping, 1),
+        (1, usize::MAX / 2, 1, 3, 1, 1),
+        (wrapping, 1, 1, 1, 1, 2),
+    ];
+    for (batch, heads, kv_heads, head_dim, pool_slots, width) in shapes {
+        let shape = DecodeShape {
+            batch,
+            heads,
+            kv_heads,
+            head_dim,
+            pool_slots,
+            width,
+        };
+        let mut out = [0.0; 2];
+        let result = decode_attention(
+            &shape,
+            &[0.0; 2],
+            &[0.0; 2],
+            &[0.0; 2],
+            &[1, 1],
+            &[1],
+            1.0,
+            &mut out,
+        );
+        assert!(
+            matches!(result, Err(Error::InvalidArgument(_))),
+            "{shape:?}: {result:?}"
+        );
+    }
+}

@@ -4,7 +4,7 @@ use super::*;
 use crate::test_values::values;
 
 fn packed(weight: &[f32], n: usize, k: usize) -> Vec<f32> {
-    let mut packed = vec![f32::NAN; packed_len(n, k)];
+    let mut packed = vec![f32::NAN; packed_len(n, k).unwrap()];
     pack_weight(weight, n, k, &mut packed).unwrap();
     packed
 }
@@ -130,4 +130,28 @@ fn wrong_lengths_and_empty_shapes_are_refused() {
     if supported() {
         assert!(linear(&[], 0, &packed, 16, 4, None, &mut none).is_ok());
     }
+}
+
+/// A row count whose products with small sizes wrap around `usize` to small numbers:
+/// `(2^(bits-1) + 1) · 2 = 2` and `· 16 = 16`, modulo `2^bits`.
+const WRAPPING: usize = (1 << (usize::BITS - 1)) + 1;
+
+#[test]
+fn sizes_whose_products_overflow_are_refused() {
+    let refused = |x: &[f32], m: usize, n: usize, k: usize| {
+        let packed = packed(&values(16 * k, 1), 16, k);
+        let mut out = [0.0; 48];
+        let result = linear(x, m, &packed, n, k, None, &mut out[..x.len() * 8]);
+        matches!(result, Err(Error::InvalidArgument(_)))
+    };
+    // Buffers sized as the wrapped products would pass a plain `m * k` check, and the kernel
+    // would then read and write `m` rows of them.
+    assert!(refused(&[1.0; 2], WRAPPING, 16, 2));
+    assert!(refused(&[1.0; 3], usize::MAX / 2, 16, 3));
+    assert!(refused(&[1.0; 2], 1, WRAPPING, 2));
+    assert!(packed_len(usize::MAX / 2, 3).is_err());
+    assert!(packed_len(usize::MAX, 1).is_err());
+    let mut target = vec![0.0; 32];
+    let packing = pack_weight(&[1.0; 2], WRAPPING, 2, &mut target);
+    assert!(matches!(packing, Err(Error::InvalidArgument(_))));
 }

@@ -130,3 +130,21 @@ fn shapes_that_do_not_fit_are_refused() {
     assert!(silu_and_mul(&values(12, 1), 3, &mut out[..5]).is_err());
     assert!(silu_and_mul(&values(10, 1), 3, &mut out).is_err());
 }
+
+#[test]
+fn sizes_past_usize_are_refused() {
+    let invalid = |r: Result<()>| matches!(r, Err(Error::InvalidArgument(_)));
+    let mut out = [0.0; 2];
+    // 2 · 2^(bits-1) wraps to 0 and 2 · (2^(bits-1) + 1) to 2: rows of "2 floats".
+    for dim in [
+        1 << (usize::BITS - 1),
+        (1 << (usize::BITS - 1)) + 1,
+        usize::MAX,
+    ] {
+        assert!(invalid(silu_and_mul(&values(4, 1), dim, &mut out)), "{dim}");
+    }
+    let huge_even = usize::MAX - 1;
+    assert!(invalid(rotary(
+        &[0.0; 2], &[0.0; 2], &[0.0; 2], huge_even, &mut out
+    )));
+}
