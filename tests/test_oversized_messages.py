@@ -3,11 +3,12 @@ longer than a ring's frame into parts and reassembles it, in all three direction
 dies of the size of what it sends.
 
 The server runs with 4 KiB rings (`SRT_RING_CAPACITY`), so that the issue's requests, scaled to
-the tiny model, are many times a ring in each direction: the prompt logprobs of 1,100 tokens
-(scheduler → detokenizer → main; the issue's 1,024 top logprobs made an 18 MB frame for a 16 MiB
-ring, here 20 make ~60 ring sizes), a prompt of 2,000 ids (main → scheduler), and a stop list
-that the scheduler sends on with every output. Each answer is checked against transformers, and
-the three processes must be the ones that started.
+the tiny model, are many times a ring in each direction: prompt logprobs (scheduler →
+detokenizer → main; the issue's 1,100 tokens with 1,024 top logprobs made an 18 MB frame for a
+16 MiB ring, here 900 tokens with 20 make ~60 ring sizes from a request that fits one frame), a
+prompt of 2,000 ids (main → scheduler), and a stop list that the scheduler sends on with every
+output. Each answer is checked against transformers, and the three processes must be the ones
+that started.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def greedy_ids(reference: Any, ids: list[int], n: int) -> list[int]:
 def test_prompt_logprobs_many_times_a_ring_come_back_whole(
     server: ServerProcess, stage_pids: list[int], reference: Any
 ) -> None:
-    ids = [10 + (7 * i) % (VOCAB - 10) for i in range(1100)]
+    # 900 ids (packed int32s): the request fits in one frame, its output does not.
+    ids = [10 + (7 * i) % (VOCAB - 10) for i in range(900)]
     top = 20
     status, out = generate(
         server,
