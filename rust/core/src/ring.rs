@@ -31,6 +31,9 @@
 //! anything else, at the next `try_push` or `flush` (which a caller repeats until it returns
 //! `true`, waiting for room in between). So the parts of one message are never interleaved with
 //! other frames, whatever the caller does, and a push never fails on the size of its payload.
+//! `try_push_frame` refuses what it would have to split (for callers that must not leave parts
+//! behind), and a producer that waits for room (`prepare_wait`, `spin`, `wait`) waits for room for
+//! what its next push writes first, a part or a frame: never for more than the ring can hold.
 //!
 //! Memory ordering: the producer writes a frame's bytes, then stores `head` with `Release`; the
 //! consumer loads `head` with `Acquire` before reading those bytes. The consumer copies a frame
