@@ -82,10 +82,11 @@ class IncrementalDetokenizer:
 # --- shared-memory rings (rust/python/src/ring.rs) ---
 
 class ShmRing:
-    """One end (producer or consumer) of a shared-memory ring of byte frames.
+    """One end (producer or consumer) of a shared-memory ring of byte messages.
 
-    A gone peer raises `BrokenPipeError` from `wait`/`finish_wait`; a corrupt ring raises
-    `InvariantError`; a frame longer than `max_frame_len` raises `ValueError`.
+    A message longer than `max_frame_len` is split into parts of at most `part_len` bytes by the
+    producer and reassembled by the consumer: no message is too long for a ring. A gone peer
+    raises `BrokenPipeError` from `wait`/`finish_wait`; a corrupt ring raises `InvariantError`.
     """
 
     @staticmethod
@@ -101,14 +102,23 @@ class ShmRing:
         """Attaches as `"producer"` or `"consumer"`; the second end to attach unlinks the names."""
 
     def try_push(self, data: bytes) -> bool:
-        """Appends one frame; `False` when the ring has no room for it now."""
+        """Appends one message; `False` (nothing accepted) when there is no room now. A message
+        longer than `max_frame_len` is accepted once its first part is in; the rest is pushed
+        before anything else, by later pushes or `flush()`."""
+
+    def try_push_frame(self, data: bytes) -> bool:
+        """Appends a message if it fits in one frame and there is room now; `False` (nothing
+        accepted) otherwise, also for a message that `try_push` would split."""
+
+    def flush(self) -> bool:
+        """Pushes what fits of the rest of a split message; `True` when nothing is left."""
 
     def try_pop(self) -> bytes | None:
-        """Removes and returns the oldest frame, or `None` when the ring is empty."""
+        """Removes and returns the oldest message, or `None` when no whole message is there."""
 
     def try_pop_many(self, max: int, max_bytes: int) -> list[bytes]:
-        """Removes and returns up to `max` frames (stopping once they hold `max_bytes`), oldest
-        first; empty when the ring is."""
+        """Removes and returns up to `max` messages (stopping once they hold `max_bytes`), oldest
+        first; empty when none is there."""
 
     def spin(self, timeout: float, need: int = 0) -> bool:
         """Polls (GIL released, no sleep) up to `timeout` seconds; whether this end may proceed."""
@@ -117,7 +127,8 @@ class ShmRing:
         """The descriptor this end sleeps on; readable when the peer rang or went away."""
 
     def prepare_wait(self, need: int = 0) -> bool:
-        """Announces a sleep on `fileno()`; `False` when this end can proceed now."""
+        """Announces a sleep on `fileno()`; `False` when this end can proceed now. A producer
+        passes the length of the message it waits to push."""
 
     def finish_wait(self) -> None:
         """Ends a sleep on `fileno()`; raises `BrokenPipeError` when the peer is gone."""
@@ -133,6 +144,8 @@ class ShmRing:
     def capacity(self) -> int: ...
     @property
     def max_frame_len(self) -> int: ...
+    @property
+    def part_len(self) -> int: ...
     @property
     def peer_pid(self) -> int: ...
 

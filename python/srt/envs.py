@@ -22,7 +22,8 @@ def cpu_kv_cache_gb() -> float:
 
 def ring_capacity() -> int:
     """Bytes in the data area of each inter-process ring (`SRT_RING_CAPACITY`, default 16 MiB;
-    a power of two that bounds the largest message, e.g. a tokenized prompt)."""
+    a power of two, at least 64). A message longer than a ring goes through it in parts, so this
+    bounds no message: it trades memory for fewer waits on large ones."""
     return int(os.environ.get("SRT_RING_CAPACITY", 16 << 20))
 
 

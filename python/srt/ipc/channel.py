@@ -9,6 +9,11 @@ doorbell descriptor, which stays registered between waits; the other side rings 
 sees that announcement, so a busy channel costs no system call per message. When the other
 process is gone, waiting raises `BrokenPipeError` (a receiver first gets every message sent
 before that).
+
+No message is too long for a channel: the ring splits one longer than a frame into parts as the
+receiver makes room, and the receiver gets it whole (see `srt._rust.ShmRing`). Only the
+awaiting sends (`send`, `send_frame`, `send_blocking`) send such a message; the plain calls
+return False for it, as for a full ring.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ class _Doorbell:
         self._skip = 0  # waits left that sleep without spinning
 
     async def wait(self, need: int = 0) -> None:
-        """Returns once `ring` may have data (consumer) or room for `need` bytes (producer)."""
+        """Returns once `ring` may have data (consumer), or room to go on pushing a `need`-byte
+        message (producer; the ring waits for room for what it pushes first, never more than
+        fits)."""
         ring = self._ring
         if SPIN_S and self._spin(need):
             return
@@ -107,37 +114,51 @@ class Sender:
     """The producing end of a channel: `await send(msg)` waits for room, never drops.
 
     A stage that sends bursts calls `try_send`/`try_send_frame` (no coroutine per message) and
-    awaits `send` only when that returns False (the ring is full)."""
+    awaits `send` only when that returns False (the ring is full, or the message needs more than
+    one frame). Sends are not concurrent: a stage sends from one task, or under a lock."""
 
     try_send_frame: Callable[[bytes], bool]
-    """Sends an already encoded message if the ring has room for it now; False (nothing sent)
-    when full. The ring's own `try_push`, bound once: no Python frame per message."""
+    """Sends an already encoded message if it fits one frame and the ring has room for it now;
+    False (nothing sent) otherwise. The ring's own `try_push_frame`, bound once: no Python frame
+    per message."""
 
     def __init__(self, name: str) -> None:
         self._ring = ShmRing.attach(name, "producer")
         self._bell = _Doorbell(self._ring)
-        self.try_send_frame = self._ring.try_push
+        self._max_frame_len = self._ring.max_frame_len
+        self.try_send_frame = self._ring.try_push_frame
         self.name = name
 
     def try_send(self, msg: Message) -> bool:
-        """Sends one message if the ring has room for it now; False (nothing sent) when full."""
-        return self._ring.try_push(encode(msg))
+        """Sends one message if it fits one frame and the ring has room for it now; False
+        (nothing sent) otherwise."""
+        return self._ring.try_push_frame(encode(msg))
 
     async def send(self, msg: Message) -> None:
-        """Sends one message, waiting (asynchronously) while the ring is full."""
+        """Sends one message of any length, waiting (asynchronously) while the ring is full."""
         await self.send_frame(encode(msg))
 
     async def send_frame(self, frame: bytes) -> None:
-        """Sends an already encoded message (a receiver forwarding frames it did not decode)."""
+        """Sends an already encoded message (a receiver forwarding frames it did not decode).
+
+        A message longer than a frame goes in parts, pushed as the receiver makes room. Once its
+        first part is in, the message is sent: if this call is cancelled after that, the ring
+        keeps the rest and pushes it before anything sent later."""
         ring = self._ring
         while not ring.try_push(frame):
             await self._bell.wait(len(frame))
+        if len(frame) > self._max_frame_len:
+            while not ring.flush():
+                await self._bell.wait()
 
     def send_blocking(self, msg: Message) -> None:
         """Sends one message from code without an event loop, sleeping while the ring is full."""
         frame = encode(msg)
-        while not self._ring.try_push(frame):
-            self._ring.wait(None, len(frame))
+        ring = self._ring
+        while not ring.try_push(frame):
+            ring.wait(None, len(frame))
+        while not ring.flush():
+            ring.wait(None)
 
     def close(self) -> None:
         """Detaches; the receiver sees the sender gone once it has drained the ring."""

@@ -12,10 +12,28 @@
 //! [256, 256 + capacity)  the data area; capacity is a power of two
 //! ```
 //!
-//! A frame is an 8-byte header (`u32` length, `u32` bitwise-not of the length) followed by the
-//! payload, padded to a multiple of 8 bytes. Positions are multiples of 8 and the capacity is a
-//! power of two >= 64, so a frame header never straddles the end of the data area; a payload may
-//! wrap around it. `head` and `tail` only grow (a `u64` of bytes never wraps in practice).
+//! A frame is an 8-byte header (`u32` word, `u32` bitwise-not of the word) followed by the
+//! payload, padded to a multiple of 8 bytes. The word's low 31 bits are the payload length (the
+//! capacity is at most 2^31, so a length never needs the top bit); its top bit, `MORE`, says that
+//! the frame is a part of a split message and more parts follow. Positions are multiples of 8 and
+//! the capacity is a power of two >= 64, so a frame header never straddles the end of the data
+//! area; a payload may wrap around it. `head` and `tail` only grow (a `u64` of bytes never wraps
+//! in practice).
+//!
+//! Messages: a message of at most `max_frame_len()` bytes is one frame, exactly as above (no
+//! extra header, no extra copy). A longer one is split by the producer into parts of at most
+//! `part_len()` bytes (a frame of a quarter of the ring, so that the producer keeps pushing while
+//! the consumer drains), every part but the last flagged `MORE`, so a message may be many times
+//! the ring's size. The consumer appends `MORE` parts to a buffer of its own and hands out the
+//! message when the unflagged last part arrives: `try_pop` returns `None` until then, and callers
+//! never see parts. A split message is accepted by `try_push` as soon as its first part is in the
+//! ring; the producer keeps a copy of the parts that did not fit yet and pushes them before
+//! anything else, at the next `try_push` or `flush` (which a caller repeats until it returns
+//! `true`, waiting for room in between). So the parts of one message are never interleaved with
+//! other frames, whatever the caller does, and a push never fails on the size of its payload.
+//! `try_push_frame` refuses what it would have to split (for callers that must not leave parts
+//! behind), and a producer that waits for room (`prepare_wait`, `spin`, `wait`) waits for room for
+//! what its next push writes first, a part or a frame: never for more than the ring can hold.
 //!
 //! Memory ordering: the producer writes a frame's bytes, then stores `head` with `Release`; the
 //! consumer loads `head` with `Acquire` before reading those bytes. The consumer copies a frame
@@ -36,13 +54,18 @@
 //! The names exist only until both ends have attached: the second side to attach unlinks them,
 //! so no crash after start-up can leave anything in `/dev/shm`. The other side may be buggy or
 //! corrupt: every header field and frame length read from shared memory is bounds-checked, a
-//! violation is an `Error::Invariant`, and the ring then stays poisoned.
+//! violation is an `Error::Invariant`, and the ring then stays poisoned. A split message's
+//! total size is not bounded by the ring (only by the consumer's memory), but every part is: its
+//! length is checked against the bytes published, and a `MORE` part may not be empty.
 
 mod doorbell;
+mod pop;
+mod push;
 mod shm;
 
+pub use pop::Frame;
+
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::ptr;
 use std::sync::atomic::Ordering::{self, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Mutex, MutexGuard};
@@ -54,6 +77,8 @@ const MAGIC: u64 = u64::from_le_bytes(*b"SRTRING1");
 const VERSION: u32 = 1;
 const HEADER_SIZE: usize = 256;
 const FRAME_HEADER: usize = 8;
+/// The frame-header flag of a part of a split message that more parts follow.
+const MORE: u32 = 1 << 31;
 /// The smallest data area a ring may have.
 pub const MIN_CAPACITY: usize = 64;
 /// The largest data area a ring may have (frame lengths are `u32`).
@@ -104,11 +129,32 @@ pub enum Wake {
 
 /// The positions one side keeps to itself, so it reads the other side's cache line only when the
 /// copy it has is not enough.
-struct Local {
+struct Positions {
     /// The producer's `head`, or the consumer's `tail`.
     own: u64,
     /// The last value of the other side's position that this side loaded.
     other: u64,
+}
+
+/// The state one side keeps to itself, behind the handle's mutex.
+struct Local {
+    pos: Positions,
+    /// Producer: the copy of a split message's parts that did not fit when it was accepted,
+    /// pushed before anything else (`split[split_pushed..]` is left). Consumer: the parts of a
+    /// split message popped so far. Empty otherwise.
+    split: Vec<u8>,
+    /// Producer: how many bytes of `split` are pushed. Consumer: always 0.
+    split_pushed: usize,
+}
+
+impl Local {
+    fn new(own: u64, other: u64) -> Local {
+        Local {
+            pos: Positions { own, other },
+            split: Vec::new(),
+            split_pushed: 0,
+        }
+    }
 }
 
 /// One end of a shared-memory ring. Dropping it unmaps the segment and closes the doorbells,
@@ -132,46 +178,6 @@ pub struct ShmRing {
 unsafe impl Send for ShmRing {}
 // SAFETY: as above; `&self` methods synchronise through the mutex and the atomics.
 unsafe impl Sync for ShmRing {}
-
-/// A frame at the front of the ring, handed to `try_pop_with` for copying out.
-pub struct Frame<'a> {
-    ring: &'a ShmRing,
-    offset: usize,
-    len: usize,
-}
-
-impl Frame<'_> {
-    /// The payload length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the payload is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Copies the payload into `dst`, which must be exactly `len()` bytes long.
-    pub fn copy_to(&self, dst: &mut [u8]) {
-        assert_eq!(
-            dst.len(),
-            self.len,
-            "destination must match the frame length"
-        );
-        let first = self.len.min(self.ring.capacity - self.offset);
-        // SAFETY: `offset < capacity` and `first <= capacity - offset`, and the rest wraps to the
-        // start with `len - first <= capacity` (checked when the frame was read), so both source
-        // ranges lie inside the data area; `dst` is a distinct local buffer. The bytes were
-        // published by the producer's `Release` store of `head` that `try_pop_with` acquired, and
-        // the producer does not touch them until our `tail` store; a corrupt producer can only
-        // make us copy wrong bytes, never read out of bounds.
-        unsafe {
-            let data = self.ring.data();
-            ptr::copy_nonoverlapping(data.add(self.offset), dst.as_mut_ptr(), first);
-            ptr::copy_nonoverlapping(data, dst.as_mut_ptr().add(first), self.len - first);
-        }
-    }
-}
 
 /// The bytes a frame with a payload of `len` bytes occupies: header plus padded payload.
 fn frame_size(len: usize) -> usize {
@@ -228,7 +234,7 @@ impl ShmRing {
             role,
             mapping,
             capacity: 0,
-            local: Mutex::new(Local { own: 0, other: 0 }),
+            local: Mutex::new(Local::new(0, 0)),
             poisoned: AtomicBool::new(false),
             peer_gone_at_attach: false,
             wait_fd,
@@ -265,14 +271,8 @@ impl ShmRing {
         let tail = self.header().tail.load(Ordering::Acquire);
         self.check_positions(head, tail)?;
         *self.local.get_mut().unwrap_or_else(|e| e.into_inner()) = match self.role {
-            Role::Producer => Local {
-                own: head,
-                other: tail,
-            },
-            Role::Consumer => Local {
-                own: tail,
-                other: head,
-            },
+            Role::Producer => Local::new(head, tail),
+            Role::Consumer => Local::new(tail, head),
         };
         // Our pid store and this load are both SeqCst: of two sides attaching at once, at least
         // one sees the other and unlinks the names.
@@ -329,9 +329,14 @@ impl ShmRing {
         self.capacity
     }
 
-    /// The longest payload a single frame can carry.
+    /// The longest message pushed as a single frame; longer ones are split into parts.
     pub fn max_frame_len(&self) -> usize {
         self.capacity - FRAME_HEADER
+    }
+
+    /// The longest part of a split message: a part's frame fills a quarter of the ring.
+    pub fn part_len(&self) -> usize {
+        self.capacity / 4 - FRAME_HEADER
     }
 
     /// The peer's pid, or 0 while the peer has not attached.
@@ -367,103 +372,9 @@ impl ShmRing {
             return Err(Error::Invariant(format!("ring {:?} is corrupt", self.name)));
         }
         // A panic while holding the lock leaves positions that still satisfy the invariants
-        // (they are only written after a frame is complete), so a poisoned mutex is usable.
+        // (they move only past a frame that is complete, and a consumer's `take` runs before its
+        // message is released), so a poisoned mutex is usable.
         Ok(self.local.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Appends one frame. Returns `Ok(false)` when there is no room for it now; an error when
-    /// it can never fit or the ring is corrupt.
-    pub fn try_push(&self, payload: &[u8]) -> Result<bool> {
-        if payload.len() > self.max_frame_len() {
-            return Err(Error::InvalidArgument(format!(
-                "frame of {} bytes exceeds ring {:?}'s largest frame of {} bytes",
-                payload.len(),
-                self.name,
-                self.max_frame_len()
-            )));
-        }
-        let mut local = self.lock(Role::Producer)?;
-        let size = frame_size(payload.len()) as u64;
-        let head = local.own;
-        if head + size - local.other > self.capacity as u64 {
-            let tail = self.header().tail.load(Ordering::Acquire);
-            self.check_positions(head, tail)?;
-            local.other = tail;
-            if head + size - tail > self.capacity as u64 {
-                return Ok(false);
-            }
-        }
-        let mask = self.capacity - 1;
-        let offset = head as usize & mask;
-        let len = payload.len() as u32;
-        let mut frame_header = [0u8; FRAME_HEADER];
-        frame_header[..4].copy_from_slice(&len.to_le_bytes());
-        frame_header[4..].copy_from_slice(&(!len).to_le_bytes());
-        let body = (offset + FRAME_HEADER) & mask;
-        let first = payload.len().min(self.capacity - body);
-        // SAFETY: `offset` is 8-aligned and the capacity a multiple of 8, so the 8 header bytes
-        // fit before the end; the payload is split at the end of the area and wraps to its start.
-        // All of [head, head + size) is free (`head + size - tail <= capacity`, with `tail`
-        // acquired), so the consumer is not reading these bytes.
-        unsafe {
-            let data = self.data();
-            ptr::copy_nonoverlapping(frame_header.as_ptr(), data.add(offset), FRAME_HEADER);
-            ptr::copy_nonoverlapping(payload.as_ptr(), data.add(body), first);
-            ptr::copy_nonoverlapping(payload.as_ptr().add(first), data, payload.len() - first);
-        }
-        local.own = head + size;
-        self.header().head.store(head + size, Ordering::Release);
-        drop(local);
-        self.wake_peer();
-        Ok(true)
-    }
-
-    /// Removes the frame at the front, letting `take` copy it out first. `Ok(None)` when empty.
-    pub fn try_pop_with<T>(&self, take: impl FnOnce(&Frame<'_>) -> T) -> Result<Option<T>> {
-        let mut local = self.lock(Role::Consumer)?;
-        let tail = local.own;
-        if tail == local.other {
-            let head = self.header().head.load(Ordering::Acquire);
-            self.check_positions(head, tail)?;
-            local.other = head;
-            if head == tail {
-                return Ok(None);
-            }
-        }
-        let offset = tail as usize & (self.capacity - 1);
-        let mut frame_header = [0u8; FRAME_HEADER];
-        // SAFETY: `offset` is 8-aligned inside the area, so 8 bytes fit; they were published by
-        // the `head` we acquired. The copy is into a local array, read once and validated below.
-        unsafe { ptr::copy_nonoverlapping(self.data().add(offset), frame_header.as_mut_ptr(), 8) };
-        let len = u32::from_le_bytes(frame_header[..4].try_into().expect("4 bytes"));
-        let check = u32::from_le_bytes(frame_header[4..].try_into().expect("4 bytes"));
-        let available = local.other - tail;
-        if check != !len || frame_size(len as usize) as u64 > available {
-            return Err(self.corrupt(format!(
-                "frame header at {tail} claims {len} bytes (check {check:#x}) with {available} \
-                 bytes published"
-            )));
-        }
-        let frame = Frame {
-            ring: self,
-            offset: (offset + FRAME_HEADER) & (self.capacity - 1),
-            len: len as usize,
-        };
-        let taken = take(&frame);
-        local.own = tail + frame_size(len as usize) as u64;
-        self.header().tail.store(local.own, Ordering::Release);
-        drop(local);
-        self.wake_peer();
-        Ok(Some(taken))
-    }
-
-    /// Removes and returns the frame at the front, or `None` when the ring is empty.
-    pub fn try_pop(&self) -> Result<Option<Vec<u8>>> {
-        self.try_pop_with(|frame| {
-            let mut out = vec![0; frame.len()];
-            frame.copy_to(&mut out);
-            out
-        })
     }
 }
 

@@ -1,5 +1,6 @@
-//! Binding of `srt_core::ring::ShmRing` as `srt._rust.ShmRing`: bytes in, bytes out. Blocking
-//! waits and large copies release the GIL. A gone peer raises `BrokenPipeError`.
+//! Binding of `srt_core::ring::ShmRing` as `srt._rust.ShmRing`: messages of any length in, the
+//! same messages out (the core splits and reassembles those longer than a frame). Blocking waits
+//! and large pushes release the GIL. A gone peer raises `BrokenPipeError`.
 
 use std::time::Duration;
 
@@ -76,7 +77,9 @@ impl PyShmRing {
         Ok(PyShmRing { inner })
     }
 
-    /// Appends one frame; `False` when the ring has no room for it now.
+    /// Appends one message of any length; `False` (nothing accepted) when there is no room now.
+    /// A message longer than `max_frame_len` is split: accepted once its first part is in; the
+    /// rest is pushed before anything else, by later pushes or `flush()`.
     fn try_push(&self, py: Python<'_>, data: &[u8]) -> PyResult<bool> {
         let pushed = if data.len() >= DETACH_BYTES {
             py.detach(|| self.inner.try_push(data))
@@ -86,7 +89,23 @@ impl PyShmRing {
         pushed.map_err(to_py_err)
     }
 
-    /// Removes and returns the oldest frame, or `None` when the ring is empty.
+    /// Appends a message if it fits in one frame and there is room now; `False` (nothing
+    /// accepted) otherwise, also for a message `try_push` would split.
+    fn try_push_frame(&self, py: Python<'_>, data: &[u8]) -> PyResult<bool> {
+        let pushed = if data.len() >= DETACH_BYTES {
+            py.detach(|| self.inner.try_push_frame(data))
+        } else {
+            self.inner.try_push_frame(data)
+        };
+        pushed.map_err(to_py_err)
+    }
+
+    /// Pushes what fits of the rest of a split message; `True` when nothing is left to push.
+    fn flush(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.inner.flush()).map_err(to_py_err)
+    }
+
+    /// Removes and returns the oldest message, or `None` when no whole message is there yet.
     fn try_pop<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let popped = self.inner.try_pop_with(|frame| {
             PyBytes::new_with(py, frame.len(), |buf| {
@@ -97,9 +116,9 @@ impl PyShmRing {
         popped.map_err(to_py_err)?.transpose()
     }
 
-    /// Removes and returns up to `max` frames, oldest first, stopping once they hold `max_bytes`
-    /// (at least one frame; an empty list when the ring is empty): one call for a burst, small
-    /// enough to stay in cache.
+    /// Removes and returns up to `max` messages, oldest first, stopping once they hold
+    /// `max_bytes` (at least one message; an empty list when none is there): one call for a
+    /// burst, small enough to stay in cache.
     fn try_pop_many<'py>(
         &self,
         py: Python<'py>,
@@ -137,7 +156,8 @@ impl PyShmRing {
     }
 
     /// Announces a sleep on `fileno()`; `False` when this end can proceed now and must not sleep.
-    /// A producer passes the length of the frame it waits to push.
+    /// A producer passes the length of the message it waits to push (it waits for room for
+    /// what that push writes first: a part of a long message, or the rest of a split one).
     #[pyo3(signature = (need = 0))]
     fn prepare_wait(&self, need: usize) -> bool {
         self.inner.prepare_wait(need)
@@ -185,10 +205,16 @@ impl PyShmRing {
         self.inner.capacity()
     }
 
-    /// The longest frame the ring can carry.
+    /// The longest message pushed as one frame; longer ones are split into parts.
     #[getter]
     fn max_frame_len(&self) -> usize {
         self.inner.max_frame_len()
+    }
+
+    /// The longest part of a split message (a quarter of the ring).
+    #[getter]
+    fn part_len(&self) -> usize {
+        self.inner.part_len()
     }
 
     /// The peer's pid, or 0 while it has not attached.

@@ -25,7 +25,8 @@ impl ShmRing {
         }
     }
 
-    /// Whether this side can proceed now: data to pop, or room for a `need`-byte payload.
+    /// Whether this side can proceed now: data to pop, or room for a `need`-byte payload (at most
+    /// `max_frame_len`: see `room_needed`).
     fn can_proceed(&self, need: usize) -> bool {
         let header = self.header();
         let head = header.head.load(Acquire);
@@ -44,6 +45,7 @@ impl ShmRing {
     /// round trip (write, `epoll`, read) when the peer answers quickly; it never replaces the
     /// sleep that follows when it returns `false`.
     pub fn spin(&self, need: usize, budget: Duration) -> bool {
+        let need = self.room_needed(need);
         let start = Instant::now();
         loop {
             for _ in 0..32 {
@@ -60,8 +62,10 @@ impl ShmRing {
 
     /// Announces that this side is about to sleep on `fileno()`. Returns `false` when it should
     /// not sleep because it can already proceed (the announcement is then withdrawn). `need` is
-    /// the payload length a producer waits to fit; a consumer ignores it.
+    /// the length of the message a producer waits to push; it waits for room for what that push
+    /// would write first (see `room_needed`: never more than fits). A consumer ignores `need`.
     pub fn prepare_wait(&self, need: usize) -> bool {
+        let need = self.room_needed(need);
         let my_flag = self.flags().0;
         my_flag.store(1, Relaxed);
         fence(SeqCst);
@@ -110,6 +114,7 @@ impl ShmRing {
     /// Blocks until this side may proceed (see `prepare_wait`), the peer goes away, or `timeout`
     /// passes. `Ready` can be spurious (for instance after a signal): the caller retries.
     pub fn wait(&self, need: usize, timeout: Option<Duration>) -> Result<Wake> {
+        let need = self.room_needed(need);
         if !self.prepare_wait(need) {
             return if self.peer_gone_at_attach {
                 self.finish_wait()

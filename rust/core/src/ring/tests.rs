@@ -2,6 +2,7 @@
 
 use super::*;
 use std::collections::VecDeque;
+use std::ptr;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
@@ -74,13 +75,9 @@ fn spin_sees_data_and_room_and_gives_up_after_its_budget() {
 }
 
 #[test]
-fn a_full_ring_refuses_until_popped_and_oversized_frames_are_errors() {
+fn a_full_ring_refuses_until_popped() {
     let (producer, consumer) = pair(64);
     assert_eq!(producer.max_frame_len(), 56);
-    assert!(matches!(
-        producer.try_push(&[0; 57]),
-        Err(Error::InvalidArgument(_))
-    ));
     assert!(producer.try_push(&[1; 24]).unwrap()); // 32 bytes
     assert!(producer.try_push(&[2; 17]).unwrap()); // 8 + 24 = 32 bytes: full
     assert!(!producer.try_push(&[]).unwrap());
@@ -205,17 +202,24 @@ fn attaching_after_the_peer_left_reports_it_gone() {
 }
 
 #[test]
-fn blocking_threads_pass_every_frame_in_order() {
+fn blocking_threads_pass_every_message_in_order() {
     let (producer, consumer) = pair(1024);
     const N: u32 = 20_000;
     let sender = std::thread::spawn(move || {
         let mut rng = Rng(7);
         for i in 0..N {
-            let len = 4 + rng.below(600);
+            // One message in 200 is up to 20 times the ring's size.
+            let len = match rng.below(200) {
+                0 => 4 + rng.below(20 * 1024),
+                _ => 4 + rng.below(600),
+            };
             let mut frame = vec![(i % 251) as u8; len];
             frame[..4].copy_from_slice(&i.to_le_bytes());
             while !producer.try_push(&frame).unwrap() {
                 assert_ne!(producer.wait(len, None).unwrap(), Wake::PeerGone);
+            }
+            while !producer.flush().unwrap() {
+                assert_ne!(producer.wait(0, None).unwrap(), Wake::PeerGone);
             }
         }
     });
@@ -233,4 +237,153 @@ fn blocking_threads_pass_every_frame_in_order() {
     }
     sender.join().unwrap();
     assert_eq!(expected, N);
+}
+
+/// A message of `len` bytes, different for every `seed`.
+fn message(len: usize, seed: u32) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(31) ^ seed)
+        .map(|x| x as u8)
+        .collect()
+}
+
+#[test]
+fn messages_of_any_length_round_trip_in_order_across_wraparound() {
+    let (producer, consumer) = pair(256);
+    assert_eq!(producer.part_len(), 56);
+    let mut sent = VecDeque::new();
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut split = 0;
+    for step in 0..20_000u32 {
+        match rng.below(4) {
+            0 | 1 => {
+                let len = match rng.below(8) {
+                    0 => producer.max_frame_len() + 1 + rng.below(5 * producer.capacity()),
+                    _ => rng.below(producer.max_frame_len() + 1),
+                };
+                let msg = message(len, step);
+                if producer.try_push(&msg).unwrap() {
+                    split += usize::from(len > producer.max_frame_len());
+                    sent.push_back(msg);
+                }
+            }
+            2 => {
+                producer.flush().unwrap();
+            }
+            _ => {
+                if let Some(msg) = consumer.try_pop().unwrap() {
+                    assert_eq!(Some(msg), sent.pop_front());
+                }
+            }
+        }
+    }
+    assert!(split > 100, "only {split} split messages were accepted");
+    while !sent.is_empty() {
+        producer.flush().unwrap();
+        if let Some(msg) = consumer.try_pop().unwrap() {
+            assert_eq!(Some(msg), sent.pop_front());
+        }
+    }
+    assert!(producer.flush().unwrap());
+    assert_eq!(consumer.try_pop().unwrap(), None);
+}
+
+#[test]
+fn a_consumer_with_some_parts_waits_for_the_last_and_whole_frames_wait_behind_them() {
+    let (producer, consumer) = pair(64);
+    assert_eq!(producer.part_len(), 8);
+    let big = message(100, 1); // 13 parts of 16 bytes at most: 4 fill the ring
+    assert!(
+        producer.try_push(&big).unwrap(),
+        "accepted: its first part fits"
+    );
+    assert!(!producer.flush().unwrap());
+    assert!(
+        !producer.try_push(b"small").unwrap(),
+        "a whole frame never goes between the parts of a message"
+    );
+    let mut rounds = 0;
+    loop {
+        assert_eq!(consumer.try_pop().unwrap(), None, "only some parts are in");
+        rounds += 1;
+        if producer.flush().unwrap() {
+            break;
+        }
+    }
+    assert_eq!(rounds, 3);
+    assert!(producer.try_push(b"small").unwrap());
+    assert_eq!(consumer.try_pop().unwrap(), Some(big));
+    assert_eq!(consumer.try_pop().unwrap().as_deref(), Some(&b"small"[..]));
+    assert_eq!(consumer.try_pop().unwrap(), None);
+}
+
+#[test]
+fn a_producer_waiting_to_push_a_long_message_waits_for_room_for_a_part() {
+    let (producer, consumer) = pair(64);
+    assert!(
+        !producer.prepare_wait(1 << 20),
+        "an empty ring has room for the first part of any message"
+    );
+    assert!(producer.try_push(&[0; 56]).unwrap());
+    assert!(!producer.spin(1 << 20, Duration::ZERO));
+    assert!(
+        producer.prepare_wait(1 << 20),
+        "a full ring has no room for a part"
+    );
+    assert_eq!(consumer.try_pop().unwrap(), Some(vec![0; 56]));
+    assert_eq!(producer.finish_wait().unwrap(), Wake::Ready);
+    assert!(producer.spin(1 << 20, Duration::ZERO));
+    assert_eq!(producer.room_needed(40), 40);
+    // 76 bytes: 9 parts of 8 bytes and one of 4; the first 4 fill the ring.
+    assert!(producer.try_push(&message(76, 5)).unwrap());
+    // The rest goes first: room for its next part is what any push waits for.
+    assert_eq!(producer.room_needed(0), 8);
+    assert_eq!(producer.room_needed(56), 8);
+    assert!(producer.prepare_wait(0));
+    assert_eq!(consumer.try_pop().unwrap(), None);
+    assert_eq!(producer.finish_wait().unwrap(), Wake::Ready);
+    assert!(!producer.flush().unwrap());
+    assert_eq!(consumer.try_pop().unwrap(), None);
+    assert!(producer.try_push(&message(12, 6)).unwrap());
+    assert_eq!(producer.room_needed(0), 0, "all parts are in");
+    assert_eq!(consumer.try_pop().unwrap(), Some(message(76, 5)));
+    assert_eq!(consumer.try_pop().unwrap(), Some(message(12, 6)));
+}
+
+#[test]
+fn corrupt_part_headers_are_errors() {
+    let write_header = |ring: &ShmRing, word: u32, check: u32| {
+        let mut bytes = [0u8; 8];
+        bytes[..4].copy_from_slice(&word.to_le_bytes());
+        bytes[4..].copy_from_slice(&check.to_le_bytes());
+        // SAFETY: the first 8 bytes of the data area are inside the mapping; nobody reads them
+        // concurrently in this test.
+        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), ring.data(), 8) };
+    };
+    for (word, check) in [
+        (MORE, !MORE),             // an empty part that says more follow
+        (MORE | 60, !(MORE | 60)), // a part longer than what was published
+        (MORE | 8, !8u32),         // the flag set without its check
+        (8, !(MORE | 8)),          // the flag cleared without its check
+        (u32::MAX, 0),             // a length past any capacity
+    ] {
+        let (producer, consumer) = pair(64);
+        assert!(producer.try_push(&message(100, 4)).unwrap());
+        write_header(&consumer, word, check);
+        let err = consumer.try_pop();
+        assert!(
+            matches!(err, Err(Error::Invariant(_))),
+            "{word:#x}/{check:#x}: {err:?}"
+        );
+        assert!(matches!(consumer.try_pop(), Err(Error::Invariant(_))));
+    }
+}
+
+#[test]
+fn a_frame_push_refuses_what_it_would_split() {
+    let (producer, consumer) = pair(64);
+    assert!(!producer.try_push_frame(&[1; 57]).unwrap());
+    assert!(producer.try_push_frame(&[2; 56]).unwrap());
+    assert_eq!(consumer.try_pop().unwrap(), Some(vec![2; 56]));
+    assert_eq!(consumer.try_pop().unwrap(), None);
 }
