@@ -30,9 +30,9 @@ from srt.server_args import ServerArgs
 
 pytestmark = pytest.mark.slow
 
-MAX_EXAMPLES = 25
+MAX_EXAMPLES = 20
 REQUEST_TIMEOUT_S = 60.0
-CONTEXT_LENGTH = 128
+CONTEXT_LENGTH = 160
 BODY_ROUTES = (
     "/generate",
     "/v1/completions",

@@ -33,6 +33,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from srt.entrypoints.http.context import context_of
 from srt.entrypoints.http.errors import ApiError
@@ -41,7 +42,6 @@ from srt.logs import escape
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 # Routes open without the API key: probes and scrapes, and the playground page itself (a static
 # page a browser loads by navigation, which cannot carry the key; its API calls do).
 OPEN_PATHS = ("/health", "/health_generate", "/metrics", "/")

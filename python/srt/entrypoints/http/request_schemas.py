@@ -4,8 +4,8 @@ build requests that reach the model, and wrong ones that must be refused.
 
 The sampling fields come from `SamplingParams` itself; tests/test_api_fuzz.py checks that every
 other field the parsers know (`GenerateReqInput`'s, the OpenAI field sets) is described here.
-The ranges mirror the parsers' checks. `model`, token ids and token counts are narrowed to the served model
-once it is loaded.
+The ranges mirror the parsers' checks. `model`, token ids and token counts are narrowed to the
+served model once it is loaded.
 """
 
 from __future__ import annotations
