@@ -9,10 +9,11 @@ local server. Of SGLang, vLLM and llama.cpp's server, vLLM is the most careful, 
 step further where none of them closes a hole:
 
 - A POST body is JSON only: `application/json` or `application/*+json`, or no Content-Type at
-  all (curl without `-H`, raw clients); anything else is a 415 before a handler reads it. A page
-  can send `text/plain` or a form without a CORS preflight (CVE-2021-32677 in FastAPI, closed
-  the same way; vLLM's `validate_json_request` refuses it too; SGLang relies on FastAPI, and
-  llama.cpp's server parses any body).
+  all (raw clients); anything else is a 415 before a handler reads it. A page can send
+  `text/plain` or a form without a CORS preflight (CVE-2021-32677 in FastAPI, closed the same
+  way; vLLM's `validate_json_request` answers 415 too, even without a Content-Type; SGLang
+  relies on FastAPI, and llama.cpp's server parses any body). A typeless body passes here
+  because a page cannot send one cross-origin without an `Origin` (below).
 - Routes that change state (`/flush_cache`, `/abort_request`) are POST only, as vLLM's
   `/reset_prefix_cache` is (SGLang's `/flush_cache` takes GET too: an `<img src>` could call it).
 - A cross-origin request from an origin not in `--allowed-origins` is a 403, whatever its
