@@ -26,14 +26,17 @@ def server(tiny_server: ServerProcess) -> ServerProcess:
 
 
 def call(server: ServerProcess, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    """(status, parsed JSON body) of one request; `body` bytes are sent as they are."""
+    """(status, parsed JSON body) of one request; `body` bytes are sent as they are, as JSON."""
 
     async def go() -> tuple[int, Any]:
         data = body if isinstance(body, bytes) else None
         payload = None if isinstance(body, bytes) else body
+        headers = {"Content-Type": "application/json"} if data is not None else None
         async with (
             aiohttp.ClientSession() as session,
-            session.request(method, server.url + path, json=payload, data=data) as response,
+            session.request(
+                method, server.url + path, json=payload, data=data, headers=headers
+            ) as response,
         ):
             text = await response.text()
             return response.status, json.loads(text) if text else None

@@ -25,6 +25,7 @@ ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOAD_FORMATS = ("auto", "dummy")
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d+)?")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
 
 
 class ServerArgsError(ValueError):
@@ -139,6 +140,15 @@ class ServerArgs:
             "none by default. '*' allows any origin, without credentials.",
         ),
     )
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata=_arg(
+            "HTTP server",
+            "Host names or addresses (no port) the server answers to besides loopback ones, e.g. "
+            "srt.internal; '*' answers any. Bound to a loopback --host, other Host headers get "
+            "403 (DNS rebinding); on another --host, any Host passes unless this is given.",
+        ),
+    )
     max_request_bytes: int = field(
         default=8 << 20,
         metadata=_arg("HTTP server", "Largest request body accepted, in bytes (larger: 413)."),
@@ -249,6 +259,11 @@ class ServerArgs:
             if origin != "*" and not _ORIGIN.fullmatch(origin):
                 raise ServerArgsError(
                     "allowed_origins", f"{origin!r} is not an origin like https://host[:port]"
+                )
+        for host in self.allowed_hosts:
+            if host != "*" and not _HOST.fullmatch(host):
+                raise ServerArgsError(
+                    "allowed_hosts", f"{host!r} is not a host name or address (without a port)"
                 )
         fraction = self.mem_fraction_static
         if fraction is not None and not (math.isfinite(fraction) and 0 < fraction <= 1):

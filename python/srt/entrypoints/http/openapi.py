@@ -1,15 +1,19 @@
 """`/openapi.json`: an OpenAPI 3.1 description of every route, built from the router itself
-(each handler's docstring is its summary), so it cannot fall behind the routes."""
+(each handler's docstring is its summary), so it cannot fall behind the routes; request bodies
+come from `request_schemas`, narrowed to the served model once it is loaded."""
 
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 from aiohttp import web
 
 from srt import __version__
+from srt.entrypoints.http.context import Phase, context_of
 from srt.entrypoints.http.errors import json_response
+from srt.entrypoints.http.request_schemas import ModelLimits, Schema, request_bodies
 
 routes = web.RouteTableDef()
 
@@ -29,10 +33,12 @@ ERROR_SCHEMA = {
     },
     "required": ["error"],
 }
+PATH_PARAMETER = re.compile(r"\{(\w+)\}")
 
 
-def describe(app: web.Application) -> dict[str, Any]:
+def describe(app: web.Application, limits: ModelLimits) -> dict[str, Any]:
     """The OpenAPI document of `app`'s routes."""
+    bodies = request_bodies(limits)
     paths: dict[str, dict[str, Any]] = {}
     for route in app.router.routes():
         path = route.resource.canonical if route.resource is not None else None
@@ -40,7 +46,8 @@ def describe(app: web.Application) -> dict[str, Any]:
             continue
         methods = ("get", "post") if route.method == "*" else (route.method.lower(),)
         for method in methods:
-            paths.setdefault(path, {})[method] = operation(route.handler, method)
+            body = bodies.get(path) if method == "post" else None
+            paths.setdefault(path, {})[method] = operation(route.handler, method, path, body)
     return {
         "openapi": "3.1.0",
         "info": {"title": "srt", "version": __version__},
@@ -49,7 +56,7 @@ def describe(app: web.Application) -> dict[str, Any]:
     }
 
 
-def operation(handler: Any, method: str) -> dict[str, Any]:
+def operation(handler: Any, method: str, path: str, body: Schema | None) -> dict[str, Any]:
     doc = inspect.getdoc(handler) or ""
     summary, _, description = doc.partition("\n")
     error = {
@@ -63,10 +70,16 @@ def operation(handler: Any, method: str) -> dict[str, Any]:
     }
     if description.strip():
         out["description"] = description.strip()
-    if method == "post":
+    parameters = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in PATH_PARAMETER.findall(path)
+    ]
+    if parameters:
+        out["parameters"] = parameters
+    if body is not None:
         out["requestBody"] = {
-            "required": False,
-            "content": {"application/json": {"schema": {"type": "object"}}},
+            "required": True,
+            "content": {"application/json": {"schema": body}},
         }
     return out
 
@@ -74,4 +87,9 @@ def operation(handler: Any, method: str) -> dict[str, Any]:
 @routes.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
     """This description of every route."""
-    return json_response(describe(request.app))
+    context = context_of(request)
+    limits = ModelLimits(context.model_name)
+    if context.phase is Phase.READY and context.manager is not None:
+        manager = context.manager
+        limits = ModelLimits(context.model_name, manager.vocab_size, manager.context_length)
+    return json_response(describe(request.app, limits))

@@ -26,8 +26,10 @@ from srt.entrypoints.http.context import CONTEXT, Phase, ServerContext
 from srt.entrypoints.http.middleware import (
     add_cors_headers,
     auth_middleware,
+    content_type_middleware,
     cors_middleware,
     error_middleware,
+    host_middleware,
 )
 from srt.entrypoints.launcher import ChildDied, Launcher
 from srt.ipc.channel import Receiver, Sender
@@ -46,11 +48,18 @@ WARMUP_PROMPT = "The capital of France is"
 
 
 def build_app(context: ServerContext) -> web.Application:
-    """The aiohttp application of a server: every route, behind errors, CORS and auth."""
+    """The aiohttp application of a server: every route, behind errors, the Host check, CORS,
+    auth and the Content-Type check (middleware.py says why each)."""
     args = context.server_args
     app = web.Application(
         client_max_size=args.max_request_bytes,
-        middlewares=[error_middleware, cors_middleware(args.allowed_origins), auth_middleware],
+        middlewares=[
+            error_middleware,
+            host_middleware(args.host, args.allowed_hosts),
+            cors_middleware(args.allowed_origins),
+            auth_middleware,
+            content_type_middleware,
+        ],
     )
     app[CONTEXT] = context
     for module in (native_api, openai_api, ops_api, openapi, playground):

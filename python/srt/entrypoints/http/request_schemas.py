@@ -1,0 +1,280 @@
+"""JSON Schemas of the request bodies, for `/openapi.json`: what each POST route takes, with the
+ranges its parser enforces, so that a client generator or a fuzzer (tests/test_api_fuzz.py) can
+build requests that reach the model, and wrong ones that must be refused.
+
+The sampling fields come from `SamplingParams` itself; tests/test_api_fuzz.py checks that every
+other field the parsers know (`GenerateReqInput`'s, the OpenAI field sets) is described here.
+The ranges mirror the parsers' checks. `model`, token ids and token counts are narrowed to the
+served model once it is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+from srt.entrypoints.http.openai_protocol import (
+    CHAT_ROLES,
+    HARMLESS_CHAT_FIELDS,
+    MAX_LOGIT_BIAS,
+    MAX_N,
+    MAX_TOP_LOGPROBS,
+    SAMPLING_FIELDS,
+)
+from srt.sampling_params import SamplingParams
+
+Schema = dict[str, Any]
+
+INT64_MAX = 2**63 - 1
+BOOLEAN: Schema = {"type": "boolean"}
+STRING: Schema = {"type": "string"}
+NON_EMPTY_STRING: Schema = {"type": "string", "minLength": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelLimits:
+    """What narrows the schemas to the served model; None while it is not loaded."""
+
+    model_name: str
+    vocab_size: int | None = None
+    context_length: int | None = None
+
+
+def _one_or_list(item: Schema) -> Schema:
+    """`item`, or a non-empty list of them (the native API's per-prompt fields)."""
+    return {"anyOf": [item, {"type": "array", "items": item, "minItems": 1}]}
+
+
+def _token_id(limits: ModelLimits) -> Schema:
+    schema: Schema = {"type": "integer", "minimum": 0}
+    if limits.vocab_size is not None:
+        schema["maximum"] = limits.vocab_size - 1
+    return schema
+
+
+def _token_count(limits: ModelLimits) -> Schema:
+    schema: Schema = {"type": ["integer", "null"], "minimum": 0}
+    if limits.context_length is not None:
+        schema["maximum"] = limits.context_length
+    return schema
+
+
+# ---- sampling parameters ------------------------------------------------------------------
+
+# The ranges SamplingParams.__post_init__ (and the seed and logit_bias checks) enforce.
+SAMPLING_RANGES: dict[str, Schema] = {
+    "max_new_tokens": {"minimum": 0},
+    "min_new_tokens": {"minimum": 0},
+    "temperature": {"minimum": 0},
+    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"anyOf": [{"const": -1}, {"minimum": 1, "maximum": INT64_MAX}]},
+    "min_p": {"minimum": 0, "maximum": 1},
+    "frequency_penalty": {"minimum": -2, "maximum": 2},
+    "presence_penalty": {"minimum": -2, "maximum": 2},
+    "repetition_penalty": {"exclusiveMinimum": 0, "maximum": 2},
+    "n": {"minimum": 1},
+    "seed": {"minimum": 0, "maximum": INT64_MAX},
+}
+
+
+def _sampling_value(name: str, hint: Any, limits: ModelLimits) -> Schema:
+    """The schema of one sampling field, from its `SamplingParams` type and its range."""
+    by_type: dict[Any, Schema] = {
+        int: {"type": "integer"},
+        float: {"type": "number"},
+        bool: BOOLEAN,
+        int | None: {"type": ["integer", "null"]},
+        tuple[str, ...]: {
+            "anyOf": [NON_EMPTY_STRING, {"type": "array", "items": NON_EMPTY_STRING}]
+        },
+        tuple[int, ...]: {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        tuple[tuple[int, float], ...]: {
+            "type": "object",
+            "propertyNames": {"pattern": "^[0-9]+$"},
+            "additionalProperties": {
+                "type": "number",
+                "minimum": -MAX_LOGIT_BIAS,
+                "maximum": MAX_LOGIT_BIAS,
+            },
+        },
+    }
+    schema = {**by_type[hint], **SAMPLING_RANGES.get(name, {})}
+    if name == "max_new_tokens":
+        schema = _token_count(limits)
+    elif name == "stop_token_ids":
+        schema = {"type": "array", "items": _token_id(limits)}
+    return schema
+
+
+def sampling_params_schema(limits: ModelLimits) -> Schema:
+    """The native `sampling_params` object: every `SamplingParams` field, nothing else."""
+    hints = typing.get_type_hints(SamplingParams)
+    return {
+        "type": "object",
+        "properties": {name: _sampling_value(name, hint, limits) for name, hint in hints.items()},
+        "additionalProperties": False,
+    }
+
+
+# ---- the native API ------------------------------------------------------------------------
+
+
+def generate_schema(limits: ModelLimits) -> Schema:
+    """`/generate`: SGLang's `GenerateReqInput`, one prompt or a batch."""
+    ids = {"type": "array", "items": _token_id(limits), "minItems": 1}
+    properties: dict[str, Schema] = {
+        "text": _one_or_list(NON_EMPTY_STRING),
+        "input_ids": _one_or_list(ids),
+        "sampling_params": _one_or_list(sampling_params_schema(limits)),
+        "rid": _one_or_list(NON_EMPTY_STRING),
+        "return_logprob": _one_or_list(BOOLEAN),
+        "top_logprobs_num": _one_or_list({"type": "integer", "minimum": 0}),
+        "stream": BOOLEAN,
+        "logprob_start_len": _one_or_list({"type": "integer", "minimum": -1}),
+    }
+    return {
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+        "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}],
+    }
+
+
+TOKENIZE: Schema = {
+    "type": "object",
+    "properties": {
+        "prompt": {"anyOf": [STRING, {"type": "array", "items": STRING}]},
+        "add_special_tokens": BOOLEAN,
+    },
+    "required": ["prompt"],
+}
+
+ABORT_REQUEST: Schema = {
+    "type": "object",
+    "properties": {"rid": STRING, "abort_all": BOOLEAN},
+}
+
+
+def detokenize_schema(limits: ModelLimits) -> Schema:
+    ids = {"type": "array", "items": _token_id(limits)}
+    return {
+        "type": "object",
+        "properties": {
+            "tokens": {"anyOf": [ids, {"type": "array", "items": ids}]},
+            "skip_special_tokens": BOOLEAN,
+        },
+        "required": ["tokens"],
+    }
+
+
+# ---- the OpenAI API ------------------------------------------------------------------------
+
+
+def _openai_sampling(limits: ModelLimits) -> dict[str, Schema]:
+    """The sampling fields both OpenAI routes take (OpenAI's names), null meaning unset."""
+    hints = typing.get_type_hints(SamplingParams)
+    out = {}
+    for field, name in SAMPLING_FIELDS.items():
+        schema = _sampling_value(name, hints[name], limits)
+        out[field] = {"anyOf": [schema, {"type": "null"}]}
+    return out
+
+
+def _openai_common(limits: ModelLimits) -> dict[str, Schema]:
+    return {
+        "model": {"type": "string", "enum": [limits.model_name]},
+        "n": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_N},
+        "stream": {"type": ["boolean", "null"]},
+        "stream_options": {
+            "type": ["object", "null"],
+            "properties": {"include_usage": BOOLEAN},
+            "additionalProperties": False,
+        },
+        "max_tokens": _token_count(limits),
+        "user": {"type": ["string", "null"]},
+        **_openai_sampling(limits),
+    }
+
+
+def completion_schema(limits: ModelLimits) -> Schema:
+    """`/v1/completions`."""
+    ids = {"type": "array", "items": _token_id(limits), "minItems": 1}
+    prompt = {
+        "anyOf": [
+            NON_EMPTY_STRING,
+            {"type": "array", "items": NON_EMPTY_STRING, "minItems": 1},
+            ids,
+            {"type": "array", "items": ids, "minItems": 1},
+        ]
+    }
+    properties = {
+        **_openai_common(limits),
+        "prompt": prompt,
+        "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+        "echo": {"type": ["boolean", "null"]},
+        "best_of": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_N},
+        "suffix": {"type": ["string", "null"], "maxLength": 0},
+    }
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": ["model", "prompt"],
+        "additionalProperties": False,
+    }
+
+
+def chat_schema(limits: ModelLimits) -> Schema:
+    """`/v1/chat/completions`: text messages, text answers."""
+    text_part = {
+        "type": "object",
+        "properties": {"type": {"const": "text"}, "text": STRING},
+        "required": ["type", "text"],
+    }
+    message = {
+        "type": "object",
+        "properties": {
+            "role": {"enum": list(CHAT_ROLES)},
+            "content": {"anyOf": [STRING, {"type": "array", "items": text_part}]},
+            "name": {"type": ["string", "null"]},
+            "refusal": {"type": ["string", "null"]},
+        },
+        "required": ["role", "content"],
+        "additionalProperties": False,
+    }
+    properties = {
+        **_openai_common(limits),
+        "messages": {"type": "array", "items": message, "minItems": 1},
+        "logprobs": {"type": ["boolean", "null"]},
+        "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+        "max_completion_tokens": _token_count(limits),
+        # Accepted only when they ask for plain text (openai_protocol.check_chat_extras).
+        "tools": {"type": ["array", "null"], "maxItems": 0},
+        "functions": {"type": ["array", "null"], "maxItems": 0},
+        "tool_choice": {"enum": ["none", "auto", None]},
+        "function_call": {"enum": ["none", "auto", None]},
+        "response_format": {"anyOf": [{"const": {"type": "text"}}, {"type": "null"}]},
+        "modalities": {"anyOf": [{"const": ["text"]}, {"type": "null"}]},
+        "audio": {"type": "null"},
+        "web_search_options": {"type": "null"},
+        **{name: {} for name in HARMLESS_CHAT_FIELDS},
+    }
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": ["model", "messages"],
+        "additionalProperties": False,
+    }
+
+
+def request_bodies(limits: ModelLimits) -> dict[str, Schema | None]:
+    """The body schema of every POST route, by path; None: the route takes no body."""
+    return {
+        "/generate": generate_schema(limits),
+        "/v1/completions": completion_schema(limits),
+        "/v1/chat/completions": chat_schema(limits),
+        "/tokenize": TOKENIZE,
+        "/detokenize": detokenize_schema(limits),
+        "/abort_request": ABORT_REQUEST,
+        "/flush_cache": None,
+    }
