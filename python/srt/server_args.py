@@ -338,7 +338,9 @@ def _add_field(group: argparse._ArgumentGroup, f: dataclasses.Field[Any], hint: 
     kwargs: dict[str, Any] = {"dest": f.name, "help": help, "default": f.default}
     value_type = _value_type(hint)
     if value_type is tuple:
-        kwargs.update(nargs="+", type=str, metavar="ORIGIN")
+        # One value of a list field is named by its last word, singular: --allowed-hosts HOST.
+        item = f.name.rsplit("_", 1)[-1].removesuffix("s").upper()
+        kwargs.update(nargs="+", type=str, metavar=item)
         kwargs["default"] = ()
     elif value_type is bool:
         kwargs["action"] = "store_true"
