@@ -44,6 +44,7 @@ from srt.managers.metrics import TokenizerMetrics
 from srt.managers.req_state import ReqState
 from srt.managers.request_log import log_finished
 from srt.managers.request_tokenizer import RequestTokenizer
+from srt.request_limits import RequestError, RequestLimits
 from srt.server_args import ServerArgs
 
 # How long a broken ring waits for the launcher's word on which stage died and why.
@@ -75,6 +76,7 @@ class TokenizerManager:
         self.tokenizer = self.request_tokenizer.tokenizer
         self.context_length = self.request_tokenizer.context_length
         self.vocab_size = self.request_tokenizer.vocab_size
+        self.limits = RequestLimits.of(self.server_args)
 
     def init_channels(self, sender: Sender, receiver: Receiver) -> None:
         self.send_to_scheduler = sender
@@ -253,10 +255,11 @@ class TokenizerManager:
         its last); else one final dict per request, in order. Chunks of a batch or of `n` > 1
         samples carry the `index` of their request (see `expand`).
 
-        Raises ValueError for a malformed or too long request (before anything is sent) or a
-        request id already in flight, `EngineDeadError` when the pipeline is gone."""
+        Raises `RequestError` (a ValueError naming the field) for a malformed, too large or too
+        long request (before anything is sent) or a request id already in flight,
+        `EngineDeadError` when the pipeline is gone."""
         self.check_alive()
-        reqs = expand(obj)
+        reqs = expand(obj, self.limits)
         tokenized = self.request_tokenizer.tokenize(reqs)
         self.check_new_rids(reqs)
         indexed = obj.stream and (not obj.is_single or len(reqs) > 1)
@@ -284,7 +287,7 @@ class TokenizerManager:
         seen: set[str] = set()
         for req in reqs:
             if req.rid in self.rid_to_state or req.rid in seen:
-                raise ValueError(f"request id {req.rid!r} is already in flight")
+                raise RequestError(f"request id {req.rid!r} is already in flight", "rid")
             seen.add(req.rid)
 
     async def stream_results(
@@ -319,7 +322,7 @@ class TokenizerManager:
                 await self.send(AbortReq(rid))
 
     def check_ids(self, ids: list[int] | tuple[int, ...], what: str) -> None:
-        """ValueError if `ids` (named `what` in the message) hold an id outside the vocabulary."""
+        """RequestError (for field `what`) if `ids` hold an id outside the vocabulary."""
         self.request_tokenizer.check_ids(ids, what)
 
     # ---- control -------------------------------------------------------------------------------
