@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from srt.request_limits import INT64_MAX, RequestError
+from srt.request_limits import RequestError
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,6 @@ class SamplingParams:
         rp = self.repetition_penalty
         _check(_finite(rp) and 0 < rp <= 2, "repetition_penalty", "must be in (0, 2]")
         _check(self.n >= 1, "n", "must be >= 1")
-        _check(self.seed is None or 0 <= self.seed <= INT64_MAX, "seed", "must be in [0, 2**63)")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be >= 0")
         _check(all(s for s in self.stop), "stop", "must not contain empty strings")
         _check(

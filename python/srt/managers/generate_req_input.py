@@ -87,11 +87,14 @@ def expand(obj: GenerateReqInput, limits: RequestLimits) -> list[ReqInput]:
     for value in top:
         limits.check_logprobs(value or 0, "top_logprobs_num")
     kwargs = []
+    converted: dict[int, dict[str, Any]] = {}  # one mapping given for every prompt: read once
     for raw in params:
-        try:
-            kwargs.append(sampling_kwargs(raw, limits))
-        except RequestError as e:
-            raise e.within("sampling_params") from e
+        if id(raw) not in converted:
+            try:
+                converted[id(raw)] = sampling_kwargs(raw, limits)
+            except RequestError as e:
+                raise e.within("sampling_params") from e
+        kwargs.append(dict(converted[id(raw)]))
     samples = [k.pop("n", 1) for k in kwargs]
     for n in samples:
         if n < 1:

@@ -36,6 +36,7 @@ from srt.io_struct import (
     HealthCheckOut,
     HealthCheckReq,
     Message,
+    TokenizedGenerateReq,
 )
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.codec import decode
@@ -49,6 +50,11 @@ from srt.server_args import ServerArgs
 
 # How long a broken ring waits for the launcher's word on which stage died and why.
 DEATH_REPORT_WAIT_S = 5.0
+# Samples built or sent between two yields to the event loop: each is tokenized, checked and
+# encoded on its own (up to ~0.5 ms with a long prompt and a full logit_bias), so a request of
+# --max-samples-per-request samples would otherwise hold every other request and /health for
+# a large fraction of a second.
+YIELD_EVERY = 16
 
 ControlReq = FlushCacheReq | GetLoadReq | HealthCheckReq
 Reply = TypeVar("Reply", FlushCacheOut, GetLoadOut, HealthCheckOut)
@@ -260,7 +266,8 @@ class TokenizerManager:
         `EngineDeadError` when the pipeline is gone."""
         self.check_alive()
         reqs = expand(obj, self.limits)
-        tokenized = self.request_tokenizer.tokenize(reqs)
+        tokenized = await self.tokenize(reqs)
+        self.check_alive()  # the pipeline may have gone while tokenizing
         self.check_new_rids(reqs)
         indexed = obj.stream and (not obj.is_single or len(reqs) > 1)
         notify = asyncio.Event()
@@ -270,7 +277,9 @@ class TokenizerManager:
         for state in states:  # all ids taken before the first send may wait
             self.rid_to_state[state.req.rid] = state
         try:
-            for state, tok in zip(states, tokenized, strict=True):
+            for i, (state, tok) in enumerate(zip(states, tokenized, strict=True)):
+                if i and i % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
                 await self.send(tok)
                 state.sent = True
             if obj.stream:
@@ -282,6 +291,16 @@ class TokenizerManager:
                     yield state.result(indexed, stream=False)
         finally:
             await self.abandon(states)
+
+    async def tokenize(self, reqs: list[ReqInput]) -> list[TokenizedGenerateReq]:
+        """`reqs` tokenized and checked, `YIELD_EVERY` at a time with a yield to the event loop
+        in between (nothing is registered or sent yet, so nothing can change under them)."""
+        out: list[TokenizedGenerateReq] = []
+        for start in range(0, len(reqs), YIELD_EVERY):
+            if start:
+                await asyncio.sleep(0)
+            out += self.request_tokenizer.tokenize(reqs[start : start + YIELD_EVERY])
+        return out
 
     def check_new_rids(self, reqs: list[ReqInput]) -> None:
         seen: set[str] = set()
