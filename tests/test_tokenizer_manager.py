@@ -314,7 +314,7 @@ def test_a_request_of_many_samples_lets_other_tasks_run_while_it_is_sent(model_d
         call = asyncio.ensure_future(
             collect(manager, text="x", rid="m", sampling_params={"n": n, "max_new_tokens": 1})
         )
-        sent_seen = set()  # how many samples were out each time this task got to run
+        sent_seen: set[int] = set()  # how many samples were out each time this task got to run
         async with asyncio.timeout(10):
             while not sent_seen or max(sent_seen) < n:
                 sent_seen.add(sum(s.sent for s in manager.rid_to_state.values()))
