@@ -331,3 +331,53 @@ def test_no_cors_headers_by_default(server: ServerProcess) -> None:
 
     response = asyncio.run(go())
     assert "Access-Control-Allow-Origin" not in response.headers
+
+
+# ---- hostile sizes and integers: a 400 naming the field, and the server goes on ---------------
+
+BIAS_301 = {str(i): 1 for i in range(301)}  # OpenAI's limit, and the default one, is 300
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/generate", {"text": "a", "sampling_params": {"n": 400_000}}, "sampling_params.n"),
+        ("/generate", {"text": ["a"] * 129}, "text"),
+        ("/generate", {"input_ids": [[1]] * 129}, "input_ids"),
+        ("/generate", {"text": ["a"] * 9, "sampling_params": {"n": 128}}, "sampling_params.n"),
+        ("/generate", {"text": "a", "sampling_params": {"stop": ["s"] * 100_000}},
+         "sampling_params.stop"),
+        ("/generate", {"text": "a", "sampling_params": {"stop": "s" * 5000}},
+         "sampling_params.stop"),
+        ("/generate", {"text": "a", "sampling_params": {"stop_token_ids": [1] * 100_000}},
+         "sampling_params.stop_token_ids"),
+        ("/generate", {"text": "a", "sampling_params": {"logit_bias": BIAS_301}},
+         "sampling_params.logit_bias"),
+        ("/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": 1024},
+         "top_logprobs_num"),
+        ("/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": 2**63},
+         "top_logprobs_num"),
+        ("/generate", {"text": "a", "sampling_params": {"top_k": 2**63}}, "sampling_params.top_k"),
+        ("/generate", {"text": "a", "sampling_params": {"seed": 2**63}}, "sampling_params.seed"),
+        ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 2**63}},
+         "sampling_params.max_new_tokens"),
+        ("/generate", {"text": "a", "return_logprob": True, "logprob_start_len": 2**63},
+         "logprob_start_len"),
+        ("/generate", {"input_ids": [1, 2**63]}, "input_ids"),
+        ("/generate", {"input_ids": [1, 99999999]}, "input_ids"),
+        ("/generate", {"text": "a", "sampling_params": {"logit_bias": {str(2**32): 1}}},
+         "sampling_params.logit_bias"),
+        ("/tokenize", {"prompt": ["a"] * 129}, "prompt"),
+        ("/detokenize", {"tokens": [[1]] * 129}, "tokens"),
+        ("/detokenize", {"tokens": [1, 2**64 - 1]}, "tokens"),
+        ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
+    ],
+)  # fmt: skip
+def test_hostile_sizes_and_integers_are_400_naming_the_field(
+    server: ServerProcess, path: str, body: dict[str, Any], param: str
+) -> None:
+    status, error = call(server, "POST", path, body)
+    assert status == 400, error
+    assert error["error"]["param"] == param, error
+    assert error["error"]["type"] == "invalid_request_error"
+    assert call(server, "POST", "/generate", {"text": "ok", "sampling_params": GREEDY})[0] == 200

@@ -358,3 +358,35 @@ def test_a_client_gone_mid_stream_has_its_request_aborted(server: ServerProcess)
             break
         time.sleep(0.05)
     assert f"Finish: rid={rid} finish_reason=abort" in server.output()
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        ("/v1/completions", {"prompt": [2**32], "echo": True}, "prompt"),
+        ("/v1/completions", {"prompt": [2**31 - 1], "echo": True}, "prompt"),
+        ("/v1/completions", {"prompt": [2**31 - 1]}, "prompt"),
+        ("/v1/completions", {"prompt": [PROMPT] * 129}, "prompt"),
+        ("/v1/completions", {"prompt": [PROMPT] * 9, "n": 128}, "n"),
+        ("/v1/completions", {"top_k": 2**63}, "top_k"),
+        ("/v1/completions", {"max_tokens": 2**63}, "max_tokens"),
+        ("/v1/completions", {"stop": ["s"] * 100_000}, "stop"),
+        ("/v1/completions", {"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+        ("/v1/completions", {"logit_bias": {"99999999": 1}}, "logit_bias"),
+        ("/v1/chat/completions", {"max_completion_tokens": 2**63}, "max_completion_tokens"),
+        ("/v1/chat/completions", {"top_k": 2**63}, "top_k"),
+        ("/v1/chat/completions", {"stop_token_ids": [1] * 100_000}, "stop_token_ids"),
+    ],
+)
+def test_hostile_sizes_and_integers_are_400_naming_the_field(
+    server: ServerProcess,
+    client: openai.OpenAI,
+    path: str,
+    fields: dict[str, Any],
+    param: str,
+) -> None:
+    prompt = {"messages": MESSAGES} if "chat" in path else {"prompt": PROMPT}
+    status, error = raw_post(server, path, {"model": MODEL, **prompt, **fields})
+    assert status == 400, error
+    assert error["error"]["param"] == param, error
+    assert client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY).choices[0].text

@@ -4,6 +4,7 @@ tested in test_openai_responses.py."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,11 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from srt.entrypoints.http.errors import ApiError
 from srt.entrypoints.http.openai_protocol import parse_chat_request, parse_completion_request
 from srt.managers.generate_req_input import expand
+from srt.request_limits import RequestLimits
+from srt.server_args import ServerArgs
 
 MODEL = "tiny"
+LIMITS = RequestLimits.of(ServerArgs())
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +28,13 @@ def tokenizer(tiny_model_factory: Callable[[str], Path]) -> PreTrainedTokenizerB
 
 
 def completion(tokenizer: PreTrainedTokenizerBase, **fields: Any) -> Any:
-    return parse_completion_request({"model": MODEL, "prompt": "hi", **fields}, MODEL, tokenizer)
+    body = {"model": MODEL, "prompt": "hi", **fields}
+    return parse_completion_request(body, MODEL, tokenizer, LIMITS)
 
 
 def chat(tokenizer: PreTrainedTokenizerBase, **fields: Any) -> Any:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
-    return parse_chat_request(body, MODEL, tokenizer)
+    return parse_chat_request(body, MODEL, tokenizer, LIMITS)
 
 
 def refused(call: Callable[[], Any], param: str | None, status: int = 400) -> ApiError:
@@ -73,7 +78,7 @@ def test_completion_fields_map_to_sglang_sampling_names(tokenizer: PreTrainedTok
         "min_new_tokens": 2,
         "ignore_eos": True,
     }
-    reqs = expand(req.obj)
+    reqs = expand(req.obj, LIMITS)
     assert [r.rid for r in reqs] == [f"{req.response_id}-0", f"{req.response_id}-1"]
     assert [r.sampling_kwargs["seed"] for r in reqs] == [3, 4]
 
@@ -97,7 +102,7 @@ def test_the_four_prompt_forms(
 ) -> None:
     req = completion(tokenizer, prompt=prompt, n=2)
     assert (req.obj.text, req.obj.input_ids) == (texts, ids)
-    assert len(expand(req.obj)) == 2 * len(texts or ids)
+    assert len(expand(req.obj, LIMITS)) == 2 * len(texts or ids)
 
 
 @pytest.mark.parametrize(
@@ -279,3 +284,84 @@ def test_a_model_without_a_chat_template(tokenizer: PreTrainedTokenizerBase) -> 
     finally:
         tokenizer.chat_template = template
     assert "/v1/completions" in error.message
+
+
+# ---- limits and integer ranges -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"prompt": ["p"] * 129}, "prompt"),
+        ({"prompt": [[1]] * 129}, "prompt"),
+        ({"prompt": ["p"] * 9, "n": 128}, "n"),  # 1152 samples
+        ({"stop": ["s"] * 33}, "stop"),
+        ({"stop": "s" * 1025}, "stop"),
+        ({"stop_token_ids": [1] * 33}, "stop_token_ids"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+        ({"logprobs": 2**63}, "logprobs"),
+        ({"top_k": 2**63}, "top_k"),
+        ({"seed": 2**64 - 1}, "seed"),
+        ({"max_tokens": 2**63}, "max_tokens"),
+        ({"min_tokens": 2**63}, "min_tokens"),
+        ({"n": 2**63}, "n"),
+        ({"stop_token_ids": [2**31]}, "stop_token_ids"),
+        ({"logit_bias": {str(2**32): 1}}, "logit_bias"),
+        ({"prompt": [2**31]}, "prompt"),
+        ({"prompt": [[1], [2**63]]}, "prompt"),
+        ({"prompt": [2**32], "echo": True}, "prompt"),
+        ({"prompt": [2**31 - 1], "echo": True}, "prompt"),  # fits int32, not the vocabulary
+    ],
+)
+def test_completion_sizes_and_integers_out_of_range_name_their_field(
+    tokenizer: PreTrainedTokenizerBase, fields: dict[str, Any], param: str
+) -> None:
+    refused(lambda: completion(tokenizer, **fields), param)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 2**63}, "top_logprobs"),
+        ({"max_completion_tokens": 2**63}, "max_completion_tokens"),
+        ({"seed": 2**63}, "seed"),
+        ({"n": 129}, "n"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+    ],
+)
+def test_chat_sizes_and_integers_out_of_range_name_their_field(
+    tokenizer: PreTrainedTokenizerBase, fields: dict[str, Any], param: str
+) -> None:
+    refused(lambda: chat(tokenizer, **fields), param)
+
+
+def test_the_limits_are_the_servers(tokenizer: PreTrainedTokenizerBase) -> None:
+    limits = RequestLimits.of(ServerArgs(max_n=2, max_logprobs=1, max_client_batch_size=2))
+    body = {"model": MODEL, "prompt": ["a", "b"], "n": 2, "logprobs": 1}
+    assert parse_completion_request(body, MODEL, tokenizer, limits).n == 2
+    for field, value in (("n", 3), ("logprobs", 2), ("prompt", ["a", "b", "c"])):
+        bad = {**body, field: value}
+        refused(partial(parse_completion_request, bad, MODEL, tokenizer, limits), field)
+
+
+@pytest.mark.parametrize(
+    ("native", "chat_param", "completion_param"),
+    [
+        ("sampling_params.max_new_tokens", "max_completion_tokens", "max_tokens"),
+        ("sampling_params.min_new_tokens", "min_tokens", "min_tokens"),
+        ("sampling_params.logit_bias", "logit_bias", "logit_bias"),
+        ("input_ids", "messages", "prompt"),
+        ("top_logprobs_num", "top_logprobs", "logprobs"),
+        ("rid", None, None),
+        (None, None, None),
+    ],
+)
+def test_native_field_names_map_to_the_body_fields(
+    tokenizer: PreTrainedTokenizerBase,
+    native: str | None,
+    chat_param: str | None,
+    completion_param: str | None,
+) -> None:
+    assert chat(tokenizer, max_completion_tokens=5).param_of(native) == chat_param
+    assert completion(tokenizer).param_of(native) == completion_param

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from srt.layers.sampler import SamplingRow, sample
+from srt.layers.sampler import LogitBias, SamplingRow, apply_bias_and_bans, sample
 
 VOCAB = 50
 
@@ -65,10 +65,35 @@ def test_filters_keep_only_allowed_tokens(row: SamplingRow, allowed: set[int]) -
 def test_banned_ids_and_logit_bias() -> None:
     logits = random_logits(2)
     best = logits.argmax(-1).tolist()
+    bias = LogitBias.of([(7, 100.0)])
     out = sample(logits, [SamplingRow(temperature=0.0, banned_ids=(best[0],)),
-                          SamplingRow(temperature=0.0, logit_bias=((7, 100.0),))])  # fmt: skip
+                          SamplingRow(temperature=0.0, logit_bias=bias)])  # fmt: skip
     assert out.next_ids[0] != best[0]
     assert out.next_ids[1] == 7
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_vectorized_logit_bias_equals_adding_each_entry(device: str) -> None:
+    """Every row's bias in one indexed accumulation: the same as adding entry by entry, repeated
+    ids adding up, rows without bias untouched, bans applied after the bias."""
+    gen = torch.Generator().manual_seed(1)
+    pairs = []
+    for entries in (300, 0, 1, 40):
+        ids = torch.randint(0, VOCAB, (entries,), generator=gen).tolist()  # repeats included
+        values = (torch.rand(entries, generator=gen) * 200 - 100).tolist()
+        pairs.append(list(zip(ids, values, strict=True)))
+    rows = [SamplingRow(logit_bias=LogitBias.of(p)) for p in pairs]
+    rows.append(SamplingRow(logit_bias=LogitBias.of([(3, 5.0)]), banned_ids=(3, 4)))
+    logits = random_logits(len(rows)).to(device)
+    expected = logits.clone()
+    for i, row_pairs in enumerate([*pairs, [(3, 5.0)]]):
+        for token, bias in row_pairs:
+            expected[i, token] += bias
+    expected[4, [3, 4]] = float("-inf")
+    out = apply_bias_and_bans(logits, rows)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-4)
+    assert out.device == logits.device
+    assert not torch.equal(out, logits)  # a copy: the caller's logits keep the raw values
 
 
 def test_penalties() -> None:

@@ -25,6 +25,14 @@ def test_defaults_follow_sglang() -> None:
     assert (args.disable_cuda_graph, args.cuda_graph_max_bs) == (False, 160)
 
 
+def test_request_limits_follow_vllm_and_openai() -> None:
+    args = ServerArgs()
+    assert args.max_logprobs == 20  # vLLM's --max-logprobs
+    assert args.max_n == 128  # OpenAI's n
+    assert args.max_logit_bias_entries == 300  # OpenAI's logit_bias
+    assert args.max_client_batch_size * args.max_n > args.max_samples_per_request > args.max_n
+
+
 def test_model_is_an_alias_of_model_path() -> None:
     assert parse_args(["--model", "/m"]).model_path == "/m"
     assert parse_args(["--model-path", "/m"]).model_path == "/m"
@@ -46,6 +54,9 @@ def test_every_field_has_a_flag() -> None:
             "--allowed-origins", "http://a.example", "https://b.example:8443",
             "--max-request-bytes", "1024", "--graceful-shutdown-timeout", "3",
             "--skip-server-warmup", "--log-requests", "--max-queued-requests", "5",
+            "--max-n", "4", "--max-client-batch-size", "3", "--max-samples-per-request", "6",
+            "--max-stop-sequences", "2", "--max-stop-sequence-length", "9", "--max-logprobs", "1",
+            "--max-logit-bias-entries", "7",
         ]
     )  # fmt: skip
     expected = ServerArgs(
@@ -59,6 +70,8 @@ def test_every_field_has_a_flag() -> None:
         served_model_name="m", allowed_origins=("http://a.example", "https://b.example:8443"),
         max_request_bytes=1024, graceful_shutdown_timeout=3.0, skip_server_warmup=True,
         log_requests=True, max_queued_requests=5,
+        max_n=4, max_client_batch_size=3, max_samples_per_request=6, max_stop_sequences=2,
+        max_stop_sequence_length=9, max_logprobs=1, max_logit_bias_entries=7,
     )  # fmt: skip
     assert args == expected
     # The command line above sets every field away from its default, so each flag is exercised.
@@ -86,6 +99,13 @@ def test_schedule_policies(policy: str) -> None:
         ({"watchdog_timeout": 0.0}, "--watchdog-timeout"),
         ({"schedule_policy": "nope"}, "--schedule-policy"),
         ({"dtype": "int3"}, "--dtype"),
+        ({"max_n": 0}, "--max-n"),
+        ({"max_client_batch_size": 0}, "--max-client-batch-size"),
+        ({"max_samples_per_request": 0}, "--max-samples-per-request"),
+        ({"max_stop_sequences": -1}, "--max-stop-sequences"),
+        ({"max_stop_sequence_length": 0}, "--max-stop-sequence-length"),
+        ({"max_logprobs": -1}, "--max-logprobs"),
+        ({"max_logit_bias_entries": -1}, "--max-logit-bias-entries"),
     ],
 )
 def test_validation_names_the_flag(changes: dict[str, object], flag: str) -> None:

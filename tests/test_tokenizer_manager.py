@@ -307,6 +307,27 @@ def test_bad_requests_are_refused_before_anything_is_sent(model_dir: Path) -> No
     run(model_dir, scenario)
 
 
+def test_a_request_of_many_samples_lets_other_tasks_run_while_it_is_sent(model_dir: Path) -> None:
+    n = 128
+
+    async def scenario(manager: TokenizerManager, peer: Peer) -> None:
+        call = asyncio.ensure_future(
+            collect(manager, text="x", rid="m", sampling_params={"n": n, "max_new_tokens": 1})
+        )
+        sent_seen: set[int] = set()  # how many samples were out each time this task got to run
+        async with asyncio.timeout(10):
+            while not sent_seen or max(sent_seen) < n:
+                sent_seen.add(sum(s.sent for s in manager.rid_to_state.values()))
+                await asyncio.sleep(0)
+        assert any(0 < sent < n for sent in sent_seen), sorted(sent_seen)
+        for _ in range(n):
+            req = await peer.expect(TokenizedGenerateReq)
+            await peer.out(req.rid, "t", (1,), FinishReason("length", length=1))
+        assert len(await call) == n
+
+    run(model_dir, scenario)
+
+
 def test_max_new_tokens_none_fills_the_context(model_dir: Path) -> None:
     async def scenario(manager: TokenizerManager, peer: Peer) -> None:
         call = asyncio.ensure_future(

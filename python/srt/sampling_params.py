@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from srt.request_limits import RequestError
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -71,4 +73,4 @@ def _finite(value: float) -> bool:
 
 def _check(ok: bool, name: str, message: str) -> None:
     if not ok:
-        raise ValueError(f"sampling parameter {name} {message}")
+        raise RequestError(f"sampling parameter {name} {message}", name)

@@ -164,6 +164,45 @@ class ServerArgs:
         default=False,
         metadata=_arg("HTTP server", "Report healthy without running a warm-up generation first."),
     )
+    # Bounds on what one request may ask for (`srt.request_limits`), each refused with a 400
+    # naming the field. vLLM's name and default where it has one (--max-logprobs), TGI's names
+    # (--max-client-batch-size, --max-stop-sequences) and OpenAI's limits otherwise (n <= 128,
+    # 300 logit_bias entries); the stop-string and sample totals are srt's own.
+    max_n: int = field(
+        default=128,
+        metadata=_arg("request limits", "Most samples (n) per prompt, native and OpenAI alike."),
+    )
+    max_client_batch_size: int = field(
+        default=128,
+        metadata=_arg(
+            "request limits",
+            "Most prompts in one request (a native text or input_ids batch, a completions "
+            "prompt list, /tokenize and /detokenize batches).",
+        ),
+    )
+    max_samples_per_request: int = field(
+        default=1024,
+        metadata=_arg("request limits", "Most samples in one request: n times its prompts."),
+    )
+    max_stop_sequences: int = field(
+        default=32,
+        metadata=_arg("request limits", "Most stop strings, and most stop token ids, per request."),
+    )
+    max_stop_sequence_length: int = field(
+        default=1024,
+        metadata=_arg("request limits", "Longest stop string, in characters."),
+    )
+    max_logprobs: int = field(
+        default=20,
+        metadata=_arg(
+            "request limits",
+            "Most top logprobs per token (top_logprobs_num, top_logprobs, completions logprobs).",
+        ),
+    )
+    max_logit_bias_entries: int = field(
+        default=300,
+        metadata=_arg("request limits", "Most tokens one request's logit_bias may bias."),
+    )
     log_requests: bool = field(
         default=False,
         metadata=_arg("observability", "Log each request's prompt and output text."),
@@ -252,6 +291,15 @@ class ServerArgs:
         _check_range(self, "page_size", lo=1)
         _check_range(self, "cuda_graph_max_bs", lo=1)
         _check_range(self, "stream_interval", lo=1)
+        for name in (
+            "max_n",
+            "max_client_batch_size",
+            "max_samples_per_request",
+            "max_stop_sequence_length",
+        ):
+            _check_range(self, name, lo=1)
+        for name in ("max_stop_sequences", "max_logprobs", "max_logit_bias_entries"):
+            _check_range(self, name, lo=0)
         _check_range(self, "watchdog_timeout", lo=0, open_lo=True)
         if self.chunked_prefill_size != -1:
             _check_range(self, "chunked_prefill_size", lo=1)

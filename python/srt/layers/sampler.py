@@ -10,11 +10,29 @@ those of the model's raw distribution (log-softmax of the logits before any proc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 _NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class LogitBias:
+    """One request's logit bias as tensors, built once per request (`of`): a step adds every
+    row's bias in one indexed accumulation, whatever the number of entries."""
+
+    token_ids: torch.Tensor  # int64 [entries]
+    values: torch.Tensor  # float32 [entries]; a repeated id's biases add up
+
+    @classmethod
+    def of(cls, pairs: Sequence[tuple[int, float]]) -> LogitBias | None:
+        """The tensors of `(token_id, bias)` pairs; None for no pairs."""
+        if not pairs:
+            return None
+        ids, values = zip(*pairs, strict=True)
+        return cls(torch.tensor(ids, dtype=torch.long), torch.tensor(values, dtype=torch.float32))
 
 
 @dataclass(frozen=True)
@@ -28,7 +46,7 @@ class SamplingRow:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
+    logit_bias: LogitBias | None = None
     banned_ids: tuple[int, ...] = ()  # e.g. EOS ids until min_new_tokens are produced
     prompt_ids: tuple[int, ...] = ()
     output_ids: tuple[int, ...] = ()
@@ -53,7 +71,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sampling rows")
     logits = torch.nan_to_num(logits.float(), nan=_NEG_INF)
     raw_logprobs = torch.log_softmax(logits, dim=-1)
-    processed = _apply_penalties(_apply_bias_and_bans(logits, rows), rows)
+    processed = _apply_penalties(apply_bias_and_bans(logits, rows), rows)
 
     next_ids = processed.argmax(dim=-1)
     sampled = [i for i, row in enumerate(rows) if not row.greedy]
@@ -72,13 +90,23 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
     )
 
 
-def _apply_bias_and_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    if not any(row.logit_bias or row.banned_ids for row in rows):
+def apply_bias_and_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """`logits` with each row's logit bias added and its banned ids at -inf (a copy when any
+    row has either)."""
+    biased = [(i, row.logit_bias) for i, row in enumerate(rows) if row.logit_bias is not None]
+    if not biased and not any(row.banned_ids for row in rows):
         return logits
     logits = logits.clone()
+    if biased:
+        device = logits.device
+        counts = torch.tensor([len(bias.token_ids) for _, bias in biased])
+        row_index = torch.tensor([i for i, _ in biased]).repeat_interleave(counts)
+        token_ids = torch.cat([bias.token_ids for _, bias in biased])
+        values = torch.cat([bias.values for _, bias in biased])
+        logits.index_put_(
+            (row_index.to(device), token_ids.to(device)), values.to(device), accumulate=True
+        )
     for i, row in enumerate(rows):
-        for token, bias in row.logit_bias:
-            logits[i, token] += bias
         if row.banned_ids:
             logits[i, list(row.banned_ids)] = _NEG_INF
     return logits

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
-from srt.layers.sampler import SamplingRow, token_logprobs
+from srt.layers.sampler import LogitBias, SamplingRow, token_logprobs
 from srt.sampling_params import SamplingParams
 
 # How many prompt ids the detokenizer decodes ahead of the output (see incremental_detokenizer).
@@ -50,6 +50,8 @@ class Req:
         self.generator = (
             torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         )
+        # Built once: a step adds it in one operation, not a loop over its entries.
+        self.logit_bias = LogitBias.of(params.logit_bias)
 
         self.output_ids: list[int] = []
         self.output_logprobs: list[float] = []
@@ -165,7 +167,7 @@ class Req:
             repetition_penalty=params.repetition_penalty,
             frequency_penalty=params.frequency_penalty,
             presence_penalty=params.presence_penalty,
-            logit_bias=params.logit_bias,
+            logit_bias=self.logit_bias,
             banned_ids=banned,
             prompt_ids=tuple(self.origin_input_ids) if penalized else (),
             output_ids=tuple(self.output_ids) if penalized else (),

@@ -36,6 +36,7 @@ from srt.io_struct import (
     HealthCheckOut,
     HealthCheckReq,
     Message,
+    TokenizedGenerateReq,
 )
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.codec import decode
@@ -44,10 +45,16 @@ from srt.managers.metrics import TokenizerMetrics
 from srt.managers.req_state import ReqState
 from srt.managers.request_log import log_finished
 from srt.managers.request_tokenizer import RequestTokenizer
+from srt.request_limits import RequestError, RequestLimits
 from srt.server_args import ServerArgs
 
 # How long a broken ring waits for the launcher's word on which stage died and why.
 DEATH_REPORT_WAIT_S = 5.0
+# Samples built or sent between two yields to the event loop: each is tokenized, checked and
+# encoded on its own (up to ~0.5 ms with a long prompt and a full logit_bias), so a request of
+# --max-samples-per-request samples would otherwise hold every other request and /health for
+# a large fraction of a second.
+YIELD_EVERY = 16
 
 ControlReq = FlushCacheReq | GetLoadReq | HealthCheckReq
 Reply = TypeVar("Reply", FlushCacheOut, GetLoadOut, HealthCheckOut)
@@ -75,6 +82,7 @@ class TokenizerManager:
         self.tokenizer = self.request_tokenizer.tokenizer
         self.context_length = self.request_tokenizer.context_length
         self.vocab_size = self.request_tokenizer.vocab_size
+        self.limits = RequestLimits.of(self.server_args)
 
     def init_channels(self, sender: Sender, receiver: Receiver) -> None:
         self.send_to_scheduler = sender
@@ -253,11 +261,13 @@ class TokenizerManager:
         its last); else one final dict per request, in order. Chunks of a batch or of `n` > 1
         samples carry the `index` of their request (see `expand`).
 
-        Raises ValueError for a malformed or too long request (before anything is sent) or a
-        request id already in flight, `EngineDeadError` when the pipeline is gone."""
+        Raises `RequestError` (a ValueError naming the field) for a malformed, too large or too
+        long request (before anything is sent) or a request id already in flight,
+        `EngineDeadError` when the pipeline is gone."""
         self.check_alive()
-        reqs = expand(obj)
-        tokenized = self.request_tokenizer.tokenize(reqs)
+        reqs = expand(obj, self.limits)
+        tokenized = await self.tokenize(reqs)
+        self.check_alive()  # the pipeline may have gone while tokenizing
         self.check_new_rids(reqs)
         indexed = obj.stream and (not obj.is_single or len(reqs) > 1)
         notify = asyncio.Event()
@@ -267,7 +277,9 @@ class TokenizerManager:
         for state in states:  # all ids taken before the first send may wait
             self.rid_to_state[state.req.rid] = state
         try:
-            for state, tok in zip(states, tokenized, strict=True):
+            for i, (state, tok) in enumerate(zip(states, tokenized, strict=True)):
+                if i and i % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
                 await self.send(tok)
                 state.sent = True
             if obj.stream:
@@ -280,11 +292,21 @@ class TokenizerManager:
         finally:
             await self.abandon(states)
 
+    async def tokenize(self, reqs: list[ReqInput]) -> list[TokenizedGenerateReq]:
+        """`reqs` tokenized and checked, `YIELD_EVERY` at a time with a yield to the event loop
+        in between (nothing is registered or sent yet, so nothing can change under them)."""
+        out: list[TokenizedGenerateReq] = []
+        for start in range(0, len(reqs), YIELD_EVERY):
+            if start:
+                await asyncio.sleep(0)
+            out += self.request_tokenizer.tokenize(reqs[start : start + YIELD_EVERY])
+        return out
+
     def check_new_rids(self, reqs: list[ReqInput]) -> None:
         seen: set[str] = set()
         for req in reqs:
             if req.rid in self.rid_to_state or req.rid in seen:
-                raise ValueError(f"request id {req.rid!r} is already in flight")
+                raise RequestError(f"request id {req.rid!r} is already in flight", "rid")
             seen.add(req.rid)
 
     async def stream_results(
@@ -319,7 +341,7 @@ class TokenizerManager:
                 await self.send(AbortReq(rid))
 
     def check_ids(self, ids: list[int] | tuple[int, ...], what: str) -> None:
-        """ValueError if `ids` (named `what` in the message) hold an id outside the vocabulary."""
+        """RequestError (for field `what`) if `ids` hold an id outside the vocabulary."""
         self.request_tokenizer.check_ids(ids, what)
 
     # ---- control -------------------------------------------------------------------------------

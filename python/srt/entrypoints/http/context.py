@@ -18,6 +18,7 @@ from aiohttp import web
 
 from srt.entrypoints.http.errors import ApiError, bad_request
 from srt.managers.tokenizer_manager import EngineDeadError, TokenizerManager
+from srt.request_limits import RequestError
 from srt.server_args import ServerArgs
 
 
@@ -62,10 +63,11 @@ REQUEST_ERRORS = (ValueError, EngineDeadError)
 
 
 def api_error(e: ValueError | EngineDeadError) -> ApiError:
-    """A bad request (ValueError) is a 400, a dead pipeline a 503."""
+    """A bad request (ValueError) is a 400 (naming the field of a `RequestError`), a dead
+    pipeline a 503."""
     if isinstance(e, EngineDeadError):
         return ApiError(503, f"the server cannot serve requests: {e}")
-    return bad_request(str(e))
+    return bad_request(str(e), e.param if isinstance(e, RequestError) else None)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ status would make OpenAI's clients retry a request that was stopped on purpose.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -97,14 +97,14 @@ async def serve(request: web.Request, parse: Parser) -> web.StreamResponse:
     ctx = context_of(request)
     body = await read_json_object(request)
     manager = ctx.tokenizer_manager()
-    req = parse(body, ctx.model_name, manager.tokenizer)
+    req = parse(body, ctx.model_name, manager.tokenizer, manager.limits)
     builder = ResponseBuilder(req, ctx.model_name, manager.tokenizer)
     async with contextlib.aclosing(manager.generate_request(req.obj)) as results:
         if not req.stream:
-            with request_errors():
+            with openai_errors(req):
                 answers = [result async for result in results]
             return json_response(builder.response(answers))
-        with request_errors():
+        with openai_errors(req):
             first = await anext(results)
         first_chunk = builder.chunk(first)  # a refusal before the stream began: an HTTP error
         response = await start_stream(request)
@@ -114,6 +114,17 @@ async def serve(request: web.Request, parse: Parser) -> web.StreamResponse:
         except ApiError as e:
             await send_error(response, e)
         return response
+
+
+@contextlib.contextmanager
+def openai_errors(req: OpenAIRequest) -> Iterator[None]:
+    """`request_errors`, each error's `param` named as the body names it."""
+    try:
+        with request_errors():
+            yield
+    except ApiError as e:
+        e.param = req.param_of(e.param)
+        raise
 
 
 async def stream_rest(

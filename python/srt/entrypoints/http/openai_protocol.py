@@ -6,26 +6,29 @@ whose `param` names it. OpenAI's names map onto SGLang's sampling names (`max_to
 `max_new_tokens`, `min_tokens` → `min_new_tokens`); SGLang's extra sampling fields pass through.
 OpenAI fields srt does not implement are ignored when ignoring them cannot change the answer
 (`user`, `store`, `metadata`, ...) and refused otherwise (`tools`, `suffix`, audio, ...); any
-other unknown field is refused, as OpenAI does.
+other unknown field is refused, as OpenAI does. Sizes are bounded by the server's
+`RequestLimits` (`n`, prompts, stop strings, logprobs, logit_bias entries) and integers by the
+ranges the stages carry; a prompt's token ids are checked against the vocabulary before `echo`
+decodes them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from srt.entrypoints.http.errors import ApiError, bad_request
 from srt.managers.generate_req_input import GenerateReqInput, sampling_kwargs
+from srt.request_limits import TOKEN_ID_MAX, RequestError, RequestLimits
 from srt.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-MAX_N = 128  # OpenAI's limit on choices per request
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs (completions allow only 5)
 MAX_LOGIT_BIAS = 100.0
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -94,34 +97,56 @@ class OpenAIRequest:
     echo_texts: list[str] | None
     """Completions with `echo`: each prompt's text, which its choices start with (and with
     `logprobs`, whose tokens' logprobs their logprobs start with)."""
+    max_tokens_field: str = "max_tokens"
+    """The body's name for the output length (chat may say `max_completion_tokens`)."""
 
     @property
     def stream(self) -> bool:
         return self.obj.stream
 
+    def param_of(self, native: str | None) -> str | None:
+        """The body field behind a native field name (an error's `param` from the tokenizer
+        manager, which speaks the native schema), e.g. `sampling_params.min_new_tokens` →
+        `min_tokens`; None for fields the body has no name for (`rid`)."""
+        if native in ("text", "input_ids"):
+            return "messages" if self.chat else "prompt"
+        if native == "top_logprobs_num":
+            return "top_logprobs" if self.chat else "logprobs"
+        if native is None or not native.startswith("sampling_params."):
+            return None
+        name = native.removeprefix("sampling_params.")
+        if name == "max_new_tokens":
+            return self.max_tokens_field
+        return next((field for field, n in SAMPLING_FIELDS.items() if n == name), name)
+
 
 def parse_completion_request(
-    body: Mapping[str, Any], model_name: str, tokenizer: PreTrainedTokenizerBase
+    body: Mapping[str, Any],
+    model_name: str,
+    tokenizer: PreTrainedTokenizerBase,
+    limits: RequestLimits,
 ) -> OpenAIRequest:
     """The request of a `/v1/completions` body; ApiError 400 (or 404 for the model) if bad."""
     check_fields(body, COMPLETION_FIELDS)
     check_model(body, model_name)
-    texts, ids = parse_prompt(body.get("prompt"))
-    n = parse_n(body)
+    texts, ids = parse_prompt(body.get("prompt"), limits)
+    n = parse_n(body, limits)
+    with limit_errors():
+        limits.check_samples(n * len(texts or ids or ()), "n")
     best_of = body.get("best_of")
     if best_of is not None and best_of not in (1, n):
         raise bad_request(f"best_of must equal n ({n}): srt does not rank samples", "best_of")
     if body.get("suffix") not in (None, ""):
         raise bad_request("suffix (insertion) is not supported", "suffix")
     logprobs = optional(body, "logprobs", is_count, "an integer >= 0")
-    if logprobs is not None and logprobs > MAX_TOP_LOGPROBS:
-        raise bad_request(f"logprobs must be at most {MAX_TOP_LOGPROBS}", "logprobs")
+    with limit_errors():
+        limits.check_logprobs(logprobs or 0, "logprobs")
     echo = optional(body, "echo", is_bool, "true or false") or False
+    params = sampling_params(body, "max_tokens", n, limits)
     echo_texts = None
     if echo:
-        echo_texts = texts if texts is not None else [str(tokenizer.decode(p)) for p in ids or ()]
+        echo_texts = texts if texts is not None else decode_prompts(ids or [], tokenizer)
     rid = f"cmpl-{uuid.uuid4().hex}"
-    params = sampling_params(body, "max_tokens", n)
     obj = make_input(body, rid, texts, ids, params, logprobs)
     if echo and logprobs is not None:  # the echoed prompt's tokens come with their logprobs
         obj.logprob_start_len = 0
@@ -129,19 +154,21 @@ def parse_completion_request(
 
 
 def parse_chat_request(
-    body: Mapping[str, Any], model_name: str, tokenizer: PreTrainedTokenizerBase
+    body: Mapping[str, Any],
+    model_name: str,
+    tokenizer: PreTrainedTokenizerBase,
+    limits: RequestLimits,
 ) -> OpenAIRequest:
     """The request of a `/v1/chat/completions` body, its messages rendered with the model's chat
     template; ApiError 400 (or 404 for the model) if bad."""
     check_fields(body, CHAT_FIELDS)
     check_model(body, model_name)
     check_chat_extras(body)
-    ids = render_chat(parse_messages(body.get("messages")), tokenizer)
-    n = parse_n(body)
+    n = parse_n(body, limits)
     logprobs = optional(body, "logprobs", is_bool, "true or false") or False
     top = optional(body, "top_logprobs", is_count, "an integer >= 0")
-    if top is not None and top > MAX_TOP_LOGPROBS:
-        raise bad_request(f"top_logprobs must be at most {MAX_TOP_LOGPROBS}", "top_logprobs")
+    with limit_errors():
+        limits.check_logprobs(top or 0, "top_logprobs")
     if top is not None and not logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     tokens = "max_tokens"
@@ -151,9 +178,10 @@ def parse_chat_request(
         tokens = "max_completion_tokens"
     top_logprobs = (top or 0) if logprobs else None
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    params = sampling_params(body, tokens, n)
+    params = sampling_params(body, tokens, n, limits)
+    ids = render_chat(parse_messages(body.get("messages")), tokenizer)
     obj = make_input(body, rid, None, [ids], params, top_logprobs)
-    return OpenAIRequest(True, rid, obj, n, include_usage(body), top_logprobs, None)
+    return OpenAIRequest(True, rid, obj, n, include_usage(body), top_logprobs, None, tokens)
 
 
 # ---- the parts of a request ----------------------------------------------------------------
@@ -178,7 +206,9 @@ def check_model(body: Mapping[str, Any], model_name: str) -> None:
         )
 
 
-def parse_prompt(prompt: Any) -> tuple[list[str] | None, list[list[int]] | None]:
+def parse_prompt(
+    prompt: Any, limits: RequestLimits
+) -> tuple[list[str] | None, list[list[int]] | None]:
     """(texts, None) or (None, token id lists): one or more prompts."""
     wanted = "a string, a list of strings, a list of token ids or a list of such lists"
     if isinstance(prompt, str):
@@ -187,16 +217,31 @@ def parse_prompt(prompt: Any) -> tuple[list[str] | None, list[list[int]] | None]
         raise bad_request(f"prompt must be a non-empty {wanted}", "prompt")
     if all(is_int(t) for t in prompt):
         prompt = [prompt]
+    with limit_errors():
+        limits.check_prompts(len(prompt), "prompt")
     if all(isinstance(p, str) for p in prompt):
         if not all(prompt):
             raise bad_request("prompt must not contain an empty string", "prompt")
         return prompt, None
     for ids in prompt:
-        if not isinstance(ids, list) or not all(is_int(t) and t >= 0 for t in ids):
-            raise bad_request(f"prompt must be {wanted} (token ids >= 0)", "prompt")
+        if not isinstance(ids, list) or not all(is_token_id(t) for t in ids):
+            raise bad_request(f"prompt must be {wanted} (ids in [0, {TOKEN_ID_MAX}])", "prompt")
         if not ids:
             raise bad_request("prompt must not contain an empty list of token ids", "prompt")
     return None, prompt
+
+
+def decode_prompts(prompts: list[list[int]], tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The text of each prompt, for `echo`; its ids are checked against the vocabulary first
+    (the tokenizer's decoder takes u32 ids and fails on others)."""
+    vocab = len(tokenizer)
+    for ids in prompts:
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(
+                f"prompt holds token id {bad}, outside the vocabulary [0, {vocab})", "prompt"
+            )
+    return [str(tokenizer.decode(ids)) for ids in prompts]
 
 
 def parse_messages(messages: Any) -> list[dict[str, str]]:
@@ -276,11 +321,11 @@ def check_chat_extras(body: Mapping[str, Any]) -> None:
         raise bad_request('response_format must be {"type": "text"}', "response_format")
 
 
-def parse_n(body: Mapping[str, Any]) -> int:
+def parse_n(body: Mapping[str, Any], limits: RequestLimits) -> int:
     n = optional(body, "n", is_int, "an integer")
     n = 1 if n is None else n
-    if not 1 <= n <= MAX_N:
-        raise bad_request(f"n must be in [1, {MAX_N}], got {n}", "n")
+    if not 1 <= n <= limits.max_n:
+        raise bad_request(f"n must be in [1, {limits.max_n}] (--max-n), got {n}", "n")
     return int(n)
 
 
@@ -299,7 +344,9 @@ def include_usage(body: Mapping[str, Any]) -> bool:
     return usage
 
 
-def sampling_params(body: Mapping[str, Any], max_tokens_field: str, n: int) -> dict[str, Any]:
+def sampling_params(
+    body: Mapping[str, Any], max_tokens_field: str, n: int, limits: RequestLimits
+) -> dict[str, Any]:
     """SGLang's sampling parameters, each checked on its own so that an error names its field;
     unset fields and nulls keep SGLang's defaults, and no max tokens means up to the context."""
     fields = {**SAMPLING_FIELDS, max_tokens_field: "max_new_tokens"}
@@ -307,7 +354,7 @@ def sampling_params(body: Mapping[str, Any], max_tokens_field: str, n: int) -> d
     for field, name in fields.items():
         value = body.get(field)
         if value is not None:
-            check_sampling_value(field, name, value)
+            check_sampling_value(field, name, value, limits)
             params[name] = value
     min_tokens, max_tokens = params.get("min_new_tokens"), params["max_new_tokens"]
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
@@ -315,18 +362,16 @@ def sampling_params(body: Mapping[str, Any], max_tokens_field: str, n: int) -> d
     return params
 
 
-def check_sampling_value(field: str, name: str, value: Any) -> None:
-    """Type and range of one sampling value, with SamplingParams' own rules."""
+def check_sampling_value(field: str, name: str, value: Any, limits: RequestLimits) -> None:
+    """Type, range and size of one sampling value, with SamplingParams' own rules."""
     try:
-        converted = sampling_kwargs({name: value})[name]
+        converted = sampling_kwargs({name: value}, limits)[name]
         probe = {name: converted}
         if name == "min_new_tokens":  # its range depends on max_new_tokens
             probe["max_new_tokens"] = max(converted, 0)
         SamplingParams(**probe)
     except ValueError as e:
         raise bad_request(str(e).replace(f"sampling parameter {name}", field), field) from e
-    if name == "seed" and not 0 <= converted < 2**63:
-        raise bad_request(f"seed must be in [0, 2**63), got {converted}", field)
     if name == "logit_bias" and not all(abs(b) <= MAX_LOGIT_BIAS for _, b in converted):
         raise bad_request(f"logit_bias values must be in [-100, 100], got {value!r}", field)
     if isinstance(converted, float) and not math.isfinite(converted):
@@ -355,6 +400,15 @@ def make_input(
     )
 
 
+@contextlib.contextmanager
+def limit_errors() -> Iterator[None]:
+    """Raises the ApiError 400 of a `RequestError` raised inside (its param kept)."""
+    try:
+        yield
+    except RequestError as e:
+        raise bad_request(str(e), e.param) from e
+
+
 def optional(body: Mapping[str, Any], name: str, ok: Callable[[Any], bool], wanted: str) -> Any:
     """`body[name]`, None when absent or null; ApiError 400 unless `ok`."""
     value = body.get(name)
@@ -365,6 +419,10 @@ def optional(body: Mapping[str, Any], name: str, ok: Callable[[Any], bool], want
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_token_id(value: Any) -> bool:
+    return is_int(value) and 0 <= value <= TOKEN_ID_MAX
 
 
 def is_count(value: Any) -> bool:

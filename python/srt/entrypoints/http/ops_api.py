@@ -142,6 +142,8 @@ async def tokenize(request: web.Request) -> web.Response:
         raise bad_request("prompt must be a string or a list of strings", "prompt")
     if not isinstance(add_special, bool):
         raise bad_request("add_special_tokens must be true or false", "add_special_tokens")
+    with request_errors():
+        manager.limits.check_prompts(len(texts), "prompt")
     ids = [manager.tokenizer.encode(t, add_special_tokens=add_special) for t in texts]
     tokens: Any = ids[0] if single else ids
     counts: Any = len(ids[0]) if single else [len(i) for i in ids]
@@ -166,6 +168,7 @@ async def detokenize(request: web.Request) -> web.Response:
     if not isinstance(skip_special, bool):
         raise bad_request("skip_special_tokens must be true or false", "skip_special_tokens")
     with request_errors():
+        manager.limits.check_prompts(len(batch), "tokens")
         for ids in batch:
             manager.check_ids(ids, "tokens")
     texts = [manager.tokenizer.decode(ids, skip_special_tokens=skip_special) for ids in batch]
