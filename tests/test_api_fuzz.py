@@ -26,6 +26,7 @@ from srt.entrypoints.http.openai_protocol import CHAT_FIELDS, COMPLETION_FIELDS,
 from srt.entrypoints.http.openapi import describe
 from srt.entrypoints.http.request_schemas import ModelLimits
 from srt.entrypoints.http.server import build_app
+from srt.request_limits import RequestLimits
 from srt.server_args import ServerArgs
 
 pytestmark = pytest.mark.slow
@@ -86,8 +87,9 @@ def cases() -> list[tuple[str, str, GenerationMode]]:
     """(method, path, mode) for every route as the server describes it (built here without a
     model: the routes do not depend on it): valid requests for each, and invalid ones for those
     that take any input."""
-    app = build_app(ServerContext(ServerArgs(), "fuzzed"))
-    paths = describe(app, ModelLimits("fuzzed"))["paths"]
+    args = ServerArgs()
+    app = build_app(ServerContext(args, "fuzzed"))
+    paths = describe(app, ModelLimits("fuzzed", RequestLimits.of(args)))["paths"]
     out = []
     for path, item in paths.items():
         for method, operation in item.items():

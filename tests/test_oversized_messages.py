@@ -44,7 +44,8 @@ def server(model: Path) -> Iterator[ServerProcess]:
     with contextlib.ExitStack() as stack:
         with pytest.MonkeyPatch.context() as env:  # for the server's start only
             env.setenv("SRT_RING_CAPACITY", str(RING_CAPACITY))
-            server = stack.enter_context(running_server(model))
+            # The stop list below is past the default --max-stop-sequences.
+            server = stack.enter_context(running_server(model, "--max-stop-sequences", "1000"))
         yield server
 
 

@@ -14,6 +14,7 @@ from srt import __version__
 from srt.entrypoints.http.context import Phase, context_of
 from srt.entrypoints.http.errors import json_response
 from srt.entrypoints.http.request_schemas import ModelLimits, Schema, request_bodies
+from srt.request_limits import RequestLimits
 
 routes = web.RouteTableDef()
 
@@ -88,8 +89,11 @@ def operation(handler: Any, method: str, path: str, body: Schema | None) -> dict
 async def openapi(request: web.Request) -> web.Response:
     """This description of every route."""
     context = context_of(request)
-    limits = ModelLimits(context.model_name)
+    requests = RequestLimits.of(context.server_args)
+    limits = ModelLimits(context.model_name, requests)
     if context.phase is Phase.READY and context.manager is not None:
         manager = context.manager
-        limits = ModelLimits(context.model_name, manager.vocab_size, manager.context_length)
+        limits = ModelLimits(
+            context.model_name, requests, manager.vocab_size, manager.context_length
+        )
     return json_response(describe(request.app, limits))

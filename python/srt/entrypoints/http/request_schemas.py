@@ -18,10 +18,9 @@ from srt.entrypoints.http.openai_protocol import (
     CHAT_ROLES,
     HARMLESS_CHAT_FIELDS,
     MAX_LOGIT_BIAS,
-    MAX_N,
-    MAX_TOP_LOGPROBS,
     SAMPLING_FIELDS,
 )
+from srt.request_limits import RequestLimits
 from srt.sampling_params import SamplingParams
 
 Schema = dict[str, Any]
@@ -34,16 +33,29 @@ NON_EMPTY_STRING: Schema = {"type": "string", "minLength": 1}
 
 @dataclasses.dataclass(frozen=True)
 class ModelLimits:
-    """What narrows the schemas to the served model; None while it is not loaded."""
+    """What narrows the schemas: the operator's request limits, and the served model's sizes
+    (None while it is not loaded)."""
 
     model_name: str
+    requests: RequestLimits
     vocab_size: int | None = None
     context_length: int | None = None
 
 
-def _one_or_list(item: Schema) -> Schema:
-    """`item`, or a non-empty list of them (the native API's per-prompt fields)."""
-    return {"anyOf": [item, {"type": "array", "items": item, "minItems": 1}]}
+def _per_prompt(item: Schema, limits: ModelLimits) -> Schema:
+    """A non-empty list of `item`, one per prompt of a batch."""
+    most = limits.requests.max_client_batch_size
+    return {"type": "array", "items": item, "minItems": 1, "maxItems": most}
+
+
+def _one_or_list(item: Schema, limits: ModelLimits) -> Schema:
+    """`item`, or one per prompt (the native API's per-prompt fields)."""
+    return {"anyOf": [item, _per_prompt(item, limits)]}
+
+
+def _top_logprobs(limits: ModelLimits, *, nullable: bool = False) -> Schema:
+    kind = ["integer", "null"] if nullable else "integer"
+    return {"type": kind, "minimum": 0, "maximum": limits.requests.max_logprobs}
 
 
 def _token_id(limits: ModelLimits) -> Schema:
@@ -100,10 +112,23 @@ def _sampling_value(name: str, hint: Any, limits: ModelLimits) -> Schema:
         },
     }
     schema = {**by_type[hint], **SAMPLING_RANGES.get(name, {})}
+    requests = limits.requests
     if name == "max_new_tokens":
         schema = _token_count(limits)
+    elif name == "n":
+        schema["maximum"] = requests.max_n
+    elif name == "stop":
+        one = {**NON_EMPTY_STRING, "maxLength": requests.max_stop_sequence_length}
+        many = {"type": "array", "items": one, "maxItems": requests.max_stop_sequences}
+        schema = {"anyOf": [one, many]}
     elif name == "stop_token_ids":
-        schema = {"type": "array", "items": _token_id(limits)}
+        schema = {
+            "type": "array",
+            "items": _token_id(limits),
+            "maxItems": requests.max_stop_sequences,
+        }
+    elif name == "logit_bias":
+        schema["maxProperties"] = requests.max_logit_bias_entries
     return schema
 
 
@@ -124,14 +149,14 @@ def generate_schema(limits: ModelLimits) -> Schema:
     """`/generate`: SGLang's `GenerateReqInput`, one prompt or a batch."""
     ids = {"type": "array", "items": _token_id(limits), "minItems": 1}
     properties: dict[str, Schema] = {
-        "text": _one_or_list(NON_EMPTY_STRING),
-        "input_ids": _one_or_list(ids),
-        "sampling_params": _one_or_list(sampling_params_schema(limits)),
-        "rid": _one_or_list(NON_EMPTY_STRING),
-        "return_logprob": _one_or_list(BOOLEAN),
-        "top_logprobs_num": _one_or_list({"type": "integer", "minimum": 0}),
+        "text": _one_or_list(NON_EMPTY_STRING, limits),
+        "input_ids": _one_or_list(ids, limits),
+        "sampling_params": _one_or_list(sampling_params_schema(limits), limits),
+        "rid": _one_or_list(NON_EMPTY_STRING, limits),
+        "return_logprob": _one_or_list(BOOLEAN, limits),
+        "top_logprobs_num": _one_or_list(_top_logprobs(limits), limits),
         "stream": BOOLEAN,
-        "logprob_start_len": _one_or_list({"type": "integer", "minimum": -1}),
+        "logprob_start_len": _one_or_list({"type": "integer", "minimum": -1}, limits),
     }
     return {
         "type": "object",
@@ -141,14 +166,16 @@ def generate_schema(limits: ModelLimits) -> Schema:
     }
 
 
-TOKENIZE: Schema = {
-    "type": "object",
-    "properties": {
-        "prompt": {"anyOf": [STRING, {"type": "array", "items": STRING}]},
-        "add_special_tokens": BOOLEAN,
-    },
-    "required": ["prompt"],
-}
+def tokenize_schema(limits: ModelLimits) -> Schema:
+    return {
+        "type": "object",
+        "properties": {
+            "prompt": {"anyOf": [STRING, _per_prompt(STRING, limits)]},
+            "add_special_tokens": BOOLEAN,
+        },
+        "required": ["prompt"],
+    }
+
 
 ABORT_REQUEST: Schema = {
     "type": "object",
@@ -161,7 +188,7 @@ def detokenize_schema(limits: ModelLimits) -> Schema:
     return {
         "type": "object",
         "properties": {
-            "tokens": {"anyOf": [ids, {"type": "array", "items": ids}]},
+            "tokens": {"anyOf": [ids, _per_prompt(ids, limits)]},
             "skip_special_tokens": BOOLEAN,
         },
         "required": ["tokens"],
@@ -184,7 +211,7 @@ def _openai_sampling(limits: ModelLimits) -> dict[str, Schema]:
 def _openai_common(limits: ModelLimits) -> dict[str, Schema]:
     return {
         "model": {"type": "string", "enum": [limits.model_name]},
-        "n": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_N},
+        "n": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.requests.max_n},
         "stream": {"type": ["boolean", "null"]},
         "stream_options": {
             "type": ["object", "null"],
@@ -203,17 +230,17 @@ def completion_schema(limits: ModelLimits) -> Schema:
     prompt = {
         "anyOf": [
             NON_EMPTY_STRING,
-            {"type": "array", "items": NON_EMPTY_STRING, "minItems": 1},
+            _per_prompt(NON_EMPTY_STRING, limits),
             ids,
-            {"type": "array", "items": ids, "minItems": 1},
+            _per_prompt(ids, limits),
         ]
     }
     properties = {
         **_openai_common(limits),
         "prompt": prompt,
-        "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+        "logprobs": _top_logprobs(limits, nullable=True),
         "echo": {"type": ["boolean", "null"]},
-        "best_of": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_N},
+        "best_of": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.requests.max_n},
         "suffix": {"type": ["string", "null"], "maxLength": 0},
     }
     return {
@@ -246,7 +273,7 @@ def chat_schema(limits: ModelLimits) -> Schema:
         **_openai_common(limits),
         "messages": {"type": "array", "items": message, "minItems": 1},
         "logprobs": {"type": ["boolean", "null"]},
-        "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+        "top_logprobs": _top_logprobs(limits, nullable=True),
         "max_completion_tokens": _token_count(limits),
         # Accepted only when they ask for plain text (openai_protocol.check_chat_extras).
         "tools": {"type": ["array", "null"], "maxItems": 0},
@@ -273,7 +300,7 @@ def request_bodies(limits: ModelLimits) -> dict[str, Schema | None]:
         "/generate": generate_schema(limits),
         "/v1/completions": completion_schema(limits),
         "/v1/chat/completions": chat_schema(limits),
-        "/tokenize": TOKENIZE,
+        "/tokenize": tokenize_schema(limits),
         "/detokenize": detokenize_schema(limits),
         "/abort_request": ABORT_REQUEST,
         "/flush_cache": None,
