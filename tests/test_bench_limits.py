@@ -12,6 +12,7 @@ import torch
 from bench_one_batch import against_limits, step_work
 from bench_utils import emit, parse_cpuinfo
 from roofline import decode_flops, decode_weight_bytes, linear_params, prefill_flops
+from torch import nn
 from transformers import LlamaConfig
 from transformers import LlamaForCausalLM as HfLlama
 
@@ -45,9 +46,11 @@ def config(tied: bool) -> LlamaConfig:
 @pytest.mark.parametrize(("dtype", "size"), [(torch.float32, 4), (torch.bfloat16, 2)])
 @pytest.mark.parametrize("tied", [True, False])
 def test_decode_weight_bytes(dtype: torch.dtype, size: int, tied: bool) -> None:
-    srt_model = LlamaForCausalLM(config(tied)).to(dtype)
-    hf_model = HfLlama(config(tied)).to(dtype)
-    for model in (srt_model, hf_model):
+    # The same count from srt's model and from transformers': fused or separate projections,
+    # the same weights.
+    models: list[nn.Module] = [LlamaForCausalLM(config(tied)), HfLlama(config(tied))]
+    for model in models:
+        model.to(dtype)
         streamed = PROJECTIONS + NORMS + TABLE  # the lm_head reads its matrix in full
         # Untied, the embedding table is a second matrix, of which each token reads one row.
         assert decode_weight_bytes(model, 3) == size * (streamed + (0 if tied else 3 * HIDDEN))
