@@ -1,16 +1,21 @@
 """One static batch through the model runner, beside Hugging Face transformers in the same run.
 
     python benches/bench_one_batch.py --model PATH --json OUT [--batch-sizes 1 8 32 64]
-        [--input-len 32] [--output-len 8] [--load-format dummy]
+        [--input-len 32] [--output-len 8] [--dtype auto|float32|bfloat16] [--load-format dummy]
 
 SGLang's `bench_one_batch` shape: for each batch size, a prefill of `input-len` random tokens per
-sequence, then `output-len` decode steps. transformers runs the same shapes through its forward
-with a `DynamicCache` (unless `--load-format dummy`: random weights of a config's shapes, no
-baseline). Each decode step is also set beside its memory-bandwidth floor: weight and KV-cache
-bytes over the bandwidth a large tensor copy reaches on the device. The two alternate
-`--repeats` times (a shared machine is noisy); each reports its best prefill latency and its
-best median decode-step latency, and
+sequence, then `output-len` decode steps. transformers runs the same shapes, in the same dtype,
+through its forward with a `DynamicCache` (unless `--load-format dummy`: random weights of a
+config's shapes, no baseline). The two alternate `--repeats` times (a shared machine is noisy);
+each reports its best prefill latency and its best median decode-step latency, and
 `decode_speedup_vs_hf_bs32` = HF's decode step time over ours at batch 32.
+
+Every figure is also set beside the machine's limits, measured in the same run (roofline.py):
+a decode step's weight and KV-cache bytes over its time (`decode_GBps`) as a fraction of the
+bandwidth of a large tensor copy (`decode_step_floor_s`: the step at that bandwidth), and the
+useful FLOPs of prefill and decode over their time
+(`prefill_TFLOPs`) as a fraction of a large `torch.matmul`'s rate in the model's dtype. A table
+of them goes to stderr at the end.
 """
 
 from __future__ import annotations
@@ -19,29 +24,26 @@ import argparse
 import json
 import statistics
 import sys
-import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from bench_utils import emit
+from bench_utils import emit, machine_info
+from roofline import (
+    copy_bandwidth,
+    decode_flops,
+    decode_weight_bytes,
+    gemm_rate,
+    linear_params,
+    prefill_flops,
+    timed,
+)
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from srt.mem_cache.memory_pool import KVPool
 from srt.model_executor.model_runner import ModelRunner
 from srt.server_args import ServerArgs
-
-
-def timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    result = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, result
 
 
 def bench_srt(runner: ModelRunner, prompts: torch.Tensor, output_len: int) -> dict[str, float]:
@@ -88,19 +90,6 @@ def bench_hf(model: Any, prompts: torch.Tensor, output_len: int) -> dict[str, fl
     return {"prefill_s": prefill_s, "decode_step_s": statistics.median(steps)}
 
 
-def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28) -> float:
-    """Bytes per second moved (read plus written) by a large tensor copy on `device`."""
-    source = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    target = torch.empty_like(source)
-    target.copy_(source)
-    seconds = min(timed(partial(target.copy_, source), device)[0] for _ in range(5))
-    return 2 * nbytes / seconds
-
-
-def weight_bytes(runner: ModelRunner) -> int:
-    return sum(p.numel() * p.element_size() for p in runner.model.parameters())
-
-
 def kv_bytes_per_token(runner: ModelRunner) -> int:
     config = runner.model_config
     return KVPool.bytes_per_slot(
@@ -115,6 +104,81 @@ def best(runs: list[dict[str, float]]) -> dict[str, Any]:
         "decode_step_s": min(r["decode_step_s"] for r in runs),
         "decode_step_runs_s": [r["decode_step_s"] for r in runs],
     }
+
+
+def machine_limits(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """The copy bandwidth and the GEMM rates (float32, bfloat16 and the model's dtype)."""
+    dtypes = dict.fromkeys([torch.float32, torch.bfloat16, dtype])
+    return {
+        "copy_bandwidth_GBps": copy_bandwidth(device) / 1e9,
+        "gemm_TFLOPs": {dtype_name(d): gemm_rate(d, device) / 1e12 for d in dtypes},
+    }
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def step_work(
+    runner: ModelRunner, batch_size: int, input_len: int, output_len: int
+) -> dict[str, int]:
+    """What the batch's prefill and its median decode step must do (see roofline.py)."""
+    config = runner.model_config
+    shape = (config.num_layers, int(config.hf_config.num_attention_heads), config.head_dim)
+    per_token, lm_head = linear_params(runner.model)
+    # The median decode step's sequences hold the prompt and about half the output.
+    context = input_len + output_len // 2
+    return {
+        "decode_step_bytes": decode_weight_bytes(runner.model, batch_size)
+        + batch_size * context * kv_bytes_per_token(runner),
+        "decode_step_flops": decode_flops(per_token, lm_head, *shape, batch_size, context),
+        "prefill_flops": prefill_flops(per_token, lm_head, *shape, batch_size, input_len),
+    }
+
+
+def against_limits(
+    timings: dict[str, Any], work: dict[str, int], limits: dict[str, Any], dtype: str
+) -> dict[str, Any]:
+    """`timings` with the rates they reach, and those rates as fractions of the machine's."""
+    copy_bps = limits["copy_bandwidth_GBps"] * 1e9
+    gemm = limits["gemm_TFLOPs"][dtype] * 1e12
+    decode_bps = work["decode_step_bytes"] / timings["decode_step_s"]
+    decode_fps = work["decode_step_flops"] / timings["decode_step_s"]
+    prefill_fps = work["prefill_flops"] / timings["prefill_s"]
+    return timings | {
+        "decode_GBps": decode_bps / 1e9,
+        "decode_fraction_of_copy_bw": decode_bps / copy_bps,
+        "decode_TFLOPs": decode_fps / 1e12,
+        "decode_fraction_of_gemm_rate": decode_fps / gemm,
+        "prefill_TFLOPs": prefill_fps / 1e12,
+        "prefill_fraction_of_gemm_rate": prefill_fps / gemm,
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    """The figures against the limits, one row per batch size and engine, for people."""
+    machine = machine_info()
+    limits = results["limits"]
+    gemm = ", ".join(f"{d} {r:.3g}" for d, r in limits["gemm_TFLOPs"].items())
+    lines = [
+        f"{results['model']} in {results['dtype']} on {machine['cpu_model']}"
+        f" ({machine['torch_threads']} threads; {' '.join(machine['cpu_flags'])})",
+        f"limits: copy {limits['copy_bandwidth_GBps']:.3g} GB/s; GEMM TFLOP/s: {gemm}",
+        f"{'bs':>4} {'engine':<6} {'decode ms':>9} {'GB/s':>7} {'of copy':>7}"
+        f" {'prefill ms':>10} {'TFLOP/s':>8} {'of GEMM':>7}",
+    ]
+    for batch_size, entry in results["batches"].items():
+        for engine in ("srt", "hf"):
+            if engine not in entry:
+                continue
+            r = entry[engine]
+            lines.append(
+                f"{batch_size:>4} {engine:<6} {r['decode_step_s'] * 1e3:>9.2f}"
+                f" {r['decode_GBps']:>7.2f} {r['decode_fraction_of_copy_bw']:>7.2f}"
+                f" {r['prefill_s'] * 1e3:>10.1f} {r['prefill_TFLOPs']:>8.3f}"
+                f" {r['prefill_fraction_of_gemm_rate']:>7.2f}"
+            )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,15 +220,18 @@ def main(argv: list[str] | None = None) -> int:
         hf.eval()
 
     generator = torch.Generator().manual_seed(0)
+    dtype = dtype_name(runner.model_config.dtype)
+    limits = machine_limits(device, runner.model_config.dtype)
     results: dict[str, Any] = {
         "model": args.model,
         "device": str(device),
-        "dtype": str(runner.model_config.dtype),
+        "dtype": dtype,
         "torch_threads": torch.get_num_threads(),
         "cuda_graph": runner.cuda_graph_runner is not None,
         "input_len": args.input_len,
         "output_len": args.output_len,
-        "copy_bandwidth_GBps": copy_bandwidth(device) / 1e9,
+        "copy_bandwidth_GBps": limits["copy_bandwidth_GBps"],
+        "limits": limits,
         "batches": {},
     }
     for batch_size in args.batch_sizes:
@@ -176,13 +243,16 @@ def main(argv: list[str] | None = None) -> int:
             srt_runs.append(bench_srt(runner, prompts, args.output_len))
             if hf is not None:
                 hf_runs.append(bench_hf(hf, prompts.to(device), args.output_len))
-        entry: dict[str, Any] = {"srt": best(srt_runs)}
-        # The least time a decode step can take: reading every weight and the KV cache once.
-        context = args.input_len + args.output_len // 2
-        step_bytes = weight_bytes(runner) + batch_size * context * kv_bytes_per_token(runner)
-        entry["decode_step_floor_s"] = step_bytes / (results["copy_bandwidth_GBps"] * 1e9)
+        work = step_work(runner, batch_size, args.input_len, args.output_len)
+        entry: dict[str, Any] = {
+            **work,
+            # The least time a decode step can take: reading every weight and the KV cache once.
+            "decode_step_floor_s": work["decode_step_bytes"]
+            / (limits["copy_bandwidth_GBps"] * 1e9),
+            "srt": against_limits(best(srt_runs), work, limits, dtype),
+        }
         if hf is not None:
-            entry["hf"] = best(hf_runs)
+            entry["hf"] = against_limits(best(hf_runs), work, limits, dtype)
             entry["decode_speedup_vs_hf"] = (
                 entry["hf"]["decode_step_s"] / entry["srt"]["decode_step_s"]
             )
@@ -191,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bs={batch_size}: {json.dumps(entry)}", file=sys.stderr)
     if "32" in results["batches"] and "hf" in results["batches"]["32"]:
         results["decode_speedup_vs_hf_bs32"] = results["batches"]["32"]["decode_speedup_vs_hf"]
+    print(table(results), file=sys.stderr)
     emit(results, args.json)
     return 0
 
