@@ -414,7 +414,8 @@ async def _read_stream(
             return _finished(planned, ends)
         chunk = json.loads(data)
         if "error" in chunk:
-            return _status_result(planned, _event_status(chunk["error"]), str(chunk["error"]))
+            error = chunk["error"]
+            return _status_result(planned, _event_status(error), str(error.get("message")))
         chunks += 1
         progress.first_chunk.set()
         ends.add_chunk(planned.api, chunk)
