@@ -32,6 +32,7 @@ import os
 import platform
 import random
 import secrets
+import signal
 import sys
 import tempfile
 import time
@@ -87,7 +88,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--long-output-len", type=int, default=128, help="for requests cut mid-generation"
     )
-    parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds")
+    parser.add_argument(
+        "--request-timeout", type=float, default=300.0, help="seconds (a small machine is slow)"
+    )
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="for the whole soak")
     parser.add_argument("--idle-timeout", type=float, default=120.0, help="seconds")
     parser.add_argument(
@@ -423,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
             if server is not None:
                 print(server.output_tail(), file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            print("soak: interrupted", file=sys.stderr)
+            return 130
         finally:
             stopped = None
             if server is not None:
@@ -442,4 +448,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM unwinds like ^C, so that a server the soak started is stopped on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     sys.exit(main())

@@ -122,7 +122,11 @@ def _alive(process: psutil.Process) -> bool:
 
 def listener_pid(port: int) -> int | None:
     """The process listening on TCP `port` on this machine, if it can be seen."""
-    for conn in psutil.net_connections("tcp"):
+    try:
+        connections = psutil.net_connections("tcp")
+    except psutil.AccessDenied:  # some systems show other users' sockets only to root
+        return None
+    for conn in connections:
         if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
             return conn.pid
     return None
