@@ -56,7 +56,16 @@ from soak_server import (
     stop_server,
     wait_idle,
 )
-from soak_traffic import Action, Outcome, Planned, Result, Shape, plan_traffic, run_planned
+from soak_traffic import (
+    ABORT_END_S,
+    Action,
+    Outcome,
+    Planned,
+    Result,
+    Shape,
+    plan_traffic,
+    run_planned,
+)
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 RSS_SAMPLE_S = 1.0
@@ -90,6 +99,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--request-timeout", type=float, default=300.0, help="seconds (a small machine is slow)"
+    )
+    parser.add_argument(
+        "--abort-deadline",
+        type=float,
+        default=ABORT_END_S,
+        help="seconds an aborted request may run on after its abort was accepted",
     )
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="for the whole soak")
     parser.add_argument("--idle-timeout", type=float, default=120.0, help="seconds")
@@ -186,7 +201,7 @@ async def run_phase(
         while pending and time.monotonic() < deadline:
             planned = pending.popleft()
             result, statuses = await run_planned(
-                session, base_url, target, planned, args.request_timeout
+                session, base_url, target, planned, args.request_timeout, args.abort_deadline
             )
             results.append(result)
             abort_statuses.extend(statuses)
@@ -302,6 +317,7 @@ def phase_summary(warm: Phase, main: Phase, hostile: list[HostileRequest]) -> di
         or (r.outcome is Outcome.REFUSED and r.action is not Action.HOSTILE)
     ]
     output_tokens = sum(r.output_tokens for r in main.results)
+    latencies = [r.abort_latency_s for r in every if r.abort_latency_s is not None]
     return {
         "duration_s": main.duration_s,
         "warmup_duration_s": warm.duration_s,
@@ -316,6 +332,15 @@ def phase_summary(warm: Phase, main: Phase, hostile: list[HostileRequest]) -> di
             r.outcome is Outcome.REFUSED and r.action is not Action.HOSTILE for r in every
         ),
         "abort_request_statuses": dict(collections.Counter(str(s) for s in statuses)),
+        "abort_latency_s": {
+            "max": max(latencies, default=None),
+            "mean": sum(latencies) / len(latencies) if latencies else None,
+        },
+        # An accepted abort, yet another finish reason: it landed as the request finished, or
+        # the server dropped it.
+        "aborts_ignored": sum(
+            r.abort_latency_s is not None and r.outcome is Outcome.OK for r in every
+        ),
         "hostile": hostile_statuses,
         "hostile_failed": sorted(
             r.api

@@ -122,14 +122,15 @@ async def verdicts(cases: list[Planned], timeout_s: float) -> list[Result]:
         async with aiohttp.ClientSession() as session:
             target = Target(port, "m", 10, None)
             url = f"http://127.0.0.1:{port}"
-            return [(await run_planned(session, url, target, c, timeout_s))[0] for c in cases]
+            return [
+                (await run_planned(session, url, target, c, timeout_s, abort_deadline_s=0.3))[0]
+                for c in cases
+            ]
     finally:
         await runner.cleanup()
 
 
-def test_client_names_each_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(soak_traffic, "ABORT_END_S", 0.3)
-
+def test_client_names_each_failure() -> None:
     def generate(index: int, text: str, **kw: Any) -> Planned:
         return Planned(
             index, kw.pop("action", Action.NORMAL), "generate", payload={"text": text}, **kw
