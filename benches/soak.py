@@ -46,7 +46,6 @@ import psutil
 from bench_utils import emit
 from soak_hostile import HOSTILE_REQUESTS, HostileRequest, Target
 from soak_server import (
-    LaunchedServer,
     get_load,
     listener_pid,
     rss_bytes,
@@ -66,6 +65,8 @@ from soak_traffic import (
     plan_traffic,
     run_planned,
 )
+
+from srt.testing.server_process import ServerProcess
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 RSS_SAMPLE_S = 1.0
@@ -429,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     with tempfile.TemporaryDirectory(prefix="srt-soak-") as log_dir:
-        server: LaunchedServer | None = None
+        server: ServerProcess | None = None
         processes: dict[str, psutil.Process] = {}
         try:
             if args.url is None:

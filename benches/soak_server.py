@@ -10,18 +10,15 @@ find it idle: the second was handled after a check of the idle state.
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import psutil
+
+from srt.testing.server_process import ServerProcess, spawn_server
 
 START_TIMEOUT_S = 900.0
 """SmolLM2's first start converts its GGUF file, which takes minutes on a small machine."""
@@ -33,67 +30,22 @@ STAGES = {"srt-scheduler": "scheduler", "srt-detokenizer": "detokenizer"}
 ROLES = ("main", *STAGES.values())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class LaunchedServer:
-    """An `srt-serve` the soak started on 127.0.0.1."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def output_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
 def start_server(
     model: str | None, api_key: str | None, extra_args: list[str], log_dir: Path
-) -> LaunchedServer:
+) -> ServerProcess:
     """Starts `srt-serve` (SmolLM2 when `model` is None, as srt-serve itself does) on a free
-    port and waits until `/health` answers 200; RuntimeError (the server stopped) if it fails."""
-    port = free_port()
-    command = [sys.executable, "-m", "srt.entrypoints.cli", "--host", "127.0.0.1"]
-    command += ["--port", str(port), *(["--model", model] if model else [])]
-    command += [*(["--api-key", api_key] if api_key else []), *extra_args]
-    log_path = log_dir / "srt-serve.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    server = LaunchedServer(process, port, log_path)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"srt-serve exited with {process.returncode}:\n{server.output_tail()}"
-            )
-        if _health(server.url) == 200:
-            return server
-        time.sleep(0.5)
-    stop_server(server, [])
-    raise RuntimeError(f"srt-serve was not healthy in {START_TIMEOUT_S:g} s")
-
-
-def _health(url: str) -> int | None:
+    port and waits until `/health` answers 200; RuntimeError if it stops or never gets there."""
+    flags = [*(["--api-key", api_key] if api_key else []), *extra_args]
+    server = spawn_server(model, *flags, log_dir=log_dir)
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-            status: int = response.status
-            return status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
+        server.wait_healthy(START_TIMEOUT_S)
+    except TimeoutError as e:
+        stop_server(server, [])
+        raise RuntimeError(str(e)) from None
+    return server
 
 
-def stop_server(server: LaunchedServer, stages: list[psutil.Process]) -> dict[str, Any]:
+def stop_server(server: ServerProcess, stages: list[psutil.Process]) -> dict[str, Any]:
     """SIGTERM, then waits for the server and its `stages` to exit; whatever outlives the
     wait is killed, and listed in `left_running`."""
     server.process.terminate()

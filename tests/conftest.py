@@ -18,10 +18,9 @@ os.environ.setdefault("SRT_CHECK_INVARIANTS", "1")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from http_server import ServerProcess, running_server
-
 from srt.testing import smollm2_path
 from srt.testing.make_tiny_model import ARCHS, make_tiny_model
+from srt.testing.server_process import ServerProcess, running_server
 
 TINY_SERVER_MODEL = "tiny-llama"
 """The model name the shared tiny server answers to."""

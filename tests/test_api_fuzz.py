@@ -16,7 +16,6 @@ from typing import Any
 import psutil
 import pytest
 import schemathesis
-from http_server import ServerProcess, running_server
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
@@ -28,6 +27,7 @@ from srt.entrypoints.http.request_schemas import ModelLimits
 from srt.entrypoints.http.server import build_app
 from srt.request_limits import RequestLimits
 from srt.server_args import ServerArgs
+from srt.testing.server_process import ServerProcess, running_server
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pytest
 from bench_serving import arrival_gaps, parse_args
-from http_server import ServerProcess
 from serving_client import ProcessTreeCpu
 from serving_datasets import (
     BenchTokenizer,
@@ -28,6 +27,8 @@ from serving_datasets import (
 )
 from serving_metrics import RequestResult, percentile, summarize
 from transformers import AutoTokenizer
+
+from srt.testing.server_process import ServerProcess
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import make_mocked_request
-from http_server import ServerProcess, running_server
 
 from srt.entrypoints.http.errors import ApiError
 from srt.entrypoints.http.middleware import allowed_origin, host_allowed, host_middleware
 from srt.server_args import ServerArgs, ServerArgsError
+from srt.testing.server_process import ServerProcess, running_server
 
 pytestmark = pytest.mark.slow
 

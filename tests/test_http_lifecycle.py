@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp
 import psutil
 import pytest
-from http_server import ServerProcess, spawn_server
+
+from srt.testing.server_process import ServerProcess, spawn_server
 
 pytestmark = pytest.mark.slow
 

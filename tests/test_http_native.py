@@ -10,7 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from http_server import ServerProcess
+
+from srt.testing.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

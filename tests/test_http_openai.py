@@ -12,7 +12,8 @@ import aiohttp
 import openai
 import pytest
 from conftest import TINY_SERVER_MODEL
-from http_server import ServerProcess
+
+from srt.testing.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

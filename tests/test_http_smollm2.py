@@ -9,9 +9,10 @@ from typing import Any
 
 import openai
 import pytest
-from http_server import ServerProcess
 from test_http_openai import raw_post
 from transformers import AutoTokenizer
+
+from srt.testing.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

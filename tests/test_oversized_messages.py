@@ -24,8 +24,9 @@ import aiohttp
 import psutil
 import pytest
 import torch
-from http_server import ServerProcess, running_server
 from transformers import AutoModelForCausalLM
+
+from srt.testing.server_process import ServerProcess, running_server
 
 pytestmark = pytest.mark.slow
 

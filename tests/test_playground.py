@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_server import ServerProcess
 from playwright.sync_api import Browser, Page, ViewportSize, expect, sync_playwright
+
+from srt.testing.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -1,11 +1,12 @@
-"""A real `srt-serve` in a subprocess, for tests that talk HTTP to it.
+"""A real `srt-serve` in a subprocess, for the tests and benches that talk HTTP to one.
 
     with running_server(model_dir, "--api-key", "k") as server:
         requests go to server.url
 
-The server listens on a free port; `running_server` returns once `/health` answers 200 and, on
-exit, sends SIGTERM and waits for the process (killing it if it hangs). Its combined output is
-kept in a file (`server.output()`), shown when it fails to start.
+The server listens on 127.0.0.1, on a free port; `running_server` returns once `/health` answers
+200 and, on exit, sends SIGTERM and waits for the process (killing it if it hangs). Its combined
+output is kept in a file (`server.output()`), shown when it fails to start. With no model,
+srt-serve serves its default (SmolLM2).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class ServerProcess:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def output_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.output().splitlines()[-lines:])
+
     def health_status(self) -> int | None:
         """The status of `/health`, or None when nothing answers."""
         try:
@@ -83,13 +87,14 @@ class ServerProcess:
             raise
 
 
-def spawn_server(model: Path | str, *flags: str, log_dir: Path) -> ServerProcess:
-    """Starts `srt-serve --model MODEL FLAGS` on a free port, without waiting for it; its
-    output goes to a file in `log_dir`."""
+def spawn_server(model: Path | str | None, *flags: str, log_dir: Path) -> ServerProcess:
+    """Starts `srt-serve --model MODEL FLAGS` on a free port of 127.0.0.1, without waiting for
+    it; its output goes to a file in `log_dir`."""
     port = free_port()
     log_path = log_dir / f"srt-serve-{port}.log"
-    command = [sys.executable, "-m", "srt.entrypoints.cli", "--model", str(model)]
-    command += ["--port", str(port), *flags]
+    command = [sys.executable, "-m", "srt.entrypoints.cli", "--host", "127.0.0.1"]
+    command += [*(["--model", str(model)] if model is not None else []), "--port", str(port)]
+    command += flags
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
