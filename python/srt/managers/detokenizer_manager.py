@@ -27,7 +27,7 @@ from srt.io_struct import (
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.codec import decode, message_type
 from srt.ipc.rings import RingNames
-from srt.managers.hf_tokenizer import tokenizer_json
+from srt.managers.hf_tokenizer import tokenizer_files
 from srt.managers.incremental_detokenizer import IncrementalDetokenizer
 from srt.managers.stage_process import Stage, run_stage
 from srt.server_args import ServerArgs
@@ -44,8 +44,7 @@ class DetokenizerManager(Stage):
         self.init_channels(rings)
 
     def init_detokenizer(self, server_args: ServerArgs) -> None:
-        with tokenizer_json(server_args) as path:
-            self.detokenizer = IncrementalDetokenizer(path)
+        self.detokenizer = IncrementalDetokenizer(tokenizer_files(server_args))
         # Requests whose text a stop string ended, until their finished message passes.
         self.matched_stops: dict[str, str] = {}
 
