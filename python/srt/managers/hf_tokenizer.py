@@ -37,7 +37,7 @@ SPECIAL_TOKEN_NAMES = (
 
 def tokenizer_files(server_args: ServerArgs) -> Path:
     """The local directory holding the server's `tokenizer.json` (and its config files)."""
-    path = server_args.tokenizer_path or server_args.model_path
+    path = server_args.tokenizer_path  # ServerArgs defaults it to the model path
     if path is None:
         raise ValueError("a tokenizer needs --tokenizer-path or --model-path")
     return local_files(path, "tokenizer.json", server_args.trust_remote_code)

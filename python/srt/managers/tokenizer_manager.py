@@ -109,7 +109,7 @@ class TokenizerManager:
         args = self.server_args
         self.metrics: TokenizerMetrics | None = None
         if args.enable_metrics:
-            self.metrics = TokenizerMetrics(args.served_model_name or str(args.model_path))
+            self.metrics = TokenizerMetrics(str(args.served_model_name))
 
     # ---- life cycle --------------------------------------------------------------------------
 
