@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from srt import envs
-from srt.server_args import check_local_model_path, split_gguf_path
+from srt.server_args import split_gguf_path
 
 _DONE_MARKER = ".srt-prepared"
 
@@ -36,8 +36,11 @@ _DONE_MARKER = ".srt-prepared"
 def local_files(path: str, need: str, trust_remote_code: bool = False) -> Path:
     """A local directory with the config and fast-tokenizer files of model or tokenizer `path`
     (a directory, a GGUF file or a hub id): `path` itself when it is a directory holding file
-    `need`, else prepared in a child process on first use."""
-    check_local_model_path(path)
+    `need`, else prepared in a child process on first use. ValueError if `path` names a local
+    path that does not exist."""
+    if path.startswith(("/", ".", "~")) and not Path(path).expanduser().exists():
+        what = "tokenizer" if need == "tokenizer.json" else "model"
+        raise ValueError(f"no {what} at {path}: the path does not exist")
     directory, gguf_file = split_gguf_path(path)
     local = Path(directory).expanduser()
     if gguf_file is None and (local / need).is_file():

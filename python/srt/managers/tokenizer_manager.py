@@ -1,10 +1,10 @@
 """The TokenizerManager (DESIGN §1-2), in the main process: requests in, results out.
 
 It validates, chat-templates and tokenizes each request (`request_tokenizer`), sends a
-`TokenizedGenerateReq` on ring "scheduler", and keeps one `ReqState` (`req_state`) per request id in flight. One receive
-loop reads ring "tokenizer" and routes each `BatchStrOut` entry to its state (and the scheduler's
-replies to control messages to the caller waiting for them); callers of `generate_request` wait
-on their states' event and get the results their states build.
+`TokenizedGenerateReq` on ring "scheduler", and keeps one `ReqState` (`req_state`) per request id
+in flight. One receive loop reads ring "tokenizer" and routes each `BatchStrOut` entry to its state
+(and the scheduler's replies to control messages to the caller waiting for them); callers of
+`generate_request` wait on their states' event and get the results their states build.
 
 Everything runs on one asyncio loop: the one `start` is called on (the HTTP server's, or the
 Engine's background thread). No HTTP here: the HTTP server and the offline Engine share this.
