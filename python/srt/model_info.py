@@ -16,6 +16,7 @@ hub id is prepared once (remove the cache directory to refresh it).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -49,6 +50,15 @@ def local_files(path: str, need: str, trust_remote_code: bool = False) -> Path:
     if (target / _DONE_MARKER).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # The main and detokenizer processes start at once: one prepares, the other waits for it.
+    with open(target.parent / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / _DONE_MARKER).is_file():
+            _prepare_in_child(path, target, trust_remote_code)
+    return target
+
+
+def _prepare_in_child(path: str, target: Path, trust_remote_code: bool) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     try:
         command = [sys.executable, "-m", "srt.model_info", path, str(staging)]
@@ -59,13 +69,10 @@ def local_files(path: str, need: str, trust_remote_code: bool = False) -> Path:
             why = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
             raise ValueError(f"cannot read the tokenizer and config of {path}: {why[0]}")
         (staging / _DONE_MARKER).write_text(f"prepared from {path}\n")
-        # Another process may have prepared it meanwhile: theirs is as good as ours.
-        if not (target / _DONE_MARKER).is_file():
-            shutil.rmtree(target, ignore_errors=True)
-            staging.rename(target)
+        shutil.rmtree(target, ignore_errors=True)  # an unfinished earlier attempt
+        staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def _key(path: str) -> str:
