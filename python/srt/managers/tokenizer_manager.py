@@ -219,7 +219,7 @@ class TokenizerManager:
             self.metrics.observe_finish(reason.type, state.prompt_tokens, state.cached_tokens, e2e)
         texts = None
         if self.server_args.log_requests:
-            prompt = state.req.text if state.req.text is not None else str(state.req.input_ids)
+            prompt = state.req.text if state.req.text is not None else str(list(state.input_ids))
             texts = (prompt, "".join(state.pieces))
         log_finished(
             state.req.rid,
