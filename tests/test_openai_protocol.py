@@ -1,19 +1,24 @@
-"""OpenAI bodies into generate inputs (every bad field a 400 naming it); the responses are
-tested in test_openai_responses.py."""
+"""OpenAI bodies into generate inputs, checked by the tokenizer manager's one validation path
+(every bad field a 400 naming it as the body does); the responses are tested in
+test_openai_responses.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from srt.entrypoints.http.errors import ApiError
-from srt.entrypoints.http.openai_protocol import parse_chat_request, parse_completion_request
+from srt.entrypoints.http.openai_api import openai_errors
+from srt.entrypoints.http.openai_protocol import (
+    OpenAIRequest,
+    parse_chat_request,
+    parse_completion_request,
+)
 from srt.managers.generate_req_input import expand
+from srt.managers.request_tokenizer import RequestTokenizer
 from srt.request_limits import RequestLimits
 from srt.server_args import ServerArgs
 
@@ -22,19 +27,26 @@ LIMITS = RequestLimits.of(ServerArgs())
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_factory: Callable[[str], Path]) -> PreTrainedTokenizerBase:
-    tok: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(tiny_model_factory("llama"))
-    return tok
+def tokenizer(tiny_model_factory: Callable[[str], Path]) -> RequestTokenizer:
+    """The tokenizer manager's checks, on the tiny llama model."""
+    return RequestTokenizer(ServerArgs(model_path=str(tiny_model_factory("llama"))))
 
 
-def completion(tokenizer: PreTrainedTokenizerBase, **fields: Any) -> Any:
+def checked(tokenizer: RequestTokenizer, req: OpenAIRequest, limits: RequestLimits) -> Any:
+    """`req` as the tokenizer manager accepts it: its errors named as the body names them."""
+    with openai_errors(req):
+        tokenizer.tokenize(expand(req.obj, limits))
+    return req
+
+
+def completion(tokenizer: RequestTokenizer, limits: RequestLimits = LIMITS, **fields: Any) -> Any:
     body = {"model": MODEL, "prompt": "hi", **fields}
-    return parse_completion_request(body, MODEL, tokenizer, LIMITS)
+    return checked(tokenizer, parse_completion_request(body, MODEL), limits)
 
 
-def chat(tokenizer: PreTrainedTokenizerBase, **fields: Any) -> Any:
+def chat(tokenizer: RequestTokenizer, **fields: Any) -> Any:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
-    return parse_chat_request(body, MODEL, tokenizer, LIMITS)
+    return checked(tokenizer, parse_chat_request(body, MODEL), LIMITS)
 
 
 def refused(call: Callable[[], Any], param: str | None, status: int = 400) -> ApiError:
@@ -47,7 +59,7 @@ def refused(call: Callable[[], Any], param: str | None, status: int = 400) -> Ap
 # ---- requests ------------------------------------------------------------------------------
 
 
-def test_completion_fields_map_to_sglang_sampling_names(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_completion_fields_map_to_sglang_sampling_names(tokenizer: RequestTokenizer) -> None:
     req = completion(
         tokenizer,
         max_tokens=5,
@@ -83,8 +95,8 @@ def test_completion_fields_map_to_sglang_sampling_names(tokenizer: PreTrainedTok
     assert [r.sampling_kwargs["seed"] for r in reqs] == [3, 4]
 
 
-def test_no_max_tokens_means_up_to_the_context(tokenizer: PreTrainedTokenizerBase) -> None:
-    assert completion(tokenizer).obj.sampling_params == {"max_new_tokens": None, "n": 1}
+def test_no_max_tokens_means_up_to_the_context(tokenizer: RequestTokenizer) -> None:
+    assert completion(tokenizer).obj.sampling_params == {"max_new_tokens": None}
     assert completion(tokenizer, max_tokens=None).obj.sampling_params["max_new_tokens"] is None
 
 
@@ -98,7 +110,7 @@ def test_no_max_tokens_means_up_to_the_context(tokenizer: PreTrainedTokenizerBas
     ],
 )
 def test_the_four_prompt_forms(
-    tokenizer: PreTrainedTokenizerBase, prompt: Any, texts: Any, ids: Any
+    tokenizer: RequestTokenizer, prompt: Any, texts: Any, ids: Any
 ) -> None:
     req = completion(tokenizer, prompt=prompt, n=2)
     assert (req.obj.text, req.obj.input_ids) == (texts, ids)
@@ -108,18 +120,16 @@ def test_the_four_prompt_forms(
 @pytest.mark.parametrize(
     "prompt", ["", [], [""], [[]], [1, "a"], [[1], "a"], [-1], [1.5], None, 3, [True]]
 )
-def test_bad_prompts(tokenizer: PreTrainedTokenizerBase, prompt: Any) -> None:
+def test_bad_prompts(tokenizer: RequestTokenizer, prompt: Any) -> None:
     refused(lambda: completion(tokenizer, prompt=prompt), "prompt")
 
 
-def test_echo_prefixes_the_prompt_text(tokenizer: PreTrainedTokenizerBase) -> None:
-    ids = tokenizer("hello there", add_special_tokens=False)["input_ids"]
-    assert completion(tokenizer, prompt=["a", "b"], echo=True).echo_texts == ["a", "b"]
-    assert completion(tokenizer, prompt=ids, echo=True).echo_texts == ["hello there"]
-    assert completion(tokenizer).echo_texts is None
+def test_echo_asks_for_the_prompt_text(tokenizer: RequestTokenizer) -> None:
+    assert completion(tokenizer, prompt=["a", "b"], echo=True).echo
+    assert not completion(tokenizer).echo
 
 
-def test_the_model_must_be_the_served_one(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_the_model_must_be_the_served_one(tokenizer: RequestTokenizer) -> None:
     error = refused(lambda: completion(tokenizer, model="gpt-4"), "model", status=404)
     assert error.code == "model_not_found"
     assert MODEL in error.message
@@ -172,17 +182,17 @@ def test_the_model_must_be_the_served_one(tokenizer: PreTrainedTokenizerBase) ->
     ],
 )
 def test_bad_completion_fields_name_themselves(
-    tokenizer: PreTrainedTokenizerBase, field: str, value: Any
+    tokenizer: RequestTokenizer, field: str, value: Any
 ) -> None:
     refused(lambda: completion(tokenizer, **{field: value}), field)
 
 
-def test_min_tokens_beyond_max_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_min_tokens_beyond_max_tokens(tokenizer: RequestTokenizer) -> None:
     refused(lambda: completion(tokenizer, min_tokens=5, max_tokens=2), "min_tokens")
 
 
 def test_echo_with_logprobs_asks_for_the_prompt_logprobs(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: RequestTokenizer,
 ) -> None:
     assert completion(tokenizer, echo=True, logprobs=1).obj.logprob_start_len == 0
     assert completion(tokenizer, echo=True, logprobs=0).obj.logprob_start_len == 0
@@ -190,7 +200,7 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs(
     assert completion(tokenizer, logprobs=1).obj.logprob_start_len == -1
 
 
-def test_stream_options(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_stream_options(tokenizer: RequestTokenizer) -> None:
     opts = {"include_usage": True}
     assert completion(tokenizer, stream=True, stream_options=opts).include_usage
     assert not completion(tokenizer, stream=True).include_usage
@@ -200,8 +210,8 @@ def test_stream_options(tokenizer: PreTrainedTokenizerBase) -> None:
     refused(lambda: completion(tokenizer, stream=True, stream_options=odd), "stream_options")
 
 
-def test_chat_renders_the_template_once_without_a_second_bos(
-    tokenizer: PreTrainedTokenizerBase,
+def test_chat_messages_map_onto_template_messages_rendered_once_without_a_second_bos(
+    tokenizer: RequestTokenizer,
 ) -> None:
     messages = [
         {"role": "developer", "content": "be brief"},
@@ -213,27 +223,27 @@ def test_chat_renders_the_template_once_without_a_second_bos(
         {"role": "user", "content": "again"},
     ]
     req = chat(tokenizer, messages=messages, max_completion_tokens=3, store=True, metadata={})
-    text = tokenizer.apply_chat_template(
-        [
-            {"role": "system", "content": "be brief"},
-            {"role": "user", "content": "hi !"},
-            {"role": "assistant", "content": "hello"},
-            {"role": "user", "content": "again"},
-        ],
-        add_generation_prompt=True,
-        tokenize=False,
-    )
-    assert isinstance(text, str)
-    assert text.endswith("<|im_start|>assistant\n")
+    mapped = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi !"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "again"},
+    ]
     assert req.chat
     assert req.response_id.startswith("chatcmpl-")
-    (ids,) = req.obj.input_ids
-    assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert ids[0] != tokenizer.bos_token_id
+    assert req.obj.messages == mapped
     assert req.obj.sampling_params["max_new_tokens"] == 3
+    reqs = expand(req.obj, LIMITS)
+    assert [r.rid for r in reqs] == [req.response_id]
+    (tokenized,) = tokenizer.tokenize(reqs)
+    text = tokenizer.tokenizer.apply_chat_template(mapped, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+    ids = list(tokenized.input_ids)
+    assert ids == tokenizer.tokenizer.encode(text, add_special_tokens=False)
+    assert ids[0] != tokenizer.tokenizer.encode("")[0]  # the BOS the tiny llama's encoding adds
 
 
-def test_chat_logprobs(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_chat_logprobs(tokenizer: RequestTokenizer) -> None:
     assert chat(tokenizer).top_logprobs is None
     assert chat(tokenizer, logprobs=True).top_logprobs == 0
     req = chat(tokenizer, logprobs=True, top_logprobs=3)
@@ -270,19 +280,17 @@ def test_chat_logprobs(tokenizer: PreTrainedTokenizerBase) -> None:
         ({"echo": True}, "echo"),
     ],
 )
-def test_bad_chat_requests(
-    tokenizer: PreTrainedTokenizerBase, fields: dict[str, Any], param: str
-) -> None:
+def test_bad_chat_requests(tokenizer: RequestTokenizer, fields: dict[str, Any], param: str) -> None:
     refused(lambda: chat(tokenizer, **fields), param)
 
 
-def test_a_model_without_a_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
-    template = tokenizer.chat_template
-    tokenizer.chat_template = None
+def test_a_model_without_a_chat_template(tokenizer: RequestTokenizer) -> None:
+    template = tokenizer.tokenizer.chat_template
+    tokenizer.tokenizer.chat_template = None
     try:
         error = refused(lambda: chat(tokenizer), "messages")
     finally:
-        tokenizer.chat_template = template
+        tokenizer.tokenizer.chat_template = template
     assert "/v1/completions" in error.message
 
 
@@ -314,7 +322,7 @@ def test_a_model_without_a_chat_template(tokenizer: PreTrainedTokenizerBase) -> 
     ],
 )
 def test_completion_sizes_and_integers_out_of_range_name_their_field(
-    tokenizer: PreTrainedTokenizerBase, fields: dict[str, Any], param: str
+    tokenizer: RequestTokenizer, fields: dict[str, Any], param: str
 ) -> None:
     refused(lambda: completion(tokenizer, **fields), param)
 
@@ -331,18 +339,18 @@ def test_completion_sizes_and_integers_out_of_range_name_their_field(
     ],
 )
 def test_chat_sizes_and_integers_out_of_range_name_their_field(
-    tokenizer: PreTrainedTokenizerBase, fields: dict[str, Any], param: str
+    tokenizer: RequestTokenizer, fields: dict[str, Any], param: str
 ) -> None:
     refused(lambda: chat(tokenizer, **fields), param)
 
 
-def test_the_limits_are_the_servers(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_the_limits_are_the_servers(tokenizer: RequestTokenizer) -> None:
     limits = RequestLimits.of(ServerArgs(max_n=2, max_logprobs=1, max_client_batch_size=2))
-    body = {"model": MODEL, "prompt": ["a", "b"], "n": 2, "logprobs": 1}
-    assert parse_completion_request(body, MODEL, tokenizer, limits).n == 2
+    body: dict[str, Any] = {"prompt": ["a", "b"], "n": 2, "logprobs": 1}
+    assert completion(tokenizer, limits, **body).n == 2
     for field, value in (("n", 3), ("logprobs", 2), ("prompt", ["a", "b", "c"])):
         bad = {**body, field: value}
-        refused(partial(parse_completion_request, bad, MODEL, tokenizer, limits), field)
+        refused(lambda: completion(tokenizer, limits, **bad), field)  # noqa: B023
 
 
 @pytest.mark.parametrize(
@@ -358,7 +366,7 @@ def test_the_limits_are_the_servers(tokenizer: PreTrainedTokenizerBase) -> None:
     ],
 )
 def test_native_field_names_map_to_the_body_fields(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: RequestTokenizer,
     native: str | None,
     chat_param: str | None,
     completion_param: str | None,

@@ -9,10 +9,10 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from test_openai_protocol import MODEL, chat, completion, tokenizer
-from transformers import PreTrainedTokenizerBase
 
 from srt.entrypoints.http.errors import ApiError
 from srt.entrypoints.http.openai_responses import ResponseBuilder
+from srt.managers.request_tokenizer import RequestTokenizer
 
 __all__ = ["tokenizer"]  # the fixture, shared with the request tests
 
@@ -59,9 +59,9 @@ STOP = {"type": "stop", "matched": "."}
 LENGTH = {"type": "length", "length": 2}
 
 
-def test_a_completion_response_counts_each_prompt_once(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_a_completion_response_counts_each_prompt_once(tokenizer: RequestTokenizer) -> None:
     req = completion(tokenizer, prompt=["a", "b"], n=2, echo=True)
-    builder = ResponseBuilder(req, MODEL, tokenizer)
+    builder = ResponseBuilder(req, MODEL, tokenizer.tokenizer)
     results = [
         result(" x", [5], STOP, prompt_tokens=3, cached_tokens=1),
         result(" y", [6, 7], LENGTH, prompt_tokens=3, cached_tokens=3),
@@ -85,12 +85,12 @@ def test_a_completion_response_counts_each_prompt_once(tokenizer: PreTrainedToke
 
 
 def test_completion_logprobs_with_offsets_across_chunks(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: RequestTokenizer,
 ) -> None:
     req = completion(tokenizer, logprobs=2, stream=True)
-    builder = ResponseBuilder(req, MODEL, tokenizer)
-    ids = tokenizer("ab cd", add_special_tokens=False)["input_ids"]
-    texts = [str(tokenizer.decode([t])) for t in ids]
+    builder = ResponseBuilder(req, MODEL, tokenizer.tokenizer)
+    ids = tokenizer.tokenizer.encode("ab cd", add_special_tokens=False)
+    texts = [str(tokenizer.tokenizer.decode([t])) for t in ids]
     first = builder.chunk(result("".join(texts[:1]), ids[:1], None, index=0, logprobs=True))
     last = builder.chunk(result("".join(texts[1:]), ids[1:], STOP, index=0, logprobs=True))
     # The client does not validate stream chunks, and its Completion type wants a finish
@@ -102,15 +102,17 @@ def test_completion_logprobs_with_offsets_across_chunks(
     assert logprobs[0]["text_offset"] == [0]
     assert logprobs[1]["text_offset"] == [sum(map(len, texts[:i])) for i in range(1, len(texts))]
     assert logprobs[0]["token_logprobs"] == [-0.5]
-    assert logprobs[0]["top_logprobs"] == [{texts[0]: -0.5, tokenizer.decode([ids[0] + 1]): -1.5}]
+    assert logprobs[0]["top_logprobs"] == [
+        {texts[0]: -0.5, tokenizer.tokenizer.decode([ids[0] + 1]): -1.5}
+    ]
 
 
 def test_chat_stream_chunks_with_roles_indexes_and_usage(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: RequestTokenizer,
 ) -> None:
     opts = {"include_usage": True}
     req = chat(tokenizer, n=2, stream=True, stream_options=opts, logprobs=True, top_logprobs=1)
-    builder = ResponseBuilder(req, MODEL, tokenizer)
+    builder = ResponseBuilder(req, MODEL, tokenizer.tokenizer)
     news = [
         result("He", [40], None, index=1, logprobs=True),
         result("Hi", [41], None, index=0, logprobs=True, cached_tokens=2),
@@ -137,7 +139,7 @@ def test_chat_stream_chunks_with_roles_indexes_and_usage(
     content = chunks[0].choices[0].logprobs
     assert content is not None
     assert content.content is not None
-    token = tokenizer.decode([40])
+    token = tokenizer.tokenizer.decode([40])
     assert content.content[0].token == token
     assert content.content[0].bytes == list(token.encode())
     assert [t.token for t in content.content[0].top_logprobs][:1] == [token]
@@ -151,9 +153,9 @@ def test_chat_stream_chunks_with_roles_indexes_and_usage(
     assert usage.usage.prompt_tokens_details.cached_tokens == 2
 
 
-def test_a_chat_response(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_a_chat_response(tokenizer: RequestTokenizer) -> None:
     req = chat(tokenizer)
-    builder = ResponseBuilder(req, MODEL, tokenizer)
+    builder = ResponseBuilder(req, MODEL, tokenizer.tokenizer)
     response = ChatCompletion.model_validate(builder.response([result("Hello", [7], STOP)]))
     assert response.object == "chat.completion"
     assert response.choices[0].message.role == "assistant"
@@ -162,13 +164,13 @@ def test_a_chat_response(tokenizer: PreTrainedTokenizerBase) -> None:
     assert builder.usage_chunk() is None
 
 
-def test_echo_logprobs_start_with_the_prompt(tokenizer: PreTrainedTokenizerBase) -> None:
-    prompt_ids = tokenizer("hi")["input_ids"]
-    prompt_texts = [str(tokenizer.decode([t])) for t in prompt_ids]
-    ids = tokenizer("ab cd", add_special_tokens=False)["input_ids"]
-    texts = [str(tokenizer.decode([t])) for t in ids]
+def test_echo_logprobs_start_with_the_prompt(tokenizer: RequestTokenizer) -> None:
+    prompt_ids = tokenizer.tokenizer.encode("hi")
+    prompt_texts = [str(tokenizer.tokenizer.decode([t])) for t in prompt_ids]
+    ids = tokenizer.tokenizer.encode("ab cd", add_special_tokens=False)
+    texts = [str(tokenizer.tokenizer.decode([t])) for t in ids]
     req = completion(tokenizer, echo=True, logprobs=1)
-    whole = ResponseBuilder(req, MODEL, tokenizer).response(
+    whole = ResponseBuilder(req, MODEL, tokenizer.tokenizer).response(
         [result("".join(texts), ids, STOP, logprobs=True, prompt_ids=prompt_ids)]
     )
     # The client's Completion type has no room for OpenAI's null first prompt logprob (the
@@ -184,7 +186,7 @@ def test_echo_logprobs_start_with_the_prompt(tokenizer: PreTrainedTokenizerBase)
     assert logprobs["text_offset"] == [sum(map(len, all_texts[:i])) for i in range(len(all_texts))]
     # Streamed: the prompt's tokens come with the echo in the choice's first chunk.
     req = completion(tokenizer, echo=True, logprobs=1, stream=True)
-    stream = ResponseBuilder(req, MODEL, tokenizer)
+    stream = ResponseBuilder(req, MODEL, tokenizer.tokenizer)
     first = stream.chunk(result(texts[0], ids[:1], None, logprobs=True, prompt_ids=prompt_ids))
     last = stream.chunk(result("".join(texts[1:]), ids[1:], STOP, logprobs=True, prompt_ids=[]))
     parts = [first["choices"][0], last["choices"][0]]
@@ -192,8 +194,10 @@ def test_echo_logprobs_start_with_the_prompt(tokenizer: PreTrainedTokenizerBase)
     assert {k: parts[0]["logprobs"][k] + parts[1]["logprobs"][k] for k in logprobs} == logprobs
 
 
-def test_logprobs_zero_with_echo_have_no_alternatives(tokenizer: PreTrainedTokenizerBase) -> None:
-    builder = ResponseBuilder(completion(tokenizer, echo=True, logprobs=0), MODEL, tokenizer)
+def test_logprobs_zero_with_echo_have_no_alternatives(tokenizer: RequestTokenizer) -> None:
+    builder = ResponseBuilder(
+        completion(tokenizer, echo=True, logprobs=0), MODEL, tokenizer.tokenizer
+    )
     prompt = result("x", [7], STOP, logprobs=True, prompt_ids=[1, 5, 6])
     del prompt["meta_info"]["input_top_logprobs"]  # SGLang leaves them out for 0 alternatives
     prompt["meta_info"]["output_top_logprobs"] = [[]]
@@ -203,15 +207,15 @@ def test_logprobs_zero_with_echo_have_no_alternatives(tokenizer: PreTrainedToken
 
 
 def test_an_aborted_request_ends_with_finish_reason_abort(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: RequestTokenizer,
 ) -> None:
     aborted = {"type": "abort", "message": "aborted by an operator"}
-    builder = ResponseBuilder(chat(tokenizer, stream=True), MODEL, tokenizer)
+    builder = ResponseBuilder(chat(tokenizer, stream=True), MODEL, tokenizer.tokenizer)
     # "abort" is SGLang's and vLLM's finish reason, outside the client's types (which it does
     # not validate responses against).
     (choice,) = builder.chunk(result("Hi", [7], aborted))["choices"]
     assert (choice["delta"]["content"], choice["finish_reason"]) == ("Hi", "abort")
-    builder = ResponseBuilder(completion(tokenizer, n=2), MODEL, tokenizer)
+    builder = ResponseBuilder(completion(tokenizer, n=2), MODEL, tokenizer.tokenizer)
     whole = builder.response([result(" x", [5], STOP), result(" y", [6], aborted)])
     assert [(c["text"], c["finish_reason"]) for c in whole["choices"]] == [
         (" x", "stop"),
@@ -220,15 +224,15 @@ def test_an_aborted_request_ends_with_finish_reason_abort(
     assert whole["usage"]["completion_tokens"] == 2
 
 
-def test_a_refused_request_is_its_error(tokenizer: PreTrainedTokenizerBase) -> None:
-    builder = ResponseBuilder(chat(tokenizer, stream=True), MODEL, tokenizer)
+def test_a_refused_request_is_its_error(tokenizer: RequestTokenizer) -> None:
+    builder = ResponseBuilder(chat(tokenizer, stream=True), MODEL, tokenizer.tokenizer)
     bad = {"type": "abort", "message": "the prompt cannot fit", "status_code": 400}
     with pytest.raises(ApiError) as info:
         builder.chunk(result("", [], bad, index=0))
     assert (info.value.status, info.value.message) == (400, "the prompt cannot fit")
     refused_ = {"type": "abort", "message": "the queue is full", "status_code": 429}
     with pytest.raises(ApiError) as info:
-        ResponseBuilder(completion(tokenizer), MODEL, tokenizer).response(
+        ResponseBuilder(completion(tokenizer), MODEL, tokenizer.tokenizer).response(
             [result("", [], refused_)]
         )
     assert info.value.status == 429

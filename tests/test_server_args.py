@@ -183,4 +183,16 @@ def test_the_default_model_is_served_by_its_name(
     args = server.with_model(ServerArgs())
     assert args.model_path == "/cache/SmolLM2-135M-Instruct"
     assert args.served_model_name == "SmolLM2-135M-Instruct"
-    assert server.with_model(ServerArgs(model_path=str(tmp_path))).served_model_name is None
+    given = server.with_model(ServerArgs(model_path=str(tmp_path)))
+    assert given.served_model_name == str(tmp_path)
+
+
+def test_the_tokenizer_and_served_name_default_to_the_model_once_in_server_args() -> None:
+    assert (ServerArgs().tokenizer_path, ServerArgs().served_model_name) == (None, None)
+    args = ServerArgs(model_path="/m")
+    assert (args.tokenizer_path, args.served_model_name) == ("/m", "/m")
+    moved = args.replace(model_path="/n")
+    assert (moved.tokenizer_path, moved.served_model_name) == ("/n", "/n")
+    kept = ServerArgs(model_path="/m", tokenizer_path="/t", served_model_name="x")
+    assert kept.replace(model_path="/n").tokenizer_path == "/t"
+    assert kept.replace(model_path="/n").served_model_name == "x"

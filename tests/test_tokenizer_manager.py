@@ -134,7 +134,7 @@ def test_a_request_is_tokenized_sent_and_its_result_assembled(model_dir: Path) -
         )
         req = await peer.expect(TokenizedGenerateReq)
         assert req.rid == "r"
-        assert list(req.input_ids) == manager.tokenizer("hello")["input_ids"]
+        assert list(req.input_ids) == manager.tokenizer.encode("hello")
         assert req.return_logprob
         assert req.top_logprobs_num == 1
         await peer.out("r", "Hel", (7, 8), logprobs=(-0.1, -0.2))
@@ -281,7 +281,7 @@ def test_abort_request_ends_the_call_with_the_abort_reason(model_dir: Path) -> N
 def test_bad_requests_are_refused_before_anything_is_sent(model_dir: Path) -> None:
     async def scenario(manager: TokenizerManager, peer: Peer) -> None:
         long_prompt = "word " * 300
-        n = len(manager.tokenizer(long_prompt)["input_ids"])
+        n = len(manager.tokenizer.encode(long_prompt))
         with raises_before_sending(peer, f"the prompt has {n} tokens.*context length of {CONTEXT}"):
             await collect(manager, text=long_prompt)
         with raises_before_sending(peer, f"max_new_tokens is 250: .* context length of {CONTEXT}"):

@@ -316,10 +316,30 @@ class ServerArgs:
         fraction = self.mem_fraction_static
         if fraction is not None and not (math.isfinite(fraction) and 0 < fraction <= 1):
             raise ServerArgsError("mem_fraction_static", f"must be in (0, 1], got {fraction}")
+        self._resolve_model_defaults()
+
+    def _resolve_model_defaults(self) -> None:
+        """The defaults that need no device, resolved here once (as SGLang does) so that every
+        reader sees the same value: the tokenizer and the served name are the model's unless
+        given. Those that depend on the device are resolved in the scheduler process."""
+        if self.model_path is None:
+            return
+        for name in MODEL_DEFAULTED:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self.model_path)  # frozen: only while building
 
     def replace(self, **changes: Any) -> ServerArgs:
-        """A copy with some fields changed, validated again."""
+        """A copy with some fields changed, validated again; fields that defaulted to the model
+        path follow a new `model_path`."""
+        if "model_path" in changes:
+            for name in MODEL_DEFAULTED:
+                if name not in changes and getattr(self, name) == self.model_path:
+                    changes[name] = None
         return dataclasses.replace(self, **changes)
+
+
+MODEL_DEFAULTED = ("tokenizer_path", "served_model_name")
+"""Fields whose default is `model_path`."""
 
 
 def split_gguf_path(model_path: str) -> tuple[str, str | None]:

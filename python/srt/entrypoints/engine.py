@@ -24,6 +24,7 @@ from srt.entrypoints.loop_thread import LoopThread
 from srt.io_struct import FlushCacheOut, GetLoadOut, HealthCheckOut
 from srt.ipc.channel import Receiver, Sender
 from srt.managers.generate_req_input import GenerateReqInput
+from srt.managers.hf_tokenizer import Tokenizer
 from srt.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from srt.server_args import ServerArgs
 
@@ -78,8 +79,8 @@ class Engine:
         return self._loop
 
     @property
-    def tokenizer(self) -> Any:
-        """The transformers tokenizer requests are tokenized with."""
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer requests are tokenized with (`encode`, `decode`, `len`)."""
         return self.tokenizer_manager.tokenizer
 
     # ---- generate ------------------------------------------------------------------------------

@@ -3,10 +3,10 @@
 
 Guarantees, whatever way the server ends:
 
-- normal stop (`Launcher.stop`, or SIGINT/SIGTERM to `python -m srt.entrypoints.launcher`): the
-  stages get a `ShutdownReq` (or the forwarded signal) and exit 0; stragglers are killed;
-- a child dies: `watch()` returns which one and why (its exception, exit code or signal), the
-  others are stopped, and the command exits 1;
+- normal stop (`Launcher.stop`, or `Launcher.close` on a signal): the stages get a
+  `ShutdownReq` (or SIGTERM) and exit 0; stragglers are killed;
+- a child dies: `watch()` returns which one and why (its exception, exit code or signal), and
+  its owner (the HTTP server, the Engine) stops the others;
 - the launcher is killed (even `kill -9`): each child gets SIGTERM from the kernel
   (`PR_SET_PDEATHSIG`) and sees the launcher's pidfd close, and exits;
 - no shared memory is left: the ring names vanish once both ends attached (the second end
@@ -21,8 +21,6 @@ import importlib
 import multiprocessing as mp
 import os
 import signal
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -33,7 +31,7 @@ from srt.io_struct import ShutdownReq
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.rings import RingNames
 from srt.managers.stage_process import READY
-from srt.server_args import ServerArgs, parse_args
+from srt.server_args import ServerArgs
 
 # Each stage's entry point, imported only in its own process: the launcher (and the HTTP server
 # around it) never loads torch or the model code.
@@ -171,54 +169,5 @@ class Launcher:
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
-    _set_once(future, None)
-
-
-def _set_once(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
-        future.set_result(value)
-
-
-async def serve(server_args: ServerArgs) -> int:
-    """Starts the stages, then runs until SIGINT/SIGTERM (forwarded to the stages; returns 0) or
-    until a stage dies (returns 1). Signal handlers are installed before anything starts, so a
-    signal during start-up is handled once the stages are up."""
-    loop = asyncio.get_running_loop()
-    stop: asyncio.Future[Any] = loop.create_future()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, _set_once, stop, sig)
-    launcher = Launcher(server_args)
-    try:
-        sender, receiver = launcher.start()
-    except ChildDied as e:
-        print(f"srt: {e}; cannot start", file=sys.stderr)
-        return 1
-    try:
-        pids = ", ".join(f"{c.name} pid {c.process.pid}" for c in launcher.children)
-        print(f"srt: ready ({pids})", flush=True)
-        death: asyncio.Future[Any] = asyncio.ensure_future(launcher.watch())
-        await asyncio.wait([death, stop], return_when=asyncio.FIRST_COMPLETED)
-        if death.done():
-            print(f"srt: {death.result().why()}; shutting down", file=sys.stderr, flush=True)
-            launcher.close()
-            return 1
-        death.cancel()
-        launcher.close()  # stages take SIGTERM for either signal (they leave ^C to us)
-        for child in launcher.children:
-            if child.process.exitcode != 0:
-                print(f"srt: {child.why()}", file=sys.stderr)
-        return 0
-    finally:
-        launcher.close()
-        del sender, receiver
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Starts the stages and serves until a signal or a stage's death (no HTTP server yet)."""
-    import uvloop
-
-    return uvloop.run(serve(parse_args(argv)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        future.set_result(None)

@@ -13,6 +13,7 @@ scheduler to control messages are forwarded to the main process as frames, unrea
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 
 from srt.io_struct import (
@@ -27,13 +28,12 @@ from srt.io_struct import (
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.codec import decode, message_type
 from srt.ipc.rings import RingNames
-from srt.managers.hf_tokenizer import tokenizer_json
+from srt.managers.hf_tokenizer import tokenizer_files
 from srt.managers.incremental_detokenizer import IncrementalDetokenizer
 from srt.managers.stage_process import Stage, run_stage
 from srt.server_args import ServerArgs
 
-# Replies of the scheduler that ride ring "detokenizer" and go on to the main process as frames.
-FORWARDED = (FlushCacheOut, GetLoadOut, HealthCheckOut)
+Handler = Callable[[bytes], Awaitable[None]]
 
 
 class DetokenizerManager(Stage):
@@ -42,10 +42,10 @@ class DetokenizerManager(Stage):
     def __init__(self, server_args: ServerArgs, rings: RingNames) -> None:
         self.init_detokenizer(server_args)
         self.init_channels(rings)
+        self.init_dispatch()
 
     def init_detokenizer(self, server_args: ServerArgs) -> None:
-        with tokenizer_json(server_args) as path:
-            self.detokenizer = IncrementalDetokenizer(path)
+        self.detokenizer = IncrementalDetokenizer(tokenizer_files(server_args))
         # Requests whose text a stop string ended, until their finished message passes.
         self.matched_stops: dict[str, str] = {}
 
@@ -53,20 +53,38 @@ class DetokenizerManager(Stage):
         self.recv_from_scheduler = Receiver(rings.detokenizer)
         self.send_to_tokenizer = Sender(rings.tokenizer)
 
+    def init_dispatch(self) -> None:
+        # Handlers take the frame: the scheduler's replies to control messages go on to the main
+        # process without being decoded here.
+        self.handlers: dict[type, Handler] = {
+            BatchTokenIDOut: self.handle_batch_token_id_out,
+            FlushCacheOut: self.forward,
+            GetLoadOut: self.forward,
+            HealthCheckOut: self.forward,
+            ShutdownReq: self.handle_shutdown,
+        }
+        self.running = True
+
     async def event_loop(self) -> None:
         """Serves until the `ShutdownReq` the scheduler passes on."""
-        while True:
+        while self.running:
             frame = await self.recv_from_scheduler.recv_frame()
             kind = message_type(frame)
-            if kind in FORWARDED:
-                await self.send_to_tokenizer.send_frame(frame)
-                continue
-            msg = decode(frame)
-            if isinstance(msg, ShutdownReq):
-                return
-            if not isinstance(msg, BatchTokenIDOut):
+            handler = self.handlers.get(kind)
+            if handler is None:
                 raise TypeError(f"the detokenizer cannot handle {kind.__name__}")
-            await self.send_to_tokenizer.send(self.detokenize(msg))
+            await handler(frame)
+
+    async def handle_batch_token_id_out(self, frame: bytes) -> None:
+        batch = decode(frame)
+        assert isinstance(batch, BatchTokenIDOut)
+        await self.send_to_tokenizer.send(self.detokenize(batch))
+
+    async def forward(self, frame: bytes) -> None:
+        await self.send_to_tokenizer.send_frame(frame)
+
+    async def handle_shutdown(self, frame: bytes) -> None:
+        self.running = False
 
     def detokenize(self, batch: BatchTokenIDOut) -> BatchStrOut:
         """The text each entry of `batch` adds; frees the requests that `batch` finishes."""

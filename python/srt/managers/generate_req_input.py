@@ -1,7 +1,8 @@
 """`GenerateReqInput`: a generate request as a client gives it (SGLang's native `/generate`
 schema, and the arguments of `Engine.generate`), before tokenization.
 
-One input holds one prompt or a batch (text or token ids), each sampled `n` times. `expand`
+One input holds one prompt or a batch (text or token ids), or one chat (`messages`, which the
+tokenizer manager renders with the model's chat template), each sampled `n` times. `expand`
 checks it and turns it into one `ReqInput` per output, prompt-major (every sample of the first
 prompt, then of the next). Each has its own request id (`<rid>-<j>` for the `j`-th of `n`
 samples; a seeded request's `j`-th sample is seeded `seed + j`) and its sampling parameters as
@@ -26,12 +27,16 @@ from srt.sampling_params import SamplingParams
 
 @dataclass
 class GenerateReqInput:
-    """Exactly one of `text` and `input_ids`: a prompt (a string, or a list of ids) or a batch
-    (a list of strings, or a list of id lists). The per-prompt fields take one value for every
-    prompt or a list with one per prompt."""
+    """Exactly one of `text`, `input_ids` and `messages`: a prompt (a string, or a list of ids),
+    a batch (a list of strings, or a list of id lists), or one chat. The per-prompt fields take
+    one value for every prompt or a list with one per prompt."""
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
+    messages: list[Mapping[str, Any]] | None = None
+    """A chat's messages as a chat template takes them (`role`, `content`, ...): one prompt,
+    rendered and tokenized by the tokenizer manager. Not part of SGLang's `/generate` schema:
+    the OpenAI chat API and the Engine give it."""
     sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None = None
     rid: str | list[str] | None = None
     return_logprob: bool | list[bool] = False
@@ -44,8 +49,10 @@ class GenerateReqInput:
     @property
     def is_single(self) -> bool:
         """Whether this is one prompt (not a batch, even of one)."""
-        return isinstance(self.text, str) or (
-            self.input_ids is not None and all(isinstance(t, int) for t in self.input_ids)
+        return (
+            isinstance(self.text, str)
+            or self.messages is not None
+            or (self.input_ids is not None and all(isinstance(t, int) for t in self.input_ids))
         )
 
 
@@ -62,17 +69,21 @@ class ReqInput:
     top_logprobs_num: int
     stream: bool
     logprob_start_len: int = -1
+    messages: list[Mapping[str, Any]] | None = None
+    """A chat to render into the prompt (then `text` and `input_ids` are None)."""
 
 
 def expand(obj: GenerateReqInput, limits: RequestLimits) -> list[ReqInput]:
     """The outputs `obj` asks for, in order; RequestError on anything malformed or beyond
     `limits`, before any output is built."""
-    if (obj.text is None) == (obj.input_ids is None):
+    if [obj.text, obj.input_ids, obj.messages].count(None) != 2:
         raise RequestError("give exactly one of text and input_ids")
     if not isinstance(obj.stream, bool):
         raise RequestError(f"stream must be a boolean, got {obj.stream!r}", "stream")
     texts, ids = _prompts(obj, limits)
-    size = len(texts) if texts is not None else len(ids or ())
+    if obj.messages is not None:
+        _check_messages(obj.messages)
+    size = len(texts) if texts is not None else len(ids or ()) if ids is not None else 1
     if size == 0:
         raise RequestError("the batch holds no prompt", "input_ids" if texts is None else "text")
     if isinstance(obj.rid, str) and not obj.is_single:
@@ -116,6 +127,7 @@ def expand(obj: GenerateReqInput, limits: RequestLimits) -> list[ReqInput]:
                     top_logprobs_num=top[i] or 0,
                     stream=obj.stream,
                     logprob_start_len=starts[i] if logprob[i] and starts[i] is not None else -1,
+                    messages=obj.messages,
                 )
             )
     return out
@@ -130,9 +142,17 @@ def _sample_j(kwargs: dict[str, Any], j: int) -> dict[str, Any]:
     return out
 
 
+def _check_messages(messages: Any) -> None:
+    ok = isinstance(messages, list) and messages and all(_is_mapping(m) for m in messages)
+    if not ok:
+        raise RequestError("messages must be a non-empty list of messages", "messages")
+
+
 def _prompts(
     obj: GenerateReqInput, limits: RequestLimits
 ) -> tuple[list[str] | None, list[list[int]] | None]:
+    if obj.messages is not None:
+        return None, None
     if obj.text is not None:
         texts = [obj.text] if isinstance(obj.text, str) else obj.text
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):

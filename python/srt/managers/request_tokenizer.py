@@ -1,27 +1,30 @@
 """Tokenization and validation of requests, for the tokenizer manager.
 
-`RequestTokenizer` turns the `ReqInput`s of a call into `TokenizedGenerateReq`s for the scheduler,
-or raises `RequestError` naming what is wrong (and the field, as the native API names it), so
-that a bad request is refused before anything of its call is sent. The scheduler checks again
-(it may get requests from elsewhere), but the messages here are the ones a client sees.
+`RequestTokenizer` turns the `ReqInput`s of a call into `TokenizedGenerateReq`s for the scheduler
+(rendering a chat's messages with the model's chat template first), or raises `RequestError`
+naming what is wrong (and the field, as the native API names it), so that a bad request is
+refused before anything of its call is sent. With `generate_req_input.expand`, this is the one
+place user-facing request errors come from: the native API, the OpenAI API (whose
+`openai_protocol` only maps names) and the Engine all pass through it. The scheduler keeps only
+the checks only it can make (a request id in flight, KV room).
+
+It reads the model through `srt.model_info` and tokenizes with `hf_tokenizer.Tokenizer`: no
+torch, no transformers in this process.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-import torch
-
+from srt.chat_template import ChatTemplateError
 from srt.io_struct import TokenizedGenerateReq
 from srt.managers.generate_req_input import ReqInput
-from srt.managers.hf_tokenizer import load_tokenizer
-from srt.model_executor.model_config import ModelConfig
+from srt.managers.hf_tokenizer import Tokenizer, load_tokenizer
+from srt.model_info import ModelInfo
 from srt.request_limits import RequestError
 from srt.sampling_params import SamplingParams
 from srt.server_args import ServerArgs
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 
 class RequestTokenizer:
@@ -31,37 +34,55 @@ class RequestTokenizer:
     def __init__(self, server_args: ServerArgs) -> None:
         if server_args.model_path is None:
             raise ValueError("the tokenizer manager needs --model-path")
-        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(server_args)
-        config = ModelConfig.load(
+        self.tokenizer: Tokenizer = load_tokenizer(server_args)
+        info = ModelInfo.read(
             server_args.model_path,
-            server_args.dtype,
-            torch.device("cpu"),
             context_length=server_args.context_length,
             trust_remote_code=server_args.trust_remote_code,
         )
-        self.context_length = config.context_length
+        self.context_length = info.context_length
         # Ids the model can embed and the detokenizer can decode.
-        self.vocab_size = min(len(self.tokenizer), config.vocab_size)
+        self.vocab_size = min(len(self.tokenizer), info.vocab_size)
 
     def tokenize(self, reqs: list[ReqInput]) -> list[TokenizedGenerateReq]:
         """Tokenized, validated requests (RequestError for the first bad one)."""
         texts = sorted({r.text for r in reqs if r.text is not None})
-        encoded = self.tokenizer(texts)["input_ids"] if texts else []
+        encoded = self.tokenizer.encode_batch(texts) if texts else []
         ids_of = dict(zip(texts, encoded, strict=True))
+        chats: dict[int, list[int]] = {}  # the samples of one chat share its messages: render once
         out = []
         for req in reqs:
             if req.input_ids is not None:
                 ids = req.input_ids
                 self.check_ids(ids, "input_ids")
+            elif req.messages is not None:
+                if id(req.messages) not in chats:
+                    chats[id(req.messages)] = self.render_chat(req.messages)
+                ids = chats[id(req.messages)]
             else:
                 assert req.text is not None
                 ids = ids_of[req.text]
             out.append(self.build_req(req, ids))
         return out
 
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The prompt ids of a chat. The template's text is tokenized without adding special
+        tokens: a template that writes the BOS itself must not get a second one."""
+        if self.tokenizer.chat_template is None:
+            raise RequestError(
+                "the model has no chat template: use /v1/completions with a prompt", "messages"
+            )
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ChatTemplateError as e:
+            raise RequestError(f"the chat template refused the messages: {e}", "messages") from e
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def build_req(self, req: ReqInput, ids: list[int]) -> TokenizedGenerateReq:
         """The scheduler's message for `req` with prompt `ids`; RequestError if it cannot fit."""
         prompt = "text" if req.text is not None else "input_ids"
+        if req.messages is not None:
+            prompt = "messages"
         if not ids or req.text == "":
             raise RequestError("the prompt is empty", prompt)
         kwargs = dict(req.sampling_kwargs)

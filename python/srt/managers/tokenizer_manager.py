@@ -1,10 +1,10 @@
 """The TokenizerManager (DESIGN §1-2), in the main process: requests in, results out.
 
-It tokenizes and validates each request (`request_tokenizer`), sends a `TokenizedGenerateReq` on
-ring "scheduler", and keeps one `ReqState` (`req_state`) per request id in flight. One receive
-loop reads ring "tokenizer" and routes each `BatchStrOut` entry to its state (and the scheduler's
-replies to control messages to the caller waiting for them); callers of `generate_request` wait
-on their states' event and get the results their states build.
+It validates, chat-templates and tokenizes each request (`request_tokenizer`), sends a
+`TokenizedGenerateReq` on ring "scheduler", and keeps one `ReqState` (`req_state`) per request id
+in flight. One receive loop reads ring "tokenizer" and routes each `BatchStrOut` entry to its state
+(and the scheduler's replies to control messages to the caller waiting for them); callers of
+`generate_request` wait on their states' event and get the results their states build.
 
 Everything runs on one asyncio loop: the one `start` is called on (the HTTP server's, or the
 Engine's background thread). No HTTP here: the HTTP server and the offline Engine share this.
@@ -109,7 +109,7 @@ class TokenizerManager:
         args = self.server_args
         self.metrics: TokenizerMetrics | None = None
         if args.enable_metrics:
-            self.metrics = TokenizerMetrics(args.served_model_name or str(args.model_path))
+            self.metrics = TokenizerMetrics(str(args.served_model_name))
 
     # ---- life cycle --------------------------------------------------------------------------
 
@@ -219,7 +219,7 @@ class TokenizerManager:
             self.metrics.observe_finish(reason.type, state.prompt_tokens, state.cached_tokens, e2e)
         texts = None
         if self.server_args.log_requests:
-            prompt = state.req.text if state.req.text is not None else str(state.req.input_ids)
+            prompt = state.req.text if state.req.text is not None else str(list(state.input_ids))
             texts = (prompt, "".join(state.pieces))
         log_finished(
             state.req.rid,

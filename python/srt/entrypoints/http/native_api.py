@@ -26,7 +26,10 @@ from srt.entrypoints.http.errors import bad_request, json_response, read_json_ob
 from srt.managers.generate_req_input import GenerateReqInput
 
 routes = web.RouteTableDef()
-GENERATE_FIELDS = tuple(f.name for f in dataclasses.fields(GenerateReqInput))
+# SGLang's schema: a chat (`messages`) is the OpenAI chat API's.
+GENERATE_FIELDS = tuple(
+    f.name for f in dataclasses.fields(GenerateReqInput) if f.name != "messages"
+)
 ACCUMULATED_META = (
     "output_token_logprobs",
     "output_top_logprobs",

@@ -1,6 +1,7 @@
 """The OpenAI API: `/v1/completions`, `/v1/chat/completions` and `/v1/models`.
 
-A request is checked whole (`openai_protocol`) before anything is sent, and a stream starts only
+A request is mapped (`openai_protocol`) and checked whole (by the tokenizer manager) before
+anything is sent, and a stream starts only
 once its first result is in, so that every refusal (a bad field, a prompt beyond the context, a
 full queue) is an HTTP error with its status. Later errors go out as an SSE error event followed
 by `[DONE]`. A client that goes away closes the result generator, which aborts its requests.
@@ -97,15 +98,16 @@ async def serve(request: web.Request, parse: Parser) -> web.StreamResponse:
     ctx = context_of(request)
     body = await read_json_object(request)
     manager = ctx.tokenizer_manager()
-    req = parse(body, ctx.model_name, manager.tokenizer, manager.limits)
-    builder = ResponseBuilder(req, ctx.model_name, manager.tokenizer)
+    req = parse(body, ctx.model_name)
     async with contextlib.aclosing(manager.generate_request(req.obj)) as results:
         if not req.stream:
             with openai_errors(req):
                 answers = [result async for result in results]
+            builder = ResponseBuilder(req, ctx.model_name, manager.tokenizer)
             return json_response(builder.response(answers))
         with openai_errors(req):
             first = await anext(results)
+        builder = ResponseBuilder(req, ctx.model_name, manager.tokenizer)
         first_chunk = builder.chunk(first)  # a refusal before the stream began: an HTTP error
         response = await start_stream(request)
         try:

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from srt.entrypoints.http.context import abort_error
 from srt.entrypoints.http.openai_protocol import OpenAIRequest
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+from srt.managers.hf_tokenizer import Tokenizer
 
 Result = Mapping[str, Any]
 
@@ -55,14 +53,25 @@ def usage(metas: list[Mapping[str, Any]], n: int) -> dict[str, Any]:
     }
 
 
+def echo_texts(req: OpenAIRequest, tokenizer: Tokenizer) -> list[str]:
+    """Each prompt's text, which its choices start with under `echo` (its token ids are valid:
+    the builder is made once the tokenizer manager accepted the request)."""
+    if req.obj.text is not None:
+        return list(req.obj.text)
+    prompts: Any = req.obj.input_ids or []
+    return [tokenizer.decode(ids) for ids in prompts]
+
+
 class ResponseBuilder:
     """Builds the answer of one OpenAI request: the whole response, or its stream chunk by
-    chunk (remembering, per choice, what earlier chunks said)."""
+    chunk (remembering, per choice, what earlier chunks said). Made once the tokenizer manager
+    accepted the request."""
 
-    def __init__(self, req: OpenAIRequest, model: str, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, req: OpenAIRequest, model: str, tokenizer: Tokenizer) -> None:
         self.req = req
         self.model = model
         self.tokenizer = tokenizer
+        self.echo_texts = echo_texts(req, tokenizer) if req.echo else None
         self.created = int(time.time())
         self.started: set[int] = set()  # choices whose first chunk went out
         self.text_offset: dict[int, int] = {}  # completions logprobs: offset of the next token
@@ -133,7 +142,7 @@ class ResponseBuilder:
         }
 
     def echo(self, i: int) -> str:
-        texts = self.req.echo_texts
+        texts = self.echo_texts
         return texts[i // self.req.n] if texts is not None else ""
 
     def logprobs(self, i: int, result: Result) -> dict[str, Any] | None:
@@ -151,7 +160,7 @@ class ResponseBuilder:
         tops = self.top_logprobs(meta["output_token_logprobs"], meta["output_top_logprobs"])
         if self.req.chat:
             return {"content": chat_logprobs(tokens, tops), "refusal": None}
-        if self.req.echo_texts is not None and "input_token_logprobs" in meta:
+        if self.echo_texts is not None and "input_token_logprobs" in meta:
             prompt = meta["input_token_logprobs"]
             tokens = self.token_logprobs(prompt) + tokens
             tops = self.top_logprobs(prompt, meta.get("input_top_logprobs")) + tops

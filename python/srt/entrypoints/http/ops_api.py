@@ -69,7 +69,7 @@ async def get_model_info(request: web.Request) -> web.Response:
     return json_response(
         {
             "model_path": args.model_path,
-            "tokenizer_path": args.tokenizer_path or args.model_path,
+            "tokenizer_path": args.tokenizer_path,
             "served_model_name": context.model_name,
             "is_generation": True,
             "context_length": manager.context_length,

@@ -91,8 +91,8 @@ class Server:
 
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
-        assert args.model_path is not None
-        self.context = ServerContext(args, args.served_model_name or args.model_path)
+        assert args.served_model_name is not None  # ServerArgs defaults it once there is a model
+        self.context = ServerContext(args, args.served_model_name)
         self.launcher = Launcher(args)
         self.runner = web.AppRunner(
             build_app(self.context), handler_cancellation=True, access_log=None
