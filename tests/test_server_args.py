@@ -56,7 +56,7 @@ def test_every_field_has_a_flag() -> None:
             "--skip-server-warmup", "--log-requests", "--max-queued-requests", "5",
             "--max-n", "4", "--max-client-batch-size", "3", "--max-samples-per-request", "6",
             "--max-stop-sequences", "2", "--max-stop-sequence-length", "9", "--max-logprobs", "1",
-            "--max-logit-bias-entries", "7",
+            "--max-logit-bias-entries", "7", "--allowed-hosts", "srt.example",
         ]
     )  # fmt: skip
     expected = ServerArgs(
@@ -72,6 +72,7 @@ def test_every_field_has_a_flag() -> None:
         log_requests=True, max_queued_requests=5,
         max_n=4, max_client_batch_size=3, max_samples_per_request=6, max_stop_sequences=2,
         max_stop_sequence_length=9, max_logprobs=1, max_logit_bias_entries=7,
+        allowed_hosts=("srt.example",),
     )  # fmt: skip
     assert args == expected
     # The command line above sets every field away from its default, so each flag is exercised.
