@@ -66,10 +66,12 @@ def test_banned_ids_and_logit_bias() -> None:
     logits = random_logits(2)
     best = logits.argmax(-1).tolist()
     bias = LogitBias.of([(7, 100.0)])
-    out = sample(logits, [SamplingRow(temperature=0.0, banned_ids=(best[0],)),
-                          SamplingRow(temperature=0.0, logit_bias=bias)])  # fmt: skip
-    assert out.next_ids[0] != best[0]
+    rows = [SamplingRow(temperature=0.0, min_new_tokens=2, stop_token_ids=(best[0],)),
+            SamplingRow(temperature=0.0, logit_bias=bias)]  # fmt: skip
+    out = sample(logits, rows, [[1], []])
+    assert out.next_ids[0] != best[0]  # banned: one output token, min_new_tokens 2
     assert out.next_ids[1] == 7
+    assert sample(logits, rows, [[1, 2], []]).next_ids[0] == best[0]  # min_new_tokens are out
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -83,14 +85,14 @@ def test_vectorized_logit_bias_equals_adding_each_entry(device: str) -> None:
         values = (torch.rand(entries, generator=gen) * 200 - 100).tolist()
         pairs.append(list(zip(ids, values, strict=True)))
     rows = [SamplingRow(logit_bias=LogitBias.of(p)) for p in pairs]
-    rows.append(SamplingRow(logit_bias=LogitBias.of([(3, 5.0)]), banned_ids=(3, 4)))
+    rows.append(SamplingRow(logit_bias=LogitBias.of([(3, 5.0)])))
     logits = random_logits(len(rows)).to(device)
     expected = logits.clone()
     for i, row_pairs in enumerate([*pairs, [(3, 5.0)]]):
         for token, bias in row_pairs:
             expected[i, token] += bias
     expected[4, [3, 4]] = float("-inf")
-    out = apply_bias_and_bans(logits, rows)
+    out = apply_bias_and_bans(logits, rows, [(), (), (), (), (3, 4)])
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-4)
     assert out.device == logits.device
     assert not torch.equal(out, logits)  # a copy: the caller's logits keep the raw values
@@ -102,11 +104,11 @@ def test_penalties() -> None:
     out = sample(logits, [SamplingRow(temperature=0.0, repetition_penalty=2.0, prompt_ids=(0,))])
     assert out.next_ids == [1]
     # Frequency: 0.06 per occurrence; presence: a flat 0.2 once seen.
-    out = sample(logits, [SamplingRow(temperature=0.0, frequency_penalty=0.06, output_ids=(0, 0))])
+    out = sample(logits, [SamplingRow(temperature=0.0, frequency_penalty=0.06)], [(0, 0)])
     assert out.next_ids == [1]
-    out = sample(logits, [SamplingRow(temperature=0.0, frequency_penalty=0.04, output_ids=(0, 0))])
+    out = sample(logits, [SamplingRow(temperature=0.0, frequency_penalty=0.04)], [(0, 0)])
     assert out.next_ids == [0]
-    out = sample(logits, [SamplingRow(temperature=0.0, presence_penalty=0.2, output_ids=(0,))])
+    out = sample(logits, [SamplingRow(temperature=0.0, presence_penalty=0.2)], [(0,)])
     assert out.next_ids == [1]
 
 
@@ -138,10 +140,13 @@ def test_never_nan(temperature: float) -> None:
     assert all(0 <= t < 3 for t in out.next_ids)
     assert out.next_ids[0] != 0  # the NaN logit is never chosen
     assert not any(math.isnan(v) for v in out.logprobs[::2])
-    all_banned = sample(logits[:1], [SamplingRow(temperature=1.0, banned_ids=(0, 1, 2))])
+    banning = SamplingRow(temperature=1.0, min_new_tokens=1, stop_token_ids=(0, 1, 2))
+    all_banned = sample(logits[:1], [banning])
     assert 0 <= all_banned.next_ids[0] < 3
 
 
 def test_rejects_mismatched_rows() -> None:
     with pytest.raises(ValueError, match="rows"):
         sample(random_logits(2), [SamplingRow()])
+    with pytest.raises(ValueError, match="output histories"):
+        sample(random_logits(1), [SamplingRow()], [(), ()])

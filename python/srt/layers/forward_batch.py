@@ -8,20 +8,16 @@ how many of its tokens are new and how many of them need logits.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from srt.forward_mode import ForwardMode
+
 if TYPE_CHECKING:
     from srt.layers.attention.base import AttentionBackend
     from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
-
-
-class ForwardMode(enum.Enum):
-    EXTEND = enum.auto()  # new tokens of several sequences, each after its cached prefix
-    DECODE = enum.auto()  # one new token per sequence
 
 
 @dataclass(eq=False)
