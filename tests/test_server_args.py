@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from srt.entrypoints.http import server
-from srt.server_args import SCHEDULE_POLICIES, ServerArgs, ServerArgsError, flag_of, parse_args
+from srt.server_args import (
+    SCHEDULE_POLICIES,
+    ServerArgs,
+    ServerArgsError,
+    build_parser,
+    flag_of,
+    parse_args,
+)
 
 
 def test_defaults_follow_sglang() -> None:
@@ -184,3 +191,12 @@ def test_the_default_model_is_served_by_its_name(
     assert args.model_path == "/cache/SmolLM2-135M-Instruct"
     assert args.served_model_name == "SmolLM2-135M-Instruct"
     assert server.with_model(ServerArgs(model_path=str(tmp_path))).served_model_name is None
+
+
+def test_the_cli_choices_are_the_registries_names() -> None:
+    from srt.layers.attention import registry
+    from srt.managers import schedule_policy
+
+    choices = {action.dest: action.choices for action in build_parser()._actions}
+    assert choices["schedule_policy"] == tuple(schedule_policy.SCHEDULE_POLICIES)
+    assert choices["attention_backend"] == tuple(registry.ATTENTION_BACKENDS)
