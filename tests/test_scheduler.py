@@ -27,6 +27,7 @@ from srt.managers.req_queue import ReqQueue
 from srt.managers.schedule_batch import Req, ScheduleBatch
 from srt.managers.scheduler import Scheduler
 from srt.model_executor.resolve import resolve_device_defaults
+from srt.model_executor.sampling_info import RequestSampling
 from srt.model_executor.worker_batch import (
     GenerationBatchResult,
     ModelWorkerBatch,
@@ -569,12 +570,23 @@ def test_concurrent_requests_match_each_alone_and_reuse_the_cache(
 
 @pytest.mark.slow
 def test_small_kv_pool_forces_retraction_and_chunks_keep_outputs(
-    tiny_llama: Path, alone_outputs: list[list[int]]
+    tiny_llama: Path, alone_outputs: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    built: list[RequestSamplingSpec] = []
+    build = RequestSampling.of
+
+    def counted(spec: RequestSamplingSpec) -> RequestSampling:
+        built.append(spec)
+        return build(spec)
+
+    monkeypatch.setattr(RequestSampling, "of", staticmethod(counted))
     scheduler = real_scheduler(tiny_llama, max_total_tokens=160, chunked_prefill_size=16)
     finished = generate(scheduler, shared_prefix_prompts(16))
     assert scheduler.num_retracted > 0
     assert [finished[f"r{i}"].output_ids for i in range(16)] == alone_outputs
+    # Each request's sampling state is built once, at its first admission: not per step, not
+    # again when a retracted request is admitted again (run_to_completion saw it dropped).
+    assert len(built) == 16
 
 
 @pytest.mark.slow
