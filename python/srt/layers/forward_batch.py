@@ -1,9 +1,9 @@
 """`ForwardBatch`: the tensors of one forward pass, as the model and attention layers read them.
 
-It is a plain record, built by the scheduler side from its `ScheduleBatch`, and knows nothing of
-requests: every new token has an input id, a position and the KV slot it is written to, and every
-sequence has its row in `ReqToTokenPool`, its total length after this pass and, when extending,
-how many of its tokens are new and how many of them need logits.
+It is a plain record, built by the model runner from the scheduler's `ModelWorkerBatch` (ints),
+and knows nothing of requests: every new token has an input id, a position and the KV slot it
+is written to, and every sequence has its row in `ReqToTokenPool`, its total length after this
+pass and, when extending, how many of its tokens are new and how many of them need logits.
 """
 
 from __future__ import annotations

@@ -52,8 +52,10 @@ class ModelRunner:
         )
         self.init_model()
         self.init_memory_pool()
+        backend = server_args.attention_backend
+        assert backend is not None, "resolved above"
         self.attn_backend = create_attention_backend(
-            server_args.attention_backend, self.model, self.model_config.dtype, self.device
+            backend, self.model, self.model_config.dtype, self.device
         )
         self.init_cuda_graphs()
         self.sampling = SamplingStates()
