@@ -49,31 +49,27 @@ from srt.server_args import ServerArgs
 def bench_srt(runner: ModelRunner, prompts: torch.Tensor, output_len: int) -> dict[str, float]:
     batch_size, input_len = prompts.shape
     device = runner.device
-    rows = runner.req_to_token_pool.alloc(batch_size)
-    assert rows is not None
+    rows = list(range(batch_size))  # the pool has max_running_requests = batch_size rows
     next_slot = 1
 
-    def slots(n: int) -> torch.Tensor:
+    def slots(n: int) -> list[int]:
         nonlocal next_slot
-        taken = torch.arange(next_slot, next_slot + n, device=device)
+        taken = list(range(next_slot, next_slot + n))
         next_slot += n
         return taken
 
-    try:
-        batch = runner.prepare_extend(
-            rows, [0] * batch_size, prompts.tolist(), slots(batch_size * input_len)
-        )
-        prefill_s, logits = timed(partial(runner.forward, batch), device)
-        seq_lens = [input_len] * batch_size
-        steps = []
-        for _ in range(output_len):
-            next_ids = logits.argmax(-1).tolist()
-            seq_lens = [n + 1 for n in seq_lens]
-            batch = runner.prepare_decode(rows, seq_lens, next_ids, slots(batch_size))
-            step_s, logits = timed(partial(runner.forward, batch), device)
-            steps.append(step_s)
-    finally:
-        runner.req_to_token_pool.free(rows)
+    batch = runner.prepare_extend(
+        rows, [0] * batch_size, prompts.tolist(), slots(batch_size * input_len)
+    )
+    prefill_s, logits = timed(partial(runner.forward, batch), device)
+    seq_lens = [input_len] * batch_size
+    steps = []
+    for _ in range(output_len):
+        next_ids = logits.argmax(-1).tolist()
+        seq_lens = [n + 1 for n in seq_lens]
+        batch = runner.prepare_decode(rows, seq_lens, next_ids, slots(batch_size))
+        step_s, logits = timed(partial(runner.forward, batch), device)
+        steps.append(step_s)
     return {"prefill_s": prefill_s, "decode_step_s": statistics.median(steps)}
 
 

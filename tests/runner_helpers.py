@@ -32,11 +32,17 @@ class SlotBook:
         self.next_slot = 1
         self.limit = runner.max_total_tokens
 
-    def take(self, n: int) -> torch.Tensor:
+    def take(self, n: int) -> list[int]:
         assert self.next_slot + n <= self.limit + 1, "test ran out of KV slots"
-        slots = torch.arange(self.next_slot, self.next_slot + n)
+        slots = list(range(self.next_slot, self.next_slot + n))
         self.next_slot += n
         return slots
+
+
+def take_rows(runner: ModelRunner, n: int) -> list[int]:
+    """The first `n` request rows of the runner's pool (a test drives one sequence per row)."""
+    assert n <= runner.req_to_token_pool.size, "test ran out of request rows"
+    return list(range(n))
 
 
 def extend_and_decode_logits(path: Path, **overrides: object) -> list[torch.Tensor]:
@@ -44,8 +50,7 @@ def extend_and_decode_logits(path: Path, **overrides: object) -> list[torch.Tens
     first's cached prefix, then three decode steps of all three, on TEST_DEVICE by default."""
     runner = make_runner(path, **{"max_total_tokens": 256, "device": TEST_DEVICE.type, **overrides})
     book = SlotBook(runner)
-    rows = runner.req_to_token_pool.alloc(3)
-    assert rows is not None
+    rows = take_rows(runner, 3)
     prompts = [[5, 17, 42, 99, 7, 300, 12], [8, 9, 10]]
     batches = [runner.prepare_extend(rows[:2], [0, 0], prompts, book.take(10))]
     outputs = [runner.forward(batches[0]).cpu()]
@@ -69,25 +74,21 @@ def greedy_generate(
     """Greedy decoding of several prompts in one batch: one extend, then decode steps.
     Token ids in `banned` are never chosen (as transformers' min_new_tokens does for EOS)."""
     book = SlotBook(runner)
-    rows = runner.req_to_token_pool.alloc(len(prompts))
-    assert rows is not None
-    try:
-        batch = runner.prepare_extend(
-            rows, [0] * len(prompts), prompts, book.take(sum(len(p) for p in prompts))
-        )
-        outputs: list[list[int]] = [[] for _ in prompts]
-        seq_lens = [len(p) for p in prompts]
-        for step in range(max_new_tokens):
-            logits = runner.forward(batch)
-            if banned:
-                logits = logits.index_fill(1, torch.tensor(sorted(banned)), float("-inf"))
-            next_ids = logits.argmax(dim=-1).tolist()
-            for out, token in zip(outputs, next_ids, strict=True):
-                out.append(token)
-            if step + 1 == max_new_tokens:
-                break
-            seq_lens = [n + 1 for n in seq_lens]
-            batch = runner.prepare_decode(rows, seq_lens, next_ids, book.take(len(rows)))
-        return outputs
-    finally:
-        runner.req_to_token_pool.free(rows)
+    rows = take_rows(runner, len(prompts))
+    batch = runner.prepare_extend(
+        rows, [0] * len(prompts), prompts, book.take(sum(len(p) for p in prompts))
+    )
+    outputs: list[list[int]] = [[] for _ in prompts]
+    seq_lens = [len(p) for p in prompts]
+    for step in range(max_new_tokens):
+        logits = runner.forward(batch)
+        if banned:
+            logits = logits.index_fill(1, torch.tensor(sorted(banned)), float("-inf"))
+        next_ids = logits.argmax(dim=-1).tolist()
+        for out, token in zip(outputs, next_ids, strict=True):
+            out.append(token)
+        if step + 1 == max_new_tokens:
+            break
+        seq_lens = [n + 1 for n in seq_lens]
+        batch = runner.prepare_decode(rows, seq_lens, next_ids, book.take(len(rows)))
+    return outputs

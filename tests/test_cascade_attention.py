@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from runner_helpers import SlotBook, make_runner
+from runner_helpers import SlotBook, make_runner, take_rows
 
 from srt.layers.attention.cascade import (
     build_cascade_metadata,
@@ -97,8 +97,7 @@ def test_model_decodes_the_same_with_and_without_cascade(
     assert isinstance(runner.attn_backend, TorchNativeAttnBackend)
     pool = runner.req_to_token_pool
     book = SlotBook(runner)
-    rows = pool.alloc(6)
-    assert rows is not None
+    rows = take_rows(runner, 6)
     generator = torch.Generator().manual_seed(3)
 
     def ids(n: int) -> list[int]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runner_helpers import TEST_DEVICE, SlotBook, greedy_generate, make_runner
+from runner_helpers import TEST_DEVICE, SlotBook, greedy_generate, make_runner, take_rows
 
 from srt.layers.forward_batch import ForwardBatch
 from srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
@@ -49,8 +49,7 @@ class Sequences:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.book = SlotBook(runner)
-        rows = runner.req_to_token_pool.alloc(len(PROMPTS))
-        assert rows is not None
+        rows = take_rows(runner, len(PROMPTS))
         self.rows = rows
         total = sum(len(p) for p in PROMPTS)
         runner.forward(runner.prepare_extend(rows, [0] * len(rows), PROMPTS, self.book.take(total)))

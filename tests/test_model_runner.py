@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from runner_helpers import SlotBook, greedy_generate, make_runner
+from runner_helpers import SlotBook, greedy_generate, make_runner, take_rows
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 PROMPTS = [
@@ -34,8 +34,7 @@ def test_logits_match_transformers(tiny_model: Path) -> None:
     runner = make_runner(tiny_model)
     book = SlotBook(runner)
     prompts = [tokenizer.encode(p) for p in PROMPTS]
-    rows = runner.req_to_token_pool.alloc(len(prompts) + 1)
-    assert rows is not None
+    rows = take_rows(runner, len(prompts) + 1)
 
     # 1. Prefill all prompts in one extend batch.
     batch = runner.prepare_extend(

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+from array import array
 
 import pytest
 import torch
 
+from srt.forward_mode import ForwardMode
 from srt.layers.sampler import LogitBias, SamplingRow, apply_bias_and_bans, sample
+from srt.model_executor.sampling_info import SamplingStates, record_prompt_logprobs
+from srt.model_executor.worker_batch import ModelWorkerBatch, PromptLogprobs, RequestSamplingSpec
+from srt.sampling_params import SamplingParams
 
 VOCAB = 50
 
@@ -66,10 +71,12 @@ def test_banned_ids_and_logit_bias() -> None:
     logits = random_logits(2)
     best = logits.argmax(-1).tolist()
     bias = LogitBias.of([(7, 100.0)])
-    out = sample(logits, [SamplingRow(temperature=0.0, banned_ids=(best[0],)),
-                          SamplingRow(temperature=0.0, logit_bias=bias)])  # fmt: skip
-    assert out.next_ids[0] != best[0]
+    rows = [SamplingRow(temperature=0.0, min_new_tokens=2, stop_token_ids=(best[0],)),
+            SamplingRow(temperature=0.0, logit_bias=bias)]  # fmt: skip
+    out = sample(logits, rows, [[1], []])
+    assert out.next_ids[0] != best[0]  # banned: one output token, min_new_tokens 2
     assert out.next_ids[1] == 7
+    assert sample(logits, rows, [[1, 2], []]).next_ids[0] == best[0]  # min_new_tokens are out
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -83,14 +90,14 @@ def test_vectorized_logit_bias_equals_adding_each_entry(device: str) -> None:
         values = (torch.rand(entries, generator=gen) * 200 - 100).tolist()
         pairs.append(list(zip(ids, values, strict=True)))
     rows = [SamplingRow(logit_bias=LogitBias.of(p)) for p in pairs]
-    rows.append(SamplingRow(logit_bias=LogitBias.of([(3, 5.0)]), banned_ids=(3, 4)))
+    rows.append(SamplingRow(logit_bias=LogitBias.of([(3, 5.0)])))
     logits = random_logits(len(rows)).to(device)
     expected = logits.clone()
     for i, row_pairs in enumerate([*pairs, [(3, 5.0)]]):
         for token, bias in row_pairs:
             expected[i, token] += bias
     expected[4, [3, 4]] = float("-inf")
-    out = apply_bias_and_bans(logits, rows)
+    out = apply_bias_and_bans(logits, rows, [(), (), (), (), (3, 4)])
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-4)
     assert out.device == logits.device
     assert not torch.equal(out, logits)  # a copy: the caller's logits keep the raw values
@@ -102,11 +109,11 @@ def test_penalties() -> None:
     out = sample(logits, [SamplingRow(temperature=0.0, repetition_penalty=2.0, prompt_ids=(0,))])
     assert out.next_ids == [1]
     # Frequency: 0.06 per occurrence; presence: a flat 0.2 once seen.
-    out = sample(logits, [SamplingRow(temperature=0.0, frequency_penalty=0.06, output_ids=(0, 0))])
+    out = sample(logits, [SamplingRow(temperature=0.0, frequency_penalty=0.06)], [(0, 0)])
     assert out.next_ids == [1]
-    out = sample(logits, [SamplingRow(temperature=0.0, frequency_penalty=0.04, output_ids=(0, 0))])
+    out = sample(logits, [SamplingRow(temperature=0.0, frequency_penalty=0.04)], [(0, 0)])
     assert out.next_ids == [0]
-    out = sample(logits, [SamplingRow(temperature=0.0, presence_penalty=0.2, output_ids=(0,))])
+    out = sample(logits, [SamplingRow(temperature=0.0, presence_penalty=0.2)], [(0,)])
     assert out.next_ids == [1]
 
 
@@ -138,10 +145,75 @@ def test_never_nan(temperature: float) -> None:
     assert all(0 <= t < 3 for t in out.next_ids)
     assert out.next_ids[0] != 0  # the NaN logit is never chosen
     assert not any(math.isnan(v) for v in out.logprobs[::2])
-    all_banned = sample(logits[:1], [SamplingRow(temperature=1.0, banned_ids=(0, 1, 2))])
+    banning = SamplingRow(temperature=1.0, min_new_tokens=1, stop_token_ids=(0, 1, 2))
+    all_banned = sample(logits[:1], [banning])
     assert 0 <= all_banned.next_ids[0] < 3
 
 
 def test_rejects_mismatched_rows() -> None:
     with pytest.raises(ValueError, match="rows"):
         sample(random_logits(2), [SamplingRow()])
+    with pytest.raises(ValueError, match="output histories"):
+        sample(random_logits(1), [SamplingRow()], [(), ()])
+
+
+# ---- the runner's per-request sampling state ----------------------------------------------------
+
+
+def spec(**params: object) -> RequestSamplingSpec:
+    """A request whose stop token is 0, with prompt [1, 2]."""
+    return RequestSamplingSpec(
+        params=SamplingParams(**params),  # type: ignore[arg-type]
+        stop_token_ids=frozenset({0}),
+        prompt_ids=(1, 2),
+        top_logprobs_num=0,
+    )
+
+
+def decode_batch(rids: list[str], sample: list[bool] | None = None) -> ModelWorkerBatch:
+    n = len(rids)
+    return ModelWorkerBatch(
+        forward_mode=ForwardMode.DECODE,
+        rids=rids,
+        rows=list(range(n)),
+        seq_lens=[3] * n,
+        extend_lens=[1] * n,
+        input_ids=[7] * n,
+        out_cache_loc=array("i", range(1, n + 1)),
+        row_writes=[],
+        sample=sample,
+    )
+
+
+def test_the_state_built_at_admission_carries_the_history_across_steps() -> None:
+    """Settings are built once; each step's penalties and bans read the tokens the runner itself
+    sampled for the request, and a step that does not sample it (a prompt chunk) changes none."""
+    states = SamplingStates()
+    states.add("freq", spec(temperature=0.0, frequency_penalty=0.06))
+    states.add("min", spec(temperature=0.0, min_new_tokens=2))
+    states.add("rep", spec(temperature=0.0, repetition_penalty=2.0))
+    logits = torch.tensor([[3.0, 2.9, 2.8, -1.0]] * 3)
+    steps = [states.sample(decode_batch(["freq", "min", "rep"]), logits) for _ in range(3)]
+    # freq: 3.0 - 0.06 * count(0) passes below 2.9 after two 0s; min: 0 (the stop id) is banned
+    # until two tokens are out; rep: prompt ids 1 and 2 are halved, so 0 wins throughout.
+    assert [s.next_ids for s in steps] == [[0, 1, 0], [0, 1, 0], [1, 0, 0]]
+    skipped = states.sample(decode_batch(["freq", "min"], sample=[False, True]), logits[:2])
+    assert skipped.next_ids == [0]
+    assert states.states["freq"].output_ids == [0, 0, 1]
+    with pytest.raises(ValueError, match="already has sampling state"):
+        states.add("freq", spec())
+    states.remove("freq")
+    states.remove("freq")  # unknown ids are ignored
+    assert sorted(states.states) == ["min", "rep"]
+    assert states.states["rep"].row.prompt_ids == (1, 2)
+    assert states.states["min"].row.prompt_ids == ()  # kept only for a repetition penalty
+
+
+def test_prompt_logprobs_come_from_each_sequences_rows() -> None:
+    logits = random_logits(5)
+    asked = [PromptLogprobs(first_row=1, target_ids=[4, 9]), None]
+    logprobs, tops = record_prompt_logprobs(logits, [3, 2], asked, [2, 0])
+    raw = torch.log_softmax(logits, -1)
+    assert logprobs[0] == pytest.approx([float(raw[1, 4]), float(raw[2, 9])], abs=1e-6)
+    assert [[t for t, _ in top] for top in tops[0]] == raw[1:3].topk(2).indices.tolist()
+    assert (logprobs[1], tops[1]) == ([], [])

@@ -1,30 +1,39 @@
 """The scheduler's decisions, step by step, with the KV invariant checked after every step.
 
 Scheduling decisions (batch composition, chunk sizes, policy order, retraction order) run over
-`ScriptedRunner`, a model runner whose next token is a fixed function of the last input token, so
-that each step's batch is known in advance. Outputs (continuous batching, cache reuse,
-retraction, chunking, aborts) run over the real `ModelRunner` on a tiny model and are compared
-with each request run alone.
+`ScriptedRunner`, a model runner that returns ids, whose next token is a fixed function of the
+last input token, so that each step's batch is known in advance; it checks the request-to-token
+rows that the batches write. Outputs (continuous batching, cache reuse, retraction, chunking,
+aborts) run over the real `ModelRunner` on a tiny model and are compared with each request run
+alone.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from runner_helpers import make_runner
 
+from srt.forward_mode import ForwardMode
 from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
 from srt.managers.req_queue import ReqQueue
-from srt.managers.schedule_batch import Req
+from srt.managers.schedule_batch import Req, ScheduleBatch
 from srt.managers.scheduler import Scheduler
-from srt.mem_cache.memory_pool import ReqToTokenPool
+from srt.model_executor.resolve import resolve_device_defaults
+from srt.model_executor.sampling_info import RequestSampling
+from srt.model_executor.worker_batch import (
+    GenerationBatchResult,
+    ModelWorkerBatch,
+    RequestSamplingSpec,
+    RunnerLimits,
+)
 from srt.sampling_params import SamplingParams
 from srt.server_args import ServerArgs
 
@@ -39,58 +48,106 @@ class Pass:
     new_tokens: list[int]  # per sequence
 
 
+def scripted_next(token: int) -> int:
+    return (token + 1) % VOCAB
+
+
 @dataclass
 class ScriptedRunner:
-    """A model runner whose logits put all mass on `(last input token + 1) % VOCAB`, skipping EOS
-    unless the input token is `EOS - 1`; it records every pass."""
+    """A model runner whose next token is `(last input token + 1) % VOCAB` (the smallest id not
+    banned when that one is: EOS and stop ids before `min_new_tokens`), so that each step's batch
+    is known in advance. It records every pass, keeps its own request-to-token table from the
+    writes each batch carries, and checks at every pass that each sequence's row holds exactly
+    the scheduler's KV slots for it, and that sampling state lives from admission to finish."""
 
-    device = torch.device("cpu")
     max_total_tokens: int = 256
     max_running_requests: int = 8
     context_length: int = 512
     passes: list[Pass] = field(default_factory=list)
+    specs: dict[str, RequestSamplingSpec] = field(default_factory=dict)
+    num_outputs: dict[str, int] = field(default_factory=dict)
+    table: dict[int, dict[int, int]] = field(default_factory=dict)
+    in_flight: dict[str, Req] = field(default_factory=dict)  # the requests of the batch
 
-    def __post_init__(self) -> None:
-        self.model_config = SimpleNamespace(
+    @property
+    def limits(self) -> RunnerLimits:
+        return RunnerLimits(
             context_length=self.context_length,
-            hf_config=SimpleNamespace(vocab_size=VOCAB),
+            vocab_size=VOCAB,
             eos_token_ids=frozenset({EOS}),
+            max_total_tokens=self.max_total_tokens,
+            max_running_requests=self.max_running_requests,
         )
-        self.req_to_token_pool = ReqToTokenPool(
-            self.max_running_requests, self.context_length, torch.device("cpu")
-        )
 
-    def prepare_extend(
-        self,
-        rows: list[int],
-        prefix_lens: list[int],
-        new_ids: list[list[int]],
-        slots: Any,
-        logit_lens: list[int] | None = None,
-    ) -> Any:
-        for row, prefix, ids in zip(rows, prefix_lens, new_ids, strict=True):
-            self.req_to_token_pool.write(row, prefix, slots[: len(ids)])
-            slots = slots[len(ids) :]
-        self.passes.append(Pass("extend", rows, [len(ids) for ids in new_ids]))
-        lens = logit_lens or [1] * len(new_ids)
-        return [token for ids, n in zip(new_ids, lens, strict=True) for token in ids[-n:]]
+    def add_request(self, rid: str, spec: RequestSamplingSpec) -> None:
+        assert rid not in self.specs, f"{rid} admitted twice"
+        self.specs[rid] = spec
+        self.num_outputs[rid] = 0
 
-    def prepare_decode(
-        self, rows: list[int], seq_lens: list[int], ids: list[int], slots: Any
-    ) -> Any:
-        self.passes.append(Pass("decode", rows, [1] * len(rows)))
-        return ids
+    def remove_request(self, rid: str) -> None:
+        self.specs.pop(rid, None)
+        self.num_outputs.pop(rid, None)
 
-    def forward(self, last_ids: list[int]) -> torch.Tensor:
-        logits = torch.zeros(len(last_ids), VOCAB)
-        for i, token in enumerate(last_ids):
-            nxt = (token + 1) % VOCAB
-            logits[i, nxt if nxt != EOS or token == EOS - 1 else nxt + 1] = 10.0
-        return logits
+    def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        kind = "extend" if batch.forward_mode is ForwardMode.EXTEND else "decode"
+        self.passes.append(Pass(kind, batch.rows, batch.extend_lens))
+        for row, start, slots in batch.row_writes:
+            self.table.setdefault(row, {}).update(enumerate(slots, start))
+        tokens, start = [], 0
+        for row, seq_len, n in zip(batch.rows, batch.seq_lens, batch.extend_lens, strict=True):
+            new_slots = batch.out_cache_loc[start : start + n]
+            self.table.setdefault(row, {}).update(enumerate(new_slots, seq_len - n))
+            tokens.append(batch.input_ids[start : start + n])
+            start += n
+        self.check_rows(batch)
+        lens = batch.logit_lens or [1] * batch.batch_size
+        result = GenerationBatchResult([], [], [], [], [])
+        for i, rid in enumerate(batch.rids):
+            spec = self.specs[rid]
+            rows = tokens[i][-lens[i] :]
+            # All mass on the scripted token: logprob 0 for it, -inf for any other.
+            asked = batch.prompt_logprobs[i] if batch.prompt_logprobs else None
+            pairs = []
+            if asked is not None:
+                given = rows[asked.first_row : asked.first_row + len(asked.target_ids)]
+                pairs = list(zip(asked.target_ids, map(scripted_next, given), strict=True))
+            result.input_token_logprobs.append([0.0 if t == s else -math.inf for t, s in pairs])
+            result.input_top_logprobs.append(
+                [((s, 0.0),) if spec.top_logprobs_num else () for _, s in pairs]
+            )
+            if batch.sample is not None and not batch.sample[i]:
+                continue
+            banned: frozenset[int] = frozenset()
+            if self.num_outputs[rid] < spec.params.min_new_tokens:
+                banned = spec.stop_token_ids
+            nxt = scripted_next(rows[-1])
+            if nxt in banned:
+                nxt = min(set(range(VOCAB)) - banned)
+            self.num_outputs[rid] += 1
+            result.next_ids.append(nxt)
+            result.logprobs.append(0.0)
+            result.top_logprobs.append([(nxt, 0.0)] if spec.top_logprobs_num else [])
+        return result
+
+    def check_rows(self, batch: ModelWorkerBatch) -> None:
+        """Each sequence's row maps its positions to the slots the scheduler holds for it."""
+        for rid, row, seq_len in zip(batch.rids, batch.rows, batch.seq_lens, strict=True):
+            req = self.in_flight[rid]
+            assert req.row == row
+            assert [self.table[row][p] for p in range(seq_len)] == list(req.kv_slots)
 
 
-def scheduler_over(runner: Any, **overrides: Any) -> Scheduler:
-    return Scheduler(ServerArgs(**overrides), runner, tokenizer_path=None)
+def scheduler_over(runner: ScriptedRunner, **overrides: Any) -> Scheduler:
+    args = resolve_device_defaults(ServerArgs(**overrides), torch.device("cpu"))
+    scheduler = Scheduler(args, runner, tokenizer_path=None)
+    build = scheduler.worker_batch
+
+    def worker_batch(batch: ScheduleBatch) -> ModelWorkerBatch:
+        runner.in_flight = {req.rid: req for req in batch.reqs}
+        return build(batch)
+
+    scheduler.worker_batch = worker_batch  # type: ignore[method-assign]
+    return scheduler
 
 
 REQUEST_FIELDS = ("stream", "return_logprob", "top_logprobs_num", "logprob_start_len")
@@ -124,6 +181,9 @@ def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000) -> dict[str
         raise AssertionError("the scheduler did not finish")
     assert scheduler.is_idle()
     assert scheduler.check_invariants() == []
+    runner = scheduler.runner
+    live = runner.specs if isinstance(runner, ScriptedRunner) else runner.sampling.states  # type: ignore[attr-defined]
+    assert not live, f"sampling state outlived its requests: {sorted(live)}"
     return finished
 
 
@@ -184,9 +244,25 @@ def test_long_prompts_are_prefilled_in_chunks() -> None:
     ("device", "given", "expected"), [("cpu", None, 4096), ("cuda", None, 8192), ("cpu", 64, 64)]
 )
 def test_the_chunk_size_defaults_by_device(device: str, given: int | None, expected: int) -> None:
-    runner = ScriptedRunner()
-    runner.device = torch.device(device)
-    assert scheduler_over(runner, chunked_prefill_size=given).chunked_prefill_size == expected
+    args = resolve_device_defaults(ServerArgs(chunked_prefill_size=given), torch.device(device))
+    assert args.chunked_prefill_size == expected
+    assert scheduler_over(ScriptedRunner(), chunked_prefill_size=given).chunked_prefill_size in (
+        given,
+        4096,
+    )
+
+
+def test_device_defaults_are_resolved_in_one_place() -> None:
+    cpu = resolve_device_defaults(ServerArgs(), torch.device("cpu"))
+    assert (cpu.device, cpu.dtype, cpu.attention_backend) == ("cpu", "float32", "torch_native")
+    assert (cpu.max_running_requests, cpu.mem_fraction_static) == (256, 0.85)
+    assert resolve_device_defaults(cpu) == cpu  # resolving again changes nothing
+    cuda = resolve_device_defaults(ServerArgs(max_running_requests=3), torch.device("cuda"))
+    assert (cuda.device, cuda.dtype, cuda.max_running_requests) == ("cuda", "bfloat16", 3)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        resolve_device_defaults(ServerArgs(attention_backend="flashinfer"), torch.device("cpu"))
+    with pytest.raises(ValueError, match="device defaults resolved"):
+        Scheduler(ServerArgs(), ScriptedRunner(), tokenizer_path=None)
 
 
 def test_max_prefill_tokens_and_max_running_requests_bound_a_step() -> None:
@@ -448,8 +524,7 @@ def real_scheduler(model: Path, **overrides: Any) -> Scheduler:
     settings: dict[str, Any] = {"max_total_tokens": 2048, "max_running_requests": 16}
     settings.update(overrides)
     runner = make_runner(model, **settings)
-    server_args = ServerArgs(model_path=str(model), **settings)
-    return Scheduler(server_args, runner, str(model))
+    return Scheduler(runner.server_args, runner, str(model))
 
 
 def shared_prefix_prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -495,12 +570,23 @@ def test_concurrent_requests_match_each_alone_and_reuse_the_cache(
 
 @pytest.mark.slow
 def test_small_kv_pool_forces_retraction_and_chunks_keep_outputs(
-    tiny_llama: Path, alone_outputs: list[list[int]]
+    tiny_llama: Path, alone_outputs: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    built: list[RequestSamplingSpec] = []
+    build = RequestSampling.of
+
+    def counted(spec: RequestSamplingSpec) -> RequestSampling:
+        built.append(spec)
+        return build(spec)
+
+    monkeypatch.setattr(RequestSampling, "of", staticmethod(counted))
     scheduler = real_scheduler(tiny_llama, max_total_tokens=160, chunked_prefill_size=16)
     finished = generate(scheduler, shared_prefix_prompts(16))
     assert scheduler.num_retracted > 0
     assert [finished[f"r{i}"].output_ids for i in range(16)] == alone_outputs
+    # Each request's sampling state is built once, at its first admission: not per step, not
+    # again when a retracted request is admitted again (run_to_completion saw it dropped).
+    assert len(built) == 16
 
 
 @pytest.mark.slow

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from srt.entrypoints.http import server
-from srt.server_args import SCHEDULE_POLICIES, ServerArgs, ServerArgsError, flag_of, parse_args
+from srt.server_args import (
+    SCHEDULE_POLICIES,
+    ServerArgs,
+    ServerArgsError,
+    build_parser,
+    flag_of,
+    parse_args,
+)
 
 
 def test_defaults_follow_sglang() -> None:
@@ -197,3 +204,12 @@ def test_the_tokenizer_and_served_name_default_to_the_model_once_in_server_args(
     kept = ServerArgs(model_path="/m", tokenizer_path="/t", served_model_name="x")
     assert kept.replace(model_path="/n").tokenizer_path == "/t"
     assert kept.replace(model_path="/n").served_model_name == "x"
+
+
+def test_the_cli_choices_are_the_registries_names() -> None:
+    from srt.layers.attention import registry
+    from srt.managers import schedule_policy
+
+    choices = {action.dest: action.choices for action in build_parser()._actions}
+    assert choices["schedule_policy"] == tuple(schedule_policy.SCHEDULE_POLICIES)
+    assert choices["attention_backend"] == tuple(registry.ATTENTION_BACKENDS)

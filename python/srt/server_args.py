@@ -20,6 +20,9 @@ from typing import Any, NoReturn
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
+# The names of the registries `managers.schedule_policy.SCHEDULE_POLICIES` and
+# `layers.attention.registry.ATTENTION_BACKENDS`, spelled out here so that parsing a command line
+# imports no torch; tests/test_server_args.py holds them equal to the registries' keys.
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

@@ -1,27 +1,23 @@
 """`ForwardBatch`: the tensors of one forward pass, as the model and attention layers read them.
 
-It is a plain record, built by the scheduler side from its `ScheduleBatch`, and knows nothing of
-requests: every new token has an input id, a position and the KV slot it is written to, and every
-sequence has its row in `ReqToTokenPool`, its total length after this pass and, when extending,
-how many of its tokens are new and how many of them need logits.
+It is a plain record, built by the model runner from the scheduler's `ModelWorkerBatch` (ints),
+and knows nothing of requests: every new token has an input id, a position and the KV slot it
+is written to, and every sequence has its row in `ReqToTokenPool`, its total length after this
+pass and, when extending, how many of its tokens are new and how many of them need logits.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from srt.forward_mode import ForwardMode
+
 if TYPE_CHECKING:
     from srt.layers.attention.base import AttentionBackend
     from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
-
-
-class ForwardMode(enum.Enum):
-    EXTEND = enum.auto()  # new tokens of several sequences, each after its cached prefix
-    DECODE = enum.auto()  # one new token per sequence
 
 
 @dataclass(eq=False)

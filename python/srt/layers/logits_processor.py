@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from srt.layers.forward_batch import ForwardBatch, ForwardMode
+from srt.forward_mode import ForwardMode
+from srt.layers.forward_batch import ForwardBatch
 from srt.layers.linear import Linear
 
 

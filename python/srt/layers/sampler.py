@@ -37,7 +37,8 @@ class LogitBias:
 
 @dataclass(frozen=True)
 class SamplingRow:
-    """One request's sampling settings and history, as the sampler needs them for one step."""
+    """One request's unchanging sampling settings, built once when it is admitted: what the
+    sampler needs besides the tokens it has produced so far (`sample`'s `output_ids`)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -47,15 +48,27 @@ class SamplingRow:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: LogitBias | None = None
-    banned_ids: tuple[int, ...] = ()  # e.g. EOS ids until min_new_tokens are produced
-    prompt_ids: tuple[int, ...] = ()
-    output_ids: tuple[int, ...] = ()
+    # Ids banned until `min_new_tokens` are produced (the request's EOS and stop token ids).
+    min_new_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    prompt_ids: tuple[int, ...] = ()  # kept only when a repetition penalty reads them
     generator: torch.Generator | None = None
     top_logprobs_num: int = 0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the request's earlier tokens change its logits."""
+        return bool(
+            self.repetition_penalty != 1.0 or self.frequency_penalty or self.presence_penalty
+        )
+
+    def banned_ids(self, num_outputs: int) -> tuple[int, ...]:
+        """The ids that cannot come next after `num_outputs` output tokens."""
+        return self.stop_token_ids if num_outputs < self.min_new_tokens else ()
 
 
 @dataclass(frozen=True)
@@ -65,13 +78,22 @@ class SamplerOutput:
     top_logprobs: list[list[tuple[int, float]]]  # per row, its top_logprobs_num best tokens
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-    """logits: [batch, vocab] float32, one row per entry of `rows`."""
+def sample(
+    logits: torch.Tensor,
+    rows: Sequence[SamplingRow],
+    output_ids: Sequence[Sequence[int]] | None = None,
+) -> SamplerOutput:
+    """logits: [batch, vocab] float32, one row per entry of `rows`; `output_ids[i]` are the
+    tokens row i's request produced so far (None: none for every row)."""
     if logits.shape[0] != len(rows):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sampling rows")
+    outputs: Sequence[Sequence[int]] = [()] * len(rows) if output_ids is None else output_ids
+    if len(outputs) != len(rows):
+        raise ValueError(f"{len(outputs)} output histories for {len(rows)} sampling rows")
     logits = torch.nan_to_num(logits.float(), nan=_NEG_INF)
     raw_logprobs = torch.log_softmax(logits, dim=-1)
-    processed = _apply_penalties(apply_bias_and_bans(logits, rows), rows)
+    banned = [row.banned_ids(len(out)) for row, out in zip(rows, outputs, strict=True)]
+    processed = _apply_penalties(apply_bias_and_bans(logits, rows, banned), rows, outputs)
 
     next_ids = processed.argmax(dim=-1)
     sampled = [i for i, row in enumerate(rows) if not row.greedy]
@@ -90,11 +112,13 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
     )
 
 
-def apply_bias_and_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """`logits` with each row's logit bias added and its banned ids at -inf (a copy when any
+def apply_bias_and_bans(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], banned: Sequence[Sequence[int]]
+) -> torch.Tensor:
+    """`logits` with each row's logit bias added and its `banned` ids at -inf (a copy when any
     row has either)."""
     biased = [(i, row.logit_bias) for i, row in enumerate(rows) if row.logit_bias is not None]
-    if not biased and not any(row.banned_ids for row in rows):
+    if not biased and not any(banned):
         return logits
     logits = logits.clone()
     if biased:
@@ -106,35 +130,34 @@ def apply_bias_and_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.
         logits.index_put_(
             (row_index.to(device), token_ids.to(device)), values.to(device), accumulate=True
         )
-    for i, row in enumerate(rows):
-        if row.banned_ids:
-            logits[i, list(row.banned_ids)] = _NEG_INF
+    for i, ids in enumerate(banned):
+        if ids:
+            logits[i, list(ids)] = _NEG_INF
     return logits
 
 
-def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    if not any(
-        row.repetition_penalty != 1.0 or row.frequency_penalty or row.presence_penalty
-        for row in rows
-    ):
+def _apply_penalties(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], outputs: Sequence[Sequence[int]]
+) -> torch.Tensor:
+    if not any(row.penalized for row in rows):
         return logits
     logits = logits.clone()
     vocab = logits.shape[1]
-    for i, row in enumerate(rows):
+    for i, (row, output_ids) in enumerate(zip(rows, outputs, strict=True)):
         if row.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted({*row.prompt_ids, *row.output_ids}), dtype=torch.long)
+            seen = torch.tensor(sorted({*row.prompt_ids, *output_ids}), dtype=torch.long)
             if seen.numel():
                 values = logits[i, seen]
                 logits[i, seen] = torch.where(
                     values > 0, values / row.repetition_penalty, values * row.repetition_penalty
                 )
-        if (row.frequency_penalty or row.presence_penalty) and row.output_ids:
-            counts = torch.bincount(torch.tensor(row.output_ids), minlength=vocab).to(logits)
+        if (row.frequency_penalty or row.presence_penalty) and output_ids:
+            counts = torch.bincount(torch.tensor(output_ids), minlength=vocab).to(logits)
             logits[i] -= row.frequency_penalty * counts + row.presence_penalty * (counts > 0)
     return logits
 
 
-def _filtered_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+def _filtered_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     temperatures = torch.tensor([row.temperature for row in rows], device=logits.device)
     probs = torch.softmax(logits / temperatures[:, None], dim=-1)
     vocab = probs.shape[1]
@@ -170,7 +193,7 @@ def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torc
 
 
 def _top_logprobs(
-    raw_logprobs: torch.Tensor, rows: list[SamplingRow]
+    raw_logprobs: torch.Tensor, rows: Sequence[SamplingRow]
 ) -> list[list[tuple[int, float]]]:
     k = max((row.top_logprobs_num for row in rows), default=0)
     if k == 0:

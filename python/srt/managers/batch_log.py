@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from srt.io_struct import GetLoadOut
-from srt.managers.schedule_batch import ForwardKind, Req, ScheduleBatch
+from srt.managers.schedule_batch import ForwardMode, Req, ScheduleBatch
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class BatchLogger:
 
     def log(self, batch: ScheduleBatch, load: Callable[[], GetLoadOut]) -> None:
         """Logs `batch` if its line is due; `load` gives the scheduler's load (called only then)."""
-        if batch.kind is ForwardKind.EXTEND:
+        if batch.forward_mode is ForwardMode.EXTEND:
             self.log_prefill(batch, load())
         else:
             self.count_decode(batch, load)

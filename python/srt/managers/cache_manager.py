@@ -4,6 +4,8 @@ they pass to the radix cache.
 Every KV slot is free (allocator), in the radix cache (evictable, or locked by the requests whose
 prefix it is), or held by a request that runs. `CacheManager.check_invariants` verifies
 free + evictable + locked + held = total, and that every request row in use has a holder.
+When the cache swaps a request's slots for its own, the request's row in the runner's
+`ReqToTokenPool` is stale from there on (`Req.row_synced`): its next batch rewrites it.
 Without a radix cache (`--disable-radix-cache`) a request's slots go straight back to the
 allocator.
 """
@@ -12,11 +14,9 @@ from __future__ import annotations
 
 from array import array
 
-import torch
-
 from srt.managers.schedule_batch import Req
 from srt.mem_cache import RadixCache, TokenToKVPoolAllocator
-from srt.mem_cache.memory_pool import ReqToTokenPool
+from srt.mem_cache.req_rows import ReqRowAllocator
 
 
 class CacheManager:
@@ -26,11 +26,11 @@ class CacheManager:
         self,
         allocator: TokenToKVPoolAllocator,
         tree_cache: RadixCache | None,
-        req_to_token_pool: ReqToTokenPool,
+        rows: ReqRowAllocator,
     ) -> None:
         self.allocator = allocator
         self.tree_cache = tree_cache
-        self.req_to_token_pool = req_to_token_pool
+        self.rows = rows
 
     def available(self) -> int:
         """Slots a new token can get: free ones, and cached ones no request locks."""
@@ -59,14 +59,15 @@ class CacheManager:
         self.tree_cache.dec_lock_ref(req.last_node)
         req.kv_slots = slots
         req.prefix_len, req.last_node = len(slots), node
-        self.req_to_token_pool.write(req_row(req), 0, int32_tensor(slots))
 
     def _insert(self, req: Req, key: array[int]) -> None:
-        """Inserts the request's KV for `key` and frees its slots the cache already held."""
+        """Inserts the request's KV for `key` and frees its slots the cache already held: from
+        the first of those on, the request's row must be written again."""
         assert self.tree_cache is not None
         cached = self.tree_cache.insert(key, req.kv_slots[: len(key)])
         if cached > req.prefix_len:
             self.allocator.free(req.kv_slots[req.prefix_len : cached])
+            req.row_synced = min(req.row_synced, req.prefix_len)
 
     def release(self, req: Req) -> None:
         """Gives back everything `req` holds: its KV (into the cache when there is one), its
@@ -78,8 +79,9 @@ class CacheManager:
                 self.tree_cache.dec_lock_ref(req.last_node)
             else:
                 self.allocator.free(req.kv_slots)
-            self.req_to_token_pool.free([req.row])
+            self.rows.free([req.row])
         req.row, req.kv_slots, req.prefix_len, req.last_node = None, array("i"), 0, None
+        req.row_synced = 0
 
     def flush(self) -> None:
         """Empties the radix cache; only while no request holds a lock in it."""
@@ -105,7 +107,7 @@ class CacheManager:
                 f"free {free} + evictable {evictable} + locked {locked} + held {held} "
                 f"!= total {self.allocator.size}"
             )
-        rows = self.req_to_token_pool.size - self.req_to_token_pool.available()
+        rows = self.rows.size - self.rows.available()
         if rows != len(holders):
             problems.append(f"{rows} request rows in use by {len(holders)} requests")
         if idle and locked:
@@ -117,10 +119,3 @@ def req_row(req: Req) -> int:
     """The request's row in the req-to-token pool (it must have one)."""
     assert req.row is not None, f"request {req.rid} has no row"
     return req.row
-
-
-def int32_tensor(ids: array[int]) -> torch.Tensor:
-    """An int32 tensor sharing the memory of `ids`."""
-    return (
-        torch.frombuffer(ids, dtype=torch.int32) if len(ids) else torch.empty(0, dtype=torch.int32)
-    )

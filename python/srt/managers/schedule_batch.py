@@ -4,28 +4,32 @@ of one forward pass.
 Data flow through the scheduler (DESIGN §3-4):
 
     TokenizedGenerateReq ─▶ Req ─▶ waiting queue ─(policy order, PrefillAdder)─▶ extend batch
-        extend batch ─▶ ModelRunner.forward ─▶ sample ─▶ Req.output_ids ─▶ running batch
-        running batch ─▶ decode batch ─▶ forward ─▶ sample ─▶ ... until a finish condition
+        extend batch ─▶ ModelWorkerBatch ─▶ ModelRunner (forward + sample) ─▶ next ids
+            ─▶ Req.output_ids ─▶ running batch
+        running batch ─▶ decode batch ─▶ ModelRunner ─▶ ... until a finish condition
         finished Req ─▶ its KV slots into the radix cache (unlocked) ─▶ BatchTokenIDOut
+
+The scheduler handles ints only: the runner keeps each request's sampling state (built once, at
+its first admission, from `Req.sampling_spec`) and the KV tensors, and returns token ids.
 
 A request's KV lives in `kv_slots`: its first `prefix_len` slots belong to the radix cache
 (locked through `last_node` while the request holds them), the rest to the request itself. The
 tokens that have KV are `all_ids[:kv_len]`; the newest output token never has KV until the next
-decode step feeds it. A retracted request gives its slots back and keeps its output ids: when it
-is admitted again, its prompt and outputs are extended together (mostly from the cache).
+decode step feeds it. The runner's `ReqToTokenPool` row holds the first `row_synced` of
+`kv_slots`: the next batch of the request tells it the rest. A retracted request gives its
+slots back and keeps its output ids: when it is admitted again, its prompt and outputs are
+extended together (mostly from the cache).
 """
 
 from __future__ import annotations
 
-import enum
 import time
 from array import array
 from dataclasses import dataclass, field
 
-import torch
-
+from srt.forward_mode import ForwardMode
 from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
-from srt.layers.sampler import LogitBias, SamplingRow, token_logprobs
+from srt.model_executor.worker_batch import PromptLogprobs, RequestSamplingSpec
 from srt.sampling_params import SamplingParams
 
 # How many prompt ids the detokenizer decodes ahead of the output (see incremental_detokenizer).
@@ -47,11 +51,6 @@ class Req:
         self.stop_token_ids = (
             frozenset() if params.ignore_eos else eos_token_ids | set(params.stop_token_ids)
         )
-        self.generator = (
-            torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        )
-        # Built once: a step adds it in one operation, not a loop over its entries.
-        self.logit_bias = LogitBias.of(params.logit_bias)
 
         self.output_ids: list[int] = []
         self.output_logprobs: list[float] = []
@@ -72,6 +71,7 @@ class Req:
 
         # KV state (empty while waiting)
         self.row: int | None = None  # ReqToTokenPool row
+        self.row_synced = 0  # leading kv_slots the runner has written into the row
         self.kv_slots = array("i")
         self.prefix_len = 0  # leading kv_slots owned by the radix cache
         self.last_node: int | None = None  # radix node locked for them
@@ -151,27 +151,24 @@ class Req:
 
     # ---- sampling ----------------------------------------------------------------------------
 
-    def sampling_row(self) -> SamplingRow:
-        params = self.sampling_params
-        penalized = (
-            params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty
+    def prompt_logprobs(self, positions: range) -> PromptLogprobs | None:
+        """What the runner must take from the logits of `positions` (`logit_positions`) for
+        the pending prompt logprobs (None: nothing)."""
+        targets = self.input_logprob_targets(positions)
+        if not targets:
+            return None
+        ids = self.origin_input_ids
+        return PromptLogprobs(
+            first_row=targets.start - positions.start,
+            target_ids=[ids[j + 1] for j in targets],
         )
-        banned: tuple[int, ...] = ()
-        if len(self.output_ids) < params.min_new_tokens:
-            banned = tuple(sorted(self.stop_token_ids))
-        return SamplingRow(
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            min_p=params.min_p,
-            repetition_penalty=params.repetition_penalty,
-            frequency_penalty=params.frequency_penalty,
-            presence_penalty=params.presence_penalty,
-            logit_bias=self.logit_bias,
-            banned_ids=banned,
-            prompt_ids=tuple(self.origin_input_ids) if penalized else (),
-            output_ids=tuple(self.output_ids) if penalized else (),
-            generator=self.generator,
+
+    def sampling_spec(self) -> RequestSamplingSpec:
+        """What the runner builds this request's sampling state from, once, at admission."""
+        return RequestSamplingSpec(
+            params=self.sampling_params,
+            stop_token_ids=self.stop_token_ids,
+            prompt_ids=self.origin_input_ids,
             top_logprobs_num=self.top_logprobs_num if self.return_logprob else 0,
         )
 
@@ -194,50 +191,20 @@ class Req:
         return tuple(self.origin_input_ids[-CONTEXT_IDS:])
 
 
-class ForwardKind(enum.Enum):
-    EXTEND = enum.auto()
-    DECODE = enum.auto()
-
-
 @dataclass
 class ScheduleBatch:
     """The requests of one forward pass. For an extend, each request's `extend_ids` are computed
     after its first `kv_len` tokens (cache hits and earlier chunks); for a decode, each request's
     newest output token is."""
 
-    kind: ForwardKind
+    forward_mode: ForwardMode
     reqs: list[Req] = field(default_factory=list)
 
     @property
     def num_new_tokens(self) -> int:
-        if self.kind is ForwardKind.DECODE:
+        if self.forward_mode is ForwardMode.DECODE:
             return len(self.reqs)
         return sum(len(req.extend_ids) for req in self.reqs)
-
-
-def record_prompt_logprobs(
-    reqs: list[Req], logits: torch.Tensor, positions: list[range]
-) -> torch.Tensor:
-    """Takes the prompt logprobs out of an extend's logits, whose rows are, request by request,
-    those of `positions[i]` (`Req.logit_positions`); returns each request's last row, the
-    logits of its next token."""
-    last_rows, row = [], 0
-    for req, where in zip(reqs, positions, strict=True):
-        targets = req.input_logprob_targets(where)
-        if targets:
-            first = row + targets.start - where.start
-            logprobs, tops = token_logprobs(
-                logits[first : first + len(targets)],
-                [req.origin_input_ids[j + 1] for j in targets],
-                req.top_logprobs_num,
-            )
-            req.input_token_logprobs.extend(logprobs)
-            req.input_top_logprobs.extend(tops)
-        row += len(where)
-        last_rows.append(row - 1)
-    if row != logits.shape[0]:
-        raise ValueError(f"{logits.shape[0]} logit rows for {row} positions")
-    return logits if row == len(reqs) else logits[last_rows]
 
 
 def make_output(reqs: list[Req]) -> BatchTokenIDOut:

@@ -31,6 +31,56 @@ CACHE_AWARE_QUEUE_LIMIT = 128
 CLIP_MAX_NEW_TOKENS = 4096
 
 
+# A policy orders the waiting queue; `prefixes` gives each request's longest cached prefix ids
+# (only cache-aware policies call it).
+Policy = Callable[[Collection[Req], Callable[[Req], list[int]], random.Random], Iterable[Req]]
+
+
+def _fcfs(
+    queue: Collection[Req], prefix_of: Callable[[Req], list[int]], rng: random.Random
+) -> Iterable[Req]:
+    return queue
+
+
+def _lof(
+    queue: Collection[Req], prefix_of: Callable[[Req], list[int]], rng: random.Random
+) -> Iterable[Req]:
+    return sorted(queue, key=lambda req: -req.sampling_params.max_new_tokens)
+
+
+def _random(
+    queue: Collection[Req], prefix_of: Callable[[Req], list[int]], rng: random.Random
+) -> Iterable[Req]:
+    shuffled = list(queue)
+    rng.shuffle(shuffled)
+    return shuffled
+
+
+def _lpm(
+    queue: Collection[Req], prefix_of: Callable[[Req], list[int]], rng: random.Random
+) -> Iterable[Req]:
+    lengths = {id(req): len(prefix_of(req)) for req in queue}
+    return sorted(queue, key=lambda req: -lengths[id(req)])
+
+
+def _dfs(
+    queue: Collection[Req], prefix_of: Callable[[Req], list[int]], rng: random.Random
+) -> Iterable[Req]:
+    return _dfs_weight(list(queue), {id(req): prefix_of(req) for req in queue})
+
+
+# The `--schedule-policy` choices (`server_args.SCHEDULE_POLICIES` lists the same names, in this
+# order: a test holds them equal). The cache-aware ones fall back to fcfs on long queues.
+SCHEDULE_POLICIES: dict[str, Policy] = {
+    "fcfs": _fcfs,
+    "lpm": _lpm,
+    "dfs-weight": _dfs,
+    "lof": _lof,
+    "random": _random,
+}
+CACHE_AWARE_POLICIES = frozenset({"lpm", "dfs-weight"})
+
+
 def order_waiting(
     queue: Collection[Req],
     policy: str,
@@ -41,22 +91,12 @@ def order_waiting(
     longest cached prefix (only the cache-aware policies call it). With `fcfs` this is the
     queue itself, walked lazily: a step that admits few requests from a long queue looks at
     those few."""
-    if policy in ("lpm", "dfs-weight") and len(queue) > CACHE_AWARE_QUEUE_LIMIT:
+    if policy in CACHE_AWARE_POLICIES and len(queue) > CACHE_AWARE_QUEUE_LIMIT:
         policy = "fcfs"
-    if policy == "fcfs":
-        return queue
-    if policy == "lof":
-        return sorted(queue, key=lambda req: -req.sampling_params.max_new_tokens)
-    if policy == "random":
-        shuffled = list(queue)
-        rng.shuffle(shuffled)
-        return shuffled
-    prefixes = {id(req): prefix_len_of(req) for req in queue}
-    if policy == "lpm":
-        return sorted(queue, key=lambda req: -len(prefixes[id(req)]))
-    if policy == "dfs-weight":
-        return _dfs_weight(list(queue), prefixes)
-    raise ValueError(f"unknown schedule policy {policy!r}")
+    order = SCHEDULE_POLICIES.get(policy)
+    if order is None:
+        raise ValueError(f"unknown schedule policy {policy!r}")
+    return order(queue, prefix_len_of, rng)
 
 
 def _dfs_weight(queue: list[Req], prefixes: dict[int, list[int]]) -> list[Req]:

@@ -20,21 +20,14 @@ import random
 from array import array
 
 import numpy as np
-import torch
 
 from srt import envs
+from srt.forward_mode import ForwardMode
 from srt.io_struct import BatchTokenIDOut, FinishReason, GetLoadOut, TokenizedGenerateReq
-from srt.layers.sampler import sample
 from srt.managers.batch_log import BatchLogger
-from srt.managers.cache_manager import CacheManager, int32_tensor, req_row
+from srt.managers.cache_manager import CacheManager, req_row
 from srt.managers.req_queue import ReqQueue
-from srt.managers.schedule_batch import (
-    ForwardKind,
-    Req,
-    ScheduleBatch,
-    make_output,
-    record_prompt_logprobs,
-)
+from srt.managers.schedule_batch import Req, ScheduleBatch, make_output
 from srt.managers.schedule_policy import (
     CLIP_MAX_NEW_TOKENS,
     AddResult,
@@ -45,7 +38,12 @@ from srt.managers.schedule_policy import (
 )
 from srt.managers.stop_strings import StopStringChecker
 from srt.mem_cache import RadixCache, TokenToKVPoolAllocator
-from srt.model_executor.model_runner import ModelRunner
+from srt.mem_cache.req_rows import ReqRowAllocator
+from srt.model_executor.worker_batch import (
+    GenerationBatchResult,
+    GenerationRunner,
+    ModelWorkerBatch,
+)
 from srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -60,42 +58,31 @@ RETRACT_DECODE_STEPS = 20
 # A waiting request sharing this many uncached prompt tokens with one admitted in the same step
 # waits one step to take them from the cache instead of computing them twice.
 IN_BATCH_PREFIX_TOKENS = 32
-# --chunked-prefill-size when not given. On the CPU, GEMMs of a few thousand rows run faster per
-# row than larger ones (their activations stay in cache): the 7,511 prompt tokens of
-# bench_offline_throughput's random workload prefilled in 18.6 s in steps of at most 4,096 tokens
-# and in 21.6 s in one step of 7,511 (SmolLM2, three alternating runs each).
-DEFAULT_CHUNKED_PREFILL_SIZE = 8192
-CPU_CHUNKED_PREFILL_SIZE = 4096
 
 
 class Scheduler:
     def __init__(
-        self, server_args: ServerArgs, model_runner: ModelRunner, tokenizer_path: str | None
+        self, server_args: ServerArgs, model_runner: GenerationRunner, tokenizer_path: str | None
     ) -> None:
+        """`server_args` as the runner resolved them (`model_executor.resolve`)."""
         if server_args.page_size != 1:
             raise ValueError("the scheduler supports --page-size 1 only")
+        if server_args.chunked_prefill_size is None:
+            raise ValueError("the scheduler needs server arguments with device defaults resolved")
         self.server_args = server_args
         self.runner = model_runner
-        config = model_runner.model_config
-        self.context_length = config.context_length
-        self.vocab_size = int(config.hf_config.vocab_size)
-        self.eos_token_ids = config.eos_token_ids
-        self.req_to_token_pool = model_runner.req_to_token_pool
-        self.max_running_requests = min(
-            model_runner.max_running_requests, self.req_to_token_pool.size
-        )
-        self.chunked_prefill_size = server_args.chunked_prefill_size or (
-            CPU_CHUNKED_PREFILL_SIZE
-            if model_runner.device.type == "cpu"
-            else DEFAULT_CHUNKED_PREFILL_SIZE
-        )
-        self.allocator = TokenToKVPoolAllocator(model_runner.max_total_tokens)
+        limits = model_runner.limits
+        self.context_length = limits.context_length
+        self.vocab_size = limits.vocab_size
+        self.eos_token_ids = limits.eos_token_ids
+        self.rows = ReqRowAllocator(limits.max_running_requests)
+        self.max_running_requests = limits.max_running_requests
+        self.chunked_prefill_size: int = server_args.chunked_prefill_size
+        self.allocator = TokenToKVPoolAllocator(limits.max_total_tokens)
         self.tree_cache = None if server_args.disable_radix_cache else RadixCache(1, self.allocator)
-        self.cache = CacheManager(self.allocator, self.tree_cache, self.req_to_token_pool)
+        self.cache = CacheManager(self.allocator, self.tree_cache, self.rows)
         self.stop_strings = StopStringChecker(tokenizer_path)
         self.rng = random.Random(server_args.random_seed)
-        if server_args.random_seed is not None:
-            torch.manual_seed(server_args.random_seed)
         self.check_every_step = envs.check_invariants()
 
         self.waiting = ReqQueue()
@@ -225,9 +212,7 @@ class Scheduler:
             rem_total_tokens=self.cache.available() - reserved,
             rem_input_tokens=self.server_args.max_prefill_tokens,
             rem_chunk_tokens=None if chunk == -1 else chunk,
-            rem_requests=min(
-                self.max_running_requests - running, self.req_to_token_pool.available()
-            ),
+            rem_requests=min(self.max_running_requests - running, self.rows.available()),
         )
         chunked = self.chunked_req
         if chunked is not None:
@@ -250,7 +235,7 @@ class Scheduler:
             self.waiting.remove(req)
         if self.chunked_req is not None:
             self.waiting.remove(self.chunked_req)
-        return ScheduleBatch(ForwardKind.EXTEND, admitted) if admitted else None
+        return ScheduleBatch(ForwardMode.EXTEND, admitted) if admitted else None
 
     def _cached_prefix(self, req: Req) -> list[int]:
         """The ids of the longest cached prefix of `req` it may use (`Req.prefix_limit`)."""
@@ -283,15 +268,15 @@ class Scheduler:
             return result
         if self.tree_cache is not None:
             in_batch.append(ids)
-        row = self.req_to_token_pool.alloc(1)
+        row = self.rows.alloc(1)
         assert row is not None, "the adder counted free rows"
         req.row = row[0]
         req.kv_slots, req.prefix_len, req.last_node = slots, len(slots), node
+        req.row_synced = 0
         if not req.admitted:
             req.cached_tokens = len(slots)
             req.admitted = True
-        if slots:
-            self.req_to_token_pool.write(req.row, 0, int32_tensor(slots))
+            self.runner.add_request(req.rid, req.sampling_spec())
         return result
 
     def get_decode_batch(self) -> ScheduleBatch | None:
@@ -304,7 +289,7 @@ class Scheduler:
         self.new_token_ratio = max(
             self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO
         )
-        return ScheduleBatch(ForwardKind.DECODE, list(self.running))
+        return ScheduleBatch(ForwardMode.DECODE, list(self.running))
 
     def _retract_until_decodable(self) -> None:
         """Retracts running requests (fewest outputs first, then longest prompt) until every
@@ -331,56 +316,67 @@ class Scheduler:
         )
 
     def run_batch(self, batch: ScheduleBatch) -> None:
-        slots = self.cache.alloc(batch.num_new_tokens)
-        positions = None
-        if batch.kind is ForwardKind.EXTEND:
-            prefix_lens = [req.kv_len for req in batch.reqs]
-            positions = [req.logit_positions() for req in batch.reqs]
-            forward_batch = self.runner.prepare_extend(
-                [req_row(req) for req in batch.reqs],
-                prefix_lens,
-                [req.extend_ids for req in batch.reqs],
-                int32_tensor(slots),
-                logit_lens=[len(where) for where in positions],
-            )
-            start = 0
-            for req in batch.reqs:
-                req.kv_slots.extend(slots[start : start + len(req.extend_ids)])
-                start += len(req.extend_ids)
-        else:
-            for req, slot in zip(batch.reqs, slots, strict=True):
-                req.kv_slots.append(slot)
-            forward_batch = self.runner.prepare_decode(
-                [req_row(req) for req in batch.reqs],
-                [req.kv_len for req in batch.reqs],
-                [req.output_ids[-1] for req in batch.reqs],
-                int32_tensor(slots),
-            )
-        logits = self.runner.forward(forward_batch)
-        if positions is not None:
-            logits = record_prompt_logprobs(batch.reqs, logits, positions)
-        self.process_batch_result(batch, logits)
+        self.process_batch_result(
+            batch, self.runner.forward_batch_generation(self.worker_batch(batch))
+        )
 
-    def process_batch_result(self, batch: ScheduleBatch, logits: torch.Tensor) -> None:
-        complete = [i for i, req in enumerate(batch.reqs) if req.kv_len == req.fill_len]
+    def worker_batch(self, batch: ScheduleBatch) -> ModelWorkerBatch:
+        """Gives `batch`'s new tokens their KV slots and says what the runner must run."""
+        reqs = batch.reqs
+        slots = self.cache.alloc(batch.num_new_tokens)
+        extend = batch.forward_mode is ForwardMode.EXTEND
+        if extend:
+            new_ids = [req.extend_ids for req in reqs]
+            positions = [req.logit_positions() for req in reqs]
+        else:
+            new_ids = [[req.output_ids[-1]] for req in reqs]
+        row_writes, extend_lens, start = [], [], 0
+        for req, ids in zip(reqs, new_ids, strict=True):
+            if req.row_synced < req.kv_len:  # the runner's row lacks slots it already has
+                row_writes.append((req_row(req), req.row_synced, req.kv_slots[req.row_synced :]))
+            req.kv_slots.extend(slots[start : start + len(ids)])
+            req.row_synced = req.kv_len
+            extend_lens.append(len(ids))
+            start += len(ids)
+        return ModelWorkerBatch(
+            forward_mode=batch.forward_mode,
+            rids=[req.rid for req in reqs],
+            rows=[req_row(req) for req in reqs],
+            seq_lens=[req.kv_len for req in reqs],
+            extend_lens=extend_lens,
+            input_ids=[token for ids in new_ids for token in ids],
+            out_cache_loc=slots,
+            row_writes=row_writes,
+            logit_lens=[len(where) for where in positions] if extend else None,
+            # A chunk of a longer prompt gets no token.
+            sample=[req.kv_len == req.fill_len for req in reqs] if extend else None,
+            prompt_logprobs=(
+                [req.prompt_logprobs(where) for req, where in zip(reqs, positions, strict=True)]
+                if extend
+                else None
+            ),
+        )
+
+    def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
+        for req, logprobs, tops in zip(
+            batch.reqs, result.input_token_logprobs, result.input_top_logprobs, strict=True
+        ):
+            if logprobs:
+                req.input_token_logprobs.extend(logprobs)
+                req.input_top_logprobs.extend(tops)
         for req in batch.reqs:
             if req.kv_len < req.fill_len:  # a chunk of a longer prompt: cache it, no token
                 self.cache.cache_unfinished(req)
-        if not complete:
-            return
-        reqs = [batch.reqs[i] for i in complete]
-        if len(complete) < len(batch.reqs):
-            logits = logits[complete]
-        out = sample(logits, [req.sampling_row() for req in reqs])
+        reqs = [req for req in batch.reqs if req.kv_len == req.fill_len]
         for j, req in enumerate(reqs):
-            req.output_ids.append(out.next_ids[j])
+            req.output_ids.append(result.next_ids[j])
             if req.return_logprob:
-                req.output_logprobs.append(out.logprobs[j])
-                req.output_top_logprobs.append(tuple(out.top_logprobs[j]))
+                req.output_logprobs.append(result.logprobs[j])
+                req.output_top_logprobs.append(tuple(result.top_logprobs[j]))
             req.check_finished(self.context_length)
             if not req.finished() and req.sampling_params.stop:
                 self.stop_strings.check(req)
-            if batch.kind is ForwardKind.EXTEND and not req.finished():
+            if batch.forward_mode is ForwardMode.EXTEND and not req.finished():
                 self.cache.cache_unfinished(req)  # later requests can share the prompt at once
                 self.running.append(req)
             if req.finished():
@@ -398,10 +394,11 @@ class Scheduler:
 
     def _release(self, req: Req, keep_stop_state: bool = False) -> None:
         """Gives back everything `req` holds (`CacheManager.release`) and, unless it is only
-        retracted, its stop-string state."""
+        retracted, its stop-string and sampling state."""
         self.cache.release(req)
         if not keep_stop_state:
             self.stop_strings.forget(req)
+            self.runner.remove_request(req.rid)
 
     def flush_cache(self) -> str | None:
         """Empties the radix cache; refused (returns why) while any request is in flight."""

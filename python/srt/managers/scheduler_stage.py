@@ -37,7 +37,8 @@ class SchedulerStage(Stage):
             raise ValueError("the scheduler needs --model-path")
         runner = ModelRunner(server_args, server_args.model_path)
         tokenizer_path = server_args.tokenizer_path or runner.model_config.model_path
-        self.scheduler = Scheduler(server_args, runner, tokenizer_path)
+        # The runner resolved the device defaults: the scheduler reads its resolved arguments.
+        self.scheduler = Scheduler(runner.server_args, runner, tokenizer_path)
         self.recv_from_tokenizer = Receiver(rings.scheduler)
         self.send_to_detokenizer = Sender(rings.detokenizer)
 

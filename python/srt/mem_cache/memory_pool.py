@@ -1,8 +1,9 @@
 """The KV memory of the model: which slots a sequence uses, and the K/V tensors of every slot.
 
 `ReqToTokenPool` maps (request row, token position) to a KV slot. `KVPool` holds, per layer, K and
-V tensors indexed by slot; slot 0 is padding and never holds a real token. Which slots are free is
-the allocator's business, not this module's.
+V tensors indexed by slot; slot 0 is padding and never holds a real token. Which slots and rows
+are free is the scheduler's business (`allocator`, `req_rows`), not this module's: the model
+runner owns these tensors and is their one writer.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import torch
 
 
 class ReqToTokenPool:
-    """One row per running request: position -> KV slot.
+    """One row per running request (`size` rows, handed out by `req_rows.ReqRowAllocator`):
+    position -> KV slot.
 
     One more row, `padding_row`, is never handed out and stays all zeros (every position maps to
     the padding slot 0): the rows that pad a decode batch up to a CUDA graph's size point at it.
@@ -24,20 +26,6 @@ class ReqToTokenPool:
         self.req_to_token = torch.zeros(
             (size + 1, max_context_len), dtype=torch.int32, device=device
         )
-        self._free_rows = list(range(size))
-
-    def available(self) -> int:
-        return len(self._free_rows)
-
-    def alloc(self, n: int) -> list[int] | None:
-        """n free rows, or None when fewer are free."""
-        if n > len(self._free_rows):
-            return None
-        rows, self._free_rows = self._free_rows[:n], self._free_rows[n:]
-        return rows
-
-    def free(self, rows: list[int]) -> None:
-        self._free_rows.extend(rows)
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         """Records that positions start.. of `row` live in `slots`."""
@@ -45,8 +33,19 @@ class ReqToTokenPool:
             raise ValueError(f"request row {row} is not one of the pool's {self.size} rows")
         self.req_to_token[row, start : start + slots.numel()] = slots.to(torch.int32)
 
-    def clear(self) -> None:
-        self._free_rows = list(range(self.size))
+    def write_tokens(self, rows: list[int], positions: list[int], slots: torch.Tensor) -> None:
+        """Records that position `positions[i]` of row `rows[i]` lives in `slots[i]`, for every
+        new token of a batch in one indexed write."""
+        if not rows:
+            return
+        if not 0 <= min(rows) <= max(rows) < self.size:
+            raise ValueError(f"request rows {sorted(set(rows))} are not all of the pool's rows")
+        device = self.req_to_token.device
+        index = (
+            torch.tensor(rows, dtype=torch.int64, device=device),
+            torch.tensor(positions, dtype=torch.int64, device=device),
+        )
+        self.req_to_token.index_put_(index, slots.to(device=device, dtype=torch.int32))
 
 
 class KVPool:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from srt.layers.forward_batch import ForwardBatch, ForwardMode
+from srt.forward_mode import ForwardMode
+from srt.layers.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
     from srt.model_executor.model_runner import ModelRunner

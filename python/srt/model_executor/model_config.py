@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, GenerationConfig
 
+from srt.model_executor.resolve import default_dtype
 from srt.models.llama import head_dim_of
 from srt.server_args import check_local_model_path, split_gguf_path
 
@@ -15,10 +16,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` is bf16 on CUDA and fp32 on CPU."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
+    """The torch dtype of a `--dtype` name (`auto`: `resolve.default_dtype`)."""
+    return DTYPES[default_dtype(device) if name == "auto" else name]
 
 
 @dataclass(frozen=True)

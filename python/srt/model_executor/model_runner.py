@@ -1,46 +1,48 @@
-"""`ModelRunner`: one model on one device, its KV memory, and forward passes over batches.
+"""`ModelRunner`: one model on one device, its KV memory, forward passes and sampling.
 
-The runner owns the tensors (weights, `ReqToTokenPool`, `KVPool`) but not the bookkeeping of
-which KV slots are free: the scheduler allocates slots and passes them in with each batch.
+The runner owns the tensors (weights, `ReqToTokenPool`, `KVPool`, each request's sampling state)
+and is the one writer of `ReqToTokenPool`, but not the bookkeeping of which KV slots and rows
+are free: the scheduler allocates them and passes them in with each batch
+(`worker_batch.ModelWorkerBatch`), and gets token ids back, never logits.
 """
 
 from __future__ import annotations
 
 import logging
+from array import array
+from collections.abc import Sequence
 
 import torch
 
 from srt import envs
-from srt.layers.attention.registry import create_attention_backend, resolve_attention_backend
-from srt.layers.forward_batch import ForwardBatch, ForwardMode
+from srt.forward_mode import ForwardMode
+from srt.layers.attention.registry import create_attention_backend
+from srt.layers.forward_batch import ForwardBatch
 from srt.layers.linear import prepare_for_device
 from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from srt.model_executor.model_config import ModelConfig
+from srt.model_executor.resolve import resolve_device_defaults
+from srt.model_executor.sampling_info import SamplingStates
 from srt.model_executor.weight_loader import iterate_weights
+from srt.model_executor.worker_batch import (
+    GenerationBatchResult,
+    ModelWorkerBatch,
+    RequestSamplingSpec,
+    RunnerLimits,
+)
 from srt.models.registry import model_class_for
 from srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_RUNNING_REQUESTS = 256
-DEFAULT_MEM_FRACTION_STATIC = 0.85
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but CUDA is not available")
-    return torch.device(name)
-
 
 class ModelRunner:
     def __init__(self, server_args: ServerArgs, model_path: str) -> None:
-        self.server_args = server_args
-        self.device = resolve_device(server_args.device)
-        # Refuse a backend that cannot run here before any weight is loaded.
-        attention_backend = resolve_attention_backend(server_args.attention_backend, self.device)
+        # The device defaults are resolved here, before any weight is loaded (a backend that
+        # cannot run on the device is refused at once); everything else reads `server_args`.
+        self.server_args = server_args = resolve_device_defaults(server_args)
+        self.device = torch.device(server_args.device)
         self.model_config = ModelConfig.load(
             model_path,
             server_args.dtype,
@@ -50,10 +52,26 @@ class ModelRunner:
         )
         self.init_model()
         self.init_memory_pool()
+        backend = server_args.attention_backend
+        assert backend is not None, "resolved above"
         self.attn_backend = create_attention_backend(
-            attention_backend, self.model, self.model_config.dtype, self.device
+            backend, self.model, self.model_config.dtype, self.device
         )
         self.init_cuda_graphs()
+        self.sampling = SamplingStates()
+        if server_args.random_seed is not None:
+            torch.manual_seed(server_args.random_seed)
+
+    @property
+    def limits(self) -> RunnerLimits:
+        config = self.model_config
+        return RunnerLimits(
+            context_length=config.context_length,
+            vocab_size=config.vocab_size,
+            eos_token_ids=config.eos_token_ids,
+            max_total_tokens=self.max_total_tokens,
+            max_running_requests=self.max_running_requests,
+        )
 
     def init_model(self) -> None:
         config = self.model_config
@@ -82,9 +100,8 @@ class ModelRunner:
         )
         if self.max_total_tokens < 2:
             raise ValueError(f"the KV cache holds only {self.max_total_tokens} tokens")
-        self.max_running_requests = (
-            self.server_args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS
-        )
+        assert self.server_args.max_running_requests is not None, "resolved in __init__"
+        self.max_running_requests = self.server_args.max_running_requests
         self.req_to_token_pool = ReqToTokenPool(
             self.max_running_requests, config.context_length, self.device
         )
@@ -120,18 +137,64 @@ class ModelRunner:
     def _default_kv_slots(self, bytes_per_slot: int) -> int:
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
-            fraction = self.server_args.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
+            fraction = self.server_args.mem_fraction_static
+            assert fraction is not None, "resolved in __init__"
             budget = free - total * (1 - fraction)
         else:
             budget = envs.cpu_kv_cache_gb() * 2**30
         return int(budget // bytes_per_slot)
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def add_request(self, rid: str, spec: RequestSamplingSpec) -> None:
+        """Builds the sampling state of a request the scheduler admits (once per request)."""
+        self.sampling.add(rid, spec)
+
+    def remove_request(self, rid: str) -> None:
+        """Drops the sampling state of a request that is done (unknown ids are ignored)."""
+        self.sampling.remove(rid)
+
+    # ---- forward passes ----------------------------------------------------------------------
+
+    def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        """Runs `batch` and samples: the next token of every sequence that samples, and the
+        logprobs its request asked for."""
+        with torch.inference_mode():
+            logits = self.forward(self.prepare(batch))
+            return self.sampling.sample(batch, logits)
+
+    def prepare(self, batch: ModelWorkerBatch) -> ForwardBatch:
+        """Records `batch`'s slots in `ReqToTokenPool` (its `row_writes`, then every new token's
+        slot at its position) and builds the tensors of its forward pass."""
+        pool = self.req_to_token_pool
+        for row, start, slots in batch.row_writes:
+            pool.write(row, start, _int32(slots))
+        positions: list[int] = []
+        token_rows: list[int] = []
+        for row, seq_len, n in zip(batch.rows, batch.seq_lens, batch.extend_lens, strict=True):
+            positions.extend(range(seq_len - n, seq_len))
+            token_rows.extend([row] * n)
+        out_cache_loc = _int32(batch.out_cache_loc)
+        pool.write_tokens(token_rows, positions, out_cache_loc)
+        forward_batch = self._forward_batch(
+            batch.forward_mode,
+            batch.input_ids,
+            positions,
+            out_cache_loc,
+            batch.rows,
+            batch.seq_lens,
+            batch.extend_lens,
+        )
+        if batch.logit_lens is not None and any(n != 1 for n in batch.logit_lens):
+            forward_batch.extend_logit_lens_cpu = list(batch.logit_lens)
+        return forward_batch
 
     def prepare_extend(
         self,
         rows: list[int],
         prefix_lens: list[int],
         new_ids: list[list[int]],
-        out_cache_loc: torch.Tensor,
+        out_cache_loc: Sequence[int],
         logit_lens: list[int] | None = None,
     ) -> ForwardBatch:
         """A batch that appends `new_ids[i]` after the `prefix_lens[i]` cached tokens of request
@@ -139,30 +202,39 @@ class ModelRunner:
         `logit_lens`, `forward` returns logits for the last `logit_lens[i]` new tokens of each
         sequence (prompt logprobs), else for its last one."""
         extend_lens = [len(ids) for ids in new_ids]
-        positions = [p for prefix, n in zip(prefix_lens, extend_lens, strict=True)
-                     for p in range(prefix, prefix + n)]  # fmt: skip
-        seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens, strict=True)]
-        start = 0
-        for row, prefix, n in zip(rows, prefix_lens, extend_lens, strict=True):
-            self.req_to_token_pool.write(row, prefix, out_cache_loc[start : start + n])
-            start += n
-        flat_ids = [token for ids in new_ids for token in ids]
-        batch = self._forward_batch(
-            ForwardMode.EXTEND, flat_ids, positions, out_cache_loc, rows, seq_lens, extend_lens
+        return self.prepare(
+            ModelWorkerBatch(
+                forward_mode=ForwardMode.EXTEND,
+                rids=[],
+                rows=rows,
+                seq_lens=[p + n for p, n in zip(prefix_lens, extend_lens, strict=True)],
+                extend_lens=extend_lens,
+                input_ids=[token for ids in new_ids for token in ids],
+                out_cache_loc=array("i", out_cache_loc),
+                row_writes=[],
+                logit_lens=logit_lens,
+            )
         )
-        if logit_lens is not None and any(n != 1 for n in logit_lens):
-            batch.extend_logit_lens_cpu = list(logit_lens)
-        return batch
 
     def prepare_decode(
-        self, rows: list[int], seq_lens: list[int], next_ids: list[int], out_cache_loc: torch.Tensor
+        self,
+        rows: list[int],
+        seq_lens: list[int],
+        next_ids: list[int],
+        out_cache_loc: Sequence[int],
     ) -> ForwardBatch:
         """A batch that appends one token per request; `seq_lens` count it already."""
-        positions = [n - 1 for n in seq_lens]
-        for i, (row, position) in enumerate(zip(rows, positions, strict=True)):
-            self.req_to_token_pool.write(row, position, out_cache_loc[i : i + 1])
-        return self._forward_batch(
-            ForwardMode.DECODE, next_ids, positions, out_cache_loc, rows, seq_lens, [1] * len(rows)
+        return self.prepare(
+            ModelWorkerBatch(
+                forward_mode=ForwardMode.DECODE,
+                rids=[],
+                rows=rows,
+                seq_lens=seq_lens,
+                extend_lens=[1] * len(rows),
+                input_ids=next_ids,
+                out_cache_loc=array("i", out_cache_loc),
+                row_writes=[],
+            )
         )
 
     def _forward_batch(
@@ -206,3 +278,10 @@ class ModelRunner:
             forward_batch.input_ids, forward_batch.positions, forward_batch
         )
         return logits
+
+
+def _int32(ids: array[int]) -> torch.Tensor:
+    """An int32 tensor sharing the memory of `ids`."""
+    if not len(ids):
+        return torch.empty(0, dtype=torch.int32)
+    return torch.frombuffer(ids, dtype=torch.int32)

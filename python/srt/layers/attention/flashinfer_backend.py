@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from srt.forward_mode import ForwardMode
 from srt.layers.attention.base import AttentionBackend
 from srt.layers.attention.kv_indices import build_kv_indices, indptr_of
-from srt.layers.forward_batch import ForwardMode
 from srt.layers.radix_attention import RadixAttention
 
 if TYPE_CHECKING:

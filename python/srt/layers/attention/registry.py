@@ -1,4 +1,8 @@
-"""Attention backends by their `--attention-backend` name, with what each needs to run."""
+"""Attention backends by their `--attention-backend` name, with what each needs to run.
+
+`ATTENTION_BACKENDS` is the one list of backends: `server_args.ATTENTION_BACKENDS` (the CLI
+choices, spelled out there so that the CLI needs no torch) is held equal to its keys by a test.
+"""
 
 from __future__ import annotations
 
@@ -88,8 +92,8 @@ def resolve_attention_backend(name: str | None, device: torch.device) -> str:
 
 
 def create_attention_backend(
-    name: str | None, model: nn.Module, dtype: torch.dtype, device: torch.device
+    name: str, model: nn.Module, dtype: torch.dtype, device: torch.device
 ) -> AttentionBackend:
-    """The backend `resolve_attention_backend(name, device)` names, built for `model`."""
-    name = resolve_attention_backend(name, device)
-    return ATTENTION_BACKENDS[name].create(model, dtype, device)
+    """Backend `name`, as `model_executor.resolve` resolved it, built for `model` (refused, as
+    `resolve_attention_backend` refuses it, if it cannot run on `device`)."""
+    return ATTENTION_BACKENDS[resolve_attention_backend(name, device)].create(model, dtype, device)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from srt.forward_mode import ForwardMode
 from srt.layers import cpu_kernels
 from srt.layers.attention.base import AttentionBackend
 from srt.layers.attention.cascade import (
@@ -26,7 +27,6 @@ from srt.layers.attention.cascade import (
     cascade_decode,
     plan_shared_prefixes,
 )
-from srt.layers.forward_batch import ForwardMode
 
 if TYPE_CHECKING:
     from srt.layers.forward_batch import ForwardBatch

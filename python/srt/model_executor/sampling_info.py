@@ -1,0 +1,135 @@
+"""The runner's half of sampling: each request's sampling state, kept from admission to finish,
+and the step that turns a forward pass's logits into next tokens and logprobs.
+
+A request's settings become a `SamplingRow` (logit-bias tensors, seeded generator) once, when
+the scheduler admits it (`SamplingStates.add`); each step adds only what changed, the tokens it
+produced so far, which the runner records itself as it samples them. The state outlives a
+retraction (a seeded request keeps drawing from the same generator) and ends with the request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from srt.layers.sampler import LogitBias, SamplingRow, sample, token_logprobs
+from srt.model_executor.worker_batch import (
+    GenerationBatchResult,
+    ModelWorkerBatch,
+    PromptLogprobs,
+    RequestSamplingSpec,
+)
+
+
+@dataclass(eq=False)
+class RequestSampling:
+    """One request's sampling state: its settings and the tokens sampled for it so far."""
+
+    row: SamplingRow
+    output_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, spec: RequestSamplingSpec) -> RequestSampling:
+        params = spec.params
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator().manual_seed(params.seed)
+        row = SamplingRow(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
+            logit_bias=LogitBias.of(params.logit_bias),
+            min_new_tokens=params.min_new_tokens,
+            stop_token_ids=tuple(sorted(spec.stop_token_ids)),
+            # Only the repetition penalty reads the prompt.
+            prompt_ids=tuple(spec.prompt_ids) if params.repetition_penalty != 1.0 else (),
+            generator=generator,
+            top_logprobs_num=spec.top_logprobs_num,
+        )
+        return cls(row)
+
+
+class SamplingStates:
+    """The sampling state of every admitted request, by request id."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, RequestSampling] = {}
+
+    def add(self, rid: str, spec: RequestSamplingSpec) -> None:
+        if rid in self.states:
+            raise ValueError(f"request {rid!r} already has sampling state")
+        self.states[rid] = RequestSampling.of(spec)
+
+    def remove(self, rid: str) -> None:
+        self.states.pop(rid, None)
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def sample(self, batch: ModelWorkerBatch, logits: torch.Tensor) -> GenerationBatchResult:
+        """Next tokens from `logits`, whose rows are, sequence by sequence, the last
+        `batch.logit_lens[i]` new positions of each (one each without `logit_lens`): prompt
+        logprobs from the rows that give them, a next token from each sampling sequence's last
+        row."""
+        lens = batch.logit_lens or [1] * batch.batch_size
+        rows_total = sum(lens)
+        if rows_total != logits.shape[0]:
+            raise ValueError(f"{logits.shape[0]} logit rows for {rows_total} positions")
+        states = [self.states[rid] for rid in batch.rids]
+        input_logprobs, input_tops = record_prompt_logprobs(
+            logits, lens, batch.prompt_logprobs, [s.row.top_logprobs_num for s in states]
+        )
+        last_rows, end = [], 0
+        for n in lens:
+            end += n
+            last_rows.append(end - 1)
+        due = batch.sample
+        sampling = [i for i in range(batch.batch_size) if due is None or due[i]]
+        picked = [last_rows[i] for i in sampling]
+        if picked != list(range(rows_total)):
+            logits = logits[picked]
+        chosen = [states[i] for i in sampling]
+        out = sample(logits, [s.row for s in chosen], [s.output_ids for s in chosen])
+        for state, token in zip(chosen, out.next_ids, strict=True):
+            state.output_ids.append(token)
+        return GenerationBatchResult(
+            next_ids=out.next_ids,
+            logprobs=out.logprobs,
+            top_logprobs=out.top_logprobs,
+            input_token_logprobs=input_logprobs,
+            input_top_logprobs=input_tops,
+        )
+
+
+def record_prompt_logprobs(
+    logits: torch.Tensor,
+    logit_lens: list[int],
+    asked: list[PromptLogprobs | None] | None,
+    top_logprobs_nums: list[int],
+) -> tuple[list[list[float]], list[list[tuple[tuple[int, float], ...]]]]:
+    """Per sequence, the prompt logprobs (and top pairs) its `PromptLogprobs` asks for, taken
+    from its rows of `logits` (`logit_lens[i]` rows each, in batch order)."""
+    logprobs: list[list[float]] = []
+    tops: list[list[tuple[tuple[int, float], ...]]] = []
+    start = 0
+    for i, n in enumerate(logit_lens):
+        want = asked[i] if asked is not None else None
+        if want is None or not want.target_ids:
+            logprobs.append([])
+            tops.append([])
+        else:
+            first = start + want.first_row
+            chosen, top = token_logprobs(
+                logits[first : first + len(want.target_ids)],
+                want.target_ids,
+                top_logprobs_nums[i],
+            )
+            logprobs.append(chosen)
+            tops.append(top)
+        start += n
+    return logprobs, tops
