@@ -19,6 +19,7 @@ from srt.io_struct import (
 )
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.rings import RingNames
+from srt.managers.hf_tokenizer import tokenizer_files
 from srt.managers.scheduler import Scheduler
 from srt.managers.stage_process import Stage, run_stage
 from srt.model_executor.model_runner import ModelRunner
@@ -36,9 +37,10 @@ class SchedulerStage(Stage):
         if server_args.model_path is None:
             raise ValueError("the scheduler needs --model-path")
         runner = ModelRunner(server_args, server_args.model_path)
-        tokenizer_path = server_args.tokenizer_path or runner.model_config.model_path
+        # The same tokenizer.json the detokenizer decodes with (a GGUF file's is written out).
+        tokenizer_dir = str(tokenizer_files(server_args))
         # The runner resolved the device defaults: the scheduler reads its resolved arguments.
-        self.scheduler = Scheduler(runner.server_args, runner, tokenizer_path)
+        self.scheduler = Scheduler(runner.server_args, runner, tokenizer_dir)
         self.recv_from_tokenizer = Receiver(rings.scheduler)
         self.send_to_detokenizer = Sender(rings.detokenizer)
 
