@@ -4,7 +4,9 @@ main process) and ring "detokenizer", answering control messages on the way."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
 from srt.io_struct import (
     AbortReq,
@@ -43,6 +45,7 @@ class SchedulerStage(Stage):
         self.scheduler = Scheduler(runner.server_args, runner, tokenizer_dir)
         self.recv_from_tokenizer = Receiver(rings.scheduler)
         self.send_to_detokenizer = Sender(rings.detokenizer)
+        self.init_handlers()
 
     async def event_loop(self) -> None:
         """Serves until a `ShutdownReq`, which it passes on to the detokenizer."""
@@ -60,29 +63,33 @@ class SchedulerStage(Stage):
                 await self.send_to_detokenizer.send(out)
             await asyncio.sleep(0)  # let signals and the parent watch run between steps
 
+    def init_handlers(self) -> None:
+        """Message type → handler; a handler returns the reply to send on, if any."""
+        scheduler = self.scheduler
+        self.handlers: dict[type, Callable[[Any], Message | None]] = {
+            TokenizedGenerateReq: scheduler.add_request,
+            AbortReq: lambda msg: scheduler.abort(msg.rid),
+            FlushCacheReq: self.flush_cache,
+            GetLoadReq: lambda msg: scheduler.get_load(msg.rid),
+            HealthCheckReq: lambda msg: HealthCheckOut(msg.rid, healthy=True),
+        }
+
     async def handle(self, msg: Message) -> bool:
         """Acts on one message; False for `ShutdownReq` (after passing it on)."""
-        scheduler = self.scheduler
-        reply: Message | None = None
-        if isinstance(msg, TokenizedGenerateReq):
-            scheduler.add_request(msg)
-        elif isinstance(msg, AbortReq):
-            scheduler.abort(msg.rid)
-        elif isinstance(msg, FlushCacheReq):
-            refused = scheduler.flush_cache()
-            reply = FlushCacheOut(msg.rid, refused is None, refused or "")
-        elif isinstance(msg, GetLoadReq):
-            reply = scheduler.get_load(msg.rid)
-        elif isinstance(msg, HealthCheckReq):
-            reply = HealthCheckOut(msg.rid, healthy=True)
-        elif isinstance(msg, ShutdownReq):
+        if isinstance(msg, ShutdownReq):
             await self.send_to_detokenizer.send(msg)
             return False
-        else:
+        handler = self.handlers.get(type(msg))
+        if handler is None:
             raise TypeError(f"the scheduler cannot handle {type(msg).__name__}")
+        reply = handler(msg)
         if reply is not None:
             await self.send_to_detokenizer.send(reply)
         return True
+
+    def flush_cache(self, msg: FlushCacheReq) -> FlushCacheOut:
+        refused = self.scheduler.flush_cache()
+        return FlushCacheOut(msg.rid, refused is None, refused or "")
 
 
 def run_scheduler_process(
