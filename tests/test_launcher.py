@@ -7,19 +7,21 @@ child may be alive and no ring of that launcher may be left.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import psutil
 import pytest
 from tokenizers import Tokenizer
 
-from srt.entrypoints.launcher import ChildDied, Launcher
+from srt.entrypoints.launcher import Child, ChildDied, Launcher
 from srt.io_struct import (
     BatchStrOut,
     FinishReason,
@@ -199,3 +201,34 @@ def test_start_failure_raises_child_died_and_cleans_up(tmp_path: Path) -> None:
         launcher.start()
     assert all(c.process.exitcode is not None for c in launcher.children)
     assert rings_of(os.getpid()) == []
+
+
+def exit_after(conn: Connection, delay_s: float, report: str, code: int) -> None:
+    """A stand-in stage: reports `report` (if any) on its pipe after `delay_s`, then exits."""
+    time.sleep(delay_s)
+    if report:
+        conn.send_bytes(report.encode())
+    os._exit(code)
+
+
+def test_a_stage_that_lost_its_peer_is_not_blamed_for_the_peers_death() -> None:
+    # The detokenizer notices the scheduler's rings close and exits at once; the killed
+    # scheduler (a large address space) finishes exiting later. The scheduler is to blame.
+    fork = multiprocessing.get_context("fork")
+    launcher = Launcher(ServerArgs())
+    plans = {
+        "scheduler": (0.5, "", 9),
+        "detokenizer": (0.0, "BrokenPipeError: ring 'x': its producer (pid 1) is gone", 1),
+    }
+    for name, plan in plans.items():
+        ours, theirs = fork.Pipe(duplex=False)
+        process = fork.Process(target=exit_after, args=(theirs, *plan))
+        process.start()
+        launcher.children.append(Child(name, process, ours))
+    try:
+        blamed = asyncio.run(launcher.watch())
+    finally:
+        for child in launcher.children:
+            child.process.join()
+    assert blamed.name == "scheduler"
+    assert blamed.why().endswith("exited with code 9")

@@ -59,6 +59,11 @@ class Child:
     conn: Connection
     report: str = field(default="")
 
+    def lost_peer(self) -> bool:
+        """Whether the process stopped because a process it talks to went away first."""
+        self.why()
+        return self.report.startswith("BrokenPipeError")
+
     def why(self) -> str:
         """Why the process ended: its own report if it sent one, else its exit status."""
         try:
@@ -125,25 +130,39 @@ class Launcher:
                     child.process.join(GRACE_S)
                     raise ChildDied(child.why())
 
-    def dead_child(self) -> Child | None:
-        """The first stage process that has exited, if any."""
-        return next((c for c in self.children if c.process.exitcode is not None), None)
+    def dead_child(self, exclude: Child | None = None) -> Child | None:
+        """The first stage process (other than `exclude`) that has exited, if any."""
+        return next(
+            (c for c in self.children if c is not exclude and c.process.exitcode is not None),
+            None,
+        )
 
     async def watch(self) -> Child:
-        """Waits (in the event loop) until a stage process exits and returns it."""
+        """Waits (in the event loop) until a stage process exits and returns the one to blame.
+        A stage whose peer vanished exits too (its ring raised `BrokenPipeError`), and may exit
+        first: a killed process with a large address space takes a while to tear down after
+        its ring descriptors close. Then the other is waited for, up to `GRACE_S`."""
+        dead = await self._exited()
+        if dead.lost_peer():
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(self._exited(exclude=dead), GRACE_S)
+        return dead
+
+    async def _exited(self, exclude: Child | None = None) -> Child:
         loop = asyncio.get_running_loop()
+        watched = [c for c in self.children if c is not exclude]
         died: asyncio.Future[None] = loop.create_future()
-        for child in self.children:
+        for child in watched:
             loop.add_reader(child.process.sentinel, _set_done, died)
         try:
-            while (dead := self.dead_child()) is None:
+            while (dead := self.dead_child(exclude)) is None:
                 await died
                 died = loop.create_future()
-                for child in self.children:
+                for child in watched:
                     loop.add_reader(child.process.sentinel, _set_done, died)
             return dead
         finally:
-            for child in self.children:
+            for child in watched:
                 loop.remove_reader(child.process.sentinel)
 
     def stop(self, sender: Sender) -> None:
