@@ -257,6 +257,39 @@ def test_stop_strings_end_the_text(engine: Engine, hf: PreTrainedTokenizerBase) 
 
 
 @pytest.mark.slow
+def test_a_stop_string_counts_only_once_min_new_tokens_are_out(engine: Engine) -> None:
+    prompt = PROMPTS[1]
+    # The text after each token, from a stream without stop strings (one chunk per token).
+    ends, text = [], ""
+    for chunk in engine.generate(prompt, {**GREEDY, "max_new_tokens": 24}, stream=True):
+        text += chunk["text"]
+        ends.extend([len(text)] * len(chunk["output_ids"]))
+
+    def completed_by(end: int) -> int:
+        """How many tokens are out when the text reaches `end` characters."""
+        return next(k for k, n in enumerate(ends, 1) if n >= end)
+
+    # A character whose first occurrence completes before a later one does.
+    stop, first, later = next(
+        (c, i, j)
+        for i, c in enumerate(text)
+        if not c.isspace()
+        for j in [text.find(c, i + 1)]
+        if j > 0 and completed_by(j + 1) > completed_by(i + 1)
+    )
+    params = {**GREEDY, "max_new_tokens": 24, "stop": [stop]}
+    params["min_new_tokens"] = completed_by(first + 1) + 1
+    whole = one(engine.generate(prompt, params))
+    streamed = list(engine.generate(prompt, params, stream=True))
+    for got in (whole["text"], "".join(c["text"] for c in streamed)):
+        assert got == text[:later]
+    assert whole["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert streamed[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    kept = one(engine.generate(prompt, {**params, "no_stop_trim": True}))
+    assert kept["text"] == text[: later + 1]
+
+
+@pytest.mark.slow
 def test_async_generate_serves_concurrent_callers(
     engine: Engine, hf: PreTrainedTokenizerBase
 ) -> None:

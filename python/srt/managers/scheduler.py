@@ -416,6 +416,7 @@ class Scheduler:
         out = make_output(reqs)
         for req in reqs:
             req.sent_len = len(req.output_ids)
+            req.settings_sent = True
             req.input_logprobs_sent |= not req.input_logprobs_pending
         return out
 
