@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import srt
 from srt.entrypoints.engine import Engine
 from srt.io_struct import FlushCacheOut, GetLoadOut, HealthCheckOut
+from srt.managers.incremental_detokenizer import IncrementalDetokenizer
 from srt.managers.tokenizer_manager import EngineDeadError
 from srt.server_args import ServerArgs
 
@@ -257,13 +258,18 @@ def test_stop_strings_end_the_text(engine: Engine, hf: PreTrainedTokenizerBase) 
 
 
 @pytest.mark.slow
-def test_a_stop_string_counts_only_once_min_new_tokens_are_out(engine: Engine) -> None:
+def test_a_stop_string_counts_only_once_min_new_tokens_are_out(
+    engine: Engine, model_dir: Path, hf: PreTrainedTokenizerBase
+) -> None:
     prompt = PROMPTS[1]
-    # The text after each token, from a stream without stop strings (one chunk per token).
+    # The text after each token, as the scheduler decodes it.
+    ids = one(engine.generate(prompt, {**GREEDY, "max_new_tokens": 24}))["output_ids"]
+    detok = IncrementalDetokenizer(model_dir)
+    detok.add_request("x", prompt_ids=hf(prompt)["input_ids"])
     ends, text = [], ""
-    for chunk in engine.generate(prompt, {**GREEDY, "max_new_tokens": 24}, stream=True):
-        text += chunk["text"]
-        ends.extend([len(text)] * len(chunk["output_ids"]))
+    for token in ids:
+        text += detok.step("x", [token])
+        ends.append(len(text))
 
     def completed_by(end: int) -> int:
         """How many tokens are out when the text reaches `end` characters."""

@@ -51,28 +51,22 @@ class IncrementalDetokenizer:
     ) -> None:
         """Starts request `rid` (ValueError if it is already held)."""
         context = prompt_ids[-PROMPT_CONTEXT_TOKENS:] if prompt_ids else ()
-        self._rust.add_request(
-            rid,
-            skip_special_tokens=skip_special_tokens,
-            stop=[],
-            include_stop_str_in_output=False,
-            context_ids=context,
-        )
+        self._rust.add_request(rid, skip_special_tokens=skip_special_tokens, context_ids=context)
 
     def step(self, rid: str, new_ids: Sequence[int]) -> str:
         """Feeds `rid`'s next token ids; returns the text they complete."""
-        return self._rust.step(rid, new_ids)[0]
+        return self._rust.step(rid, new_ids)
 
     def step_batch(self, rids: Sequence[str], new_ids: Sequence[Sequence[int]]) -> list[str]:
         """`step` for many requests in one call (the GIL is released meanwhile); a request may
         appear more than once, its steps then run in order. Every rid is checked first: an
         unknown one raises ValueError and changes nothing."""
-        return self._rust.step_batch(rids, new_ids)[0]
+        return self._rust.step_batch(rids, new_ids)
 
     def finish(self, rid: str) -> str:
         """Ends `rid` and returns the text held back until now (an incomplete character comes
         out as U+FFFD, as `decode` gives it). The request stays held until `free`."""
-        return self._rust.finish(rid)[0]
+        return self._rust.finish(rid)
 
     def free(self, rid: str) -> None:
         """Forgets `rid` (ValueError if it is not held)."""
