@@ -625,3 +625,6 @@ def test_stop_strings_end_generation(tiny_llama: Path, alone_outputs: list[list[
     assert finished.reason == FinishReason("stop", matched_str=stop, matched_offset=offset)
     assert len(finished.output_ids) < len(alone_outputs[0])
     assert finished.output_ids == alone_outputs[0][: len(finished.output_ids)]
+    # The token that completes the stop string is also the last allowed one: the stop wins.
+    last = generate(scheduler, [prompt], stop=(stop,), max_new_tokens=len(finished.output_ids))
+    assert last["r0"].reason == finished.reason
