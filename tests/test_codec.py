@@ -11,7 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from srt.io_struct import MESSAGE_TYPES, BatchTokenIDOut, FinishReason, TokenizedGenerateReq
+from srt.io_struct import (
+    MESSAGE_TYPES,
+    BatchTokenIDOut,
+    DetokenizeSettings,
+    FinishReason,
+    TokenizedGenerateReq,
+)
 from srt.ipc.codec import CodecError, decode, encode, message_type
 from srt.sampling_params import SamplingParams
 
@@ -99,11 +105,11 @@ def test_garbage_raises_codec_error_or_decodes(frame: bytes) -> None:
 def test_token_ids_are_packed_int32() -> None:
     ids = tuple(range(1000))
     params = SamplingParams()
-    small = encode(TokenizedGenerateReq("r", "", (), params))
-    big = encode(TokenizedGenerateReq("r", "", ids, params))
+    small = encode(TokenizedGenerateReq("r", (), params))
+    big = encode(TokenizedGenerateReq("r", ids, params))
     assert len(big) - len(small) == 4 * len(ids)
     with pytest.raises(OverflowError):
-        encode(TokenizedGenerateReq("r", "", (2**31,), params))
+        encode(TokenizedGenerateReq("r", (2**31,), params))
 
 
 def test_no_pickle_and_unknown_types_refused() -> None:
@@ -114,8 +120,7 @@ def test_no_pickle_and_unknown_types_refused() -> None:
     with pytest.raises(CodecError):
         decode(b"")
     out = BatchTokenIDOut(
-        ("a",), ((1, 2),), (None,), (2,), (2,), (0,), ((),), (True,), (True,), (False,), ((),),
-        ((),), ((),), ((),), ((),),
+        ("a",), ((1, 2),), (None,), (2,), (2,), (0,), (None,), ((),), ((),), ((),), ((),),
     )  # fmt: skip
     assert b"pickle" not in encode(out)
     assert encode(out)[0] == MESSAGE_TYPES.index(BatchTokenIDOut) + 1
@@ -124,7 +129,7 @@ def test_no_pickle_and_unknown_types_refused() -> None:
 def test_finish_reasons_and_logprobs_round_trip() -> None:
     reasons = (
         FinishReason("stop", matched_token=2),
-        FinishReason("stop", matched_str="\n\n"),
+        FinishReason("stop", matched_str="\n\n", matched_offset=5),
         FinishReason("length", length=16),
         FinishReason("abort", message="client disconnected"),
         FinishReason("abort", message="too many requests", status_code=429),
@@ -137,11 +142,7 @@ def test_finish_reasons_and_logprobs_round_trip() -> None:
         prompt_tokens=(3,) * 6,
         completion_tokens=(2,) * 6,
         cached_tokens=(0,) * 6,
-        context_ids=((7, 8, 9),) * 6,
-        skip_special_tokens=(True,) * 6,
-        spaces_between_special_tokens=(True,) * 6,
-        no_stop_trim=(False,) * 6,
-        stop=(("\n\n",),) * 6,
+        settings=(DetokenizeSettings((7, 8, 9), True, False, ("\n\n",)),) + (None,) * 5,
         output_logprobs=((-0.5, -1.25),) * 6,
         output_top_logprobs=((((1, -0.5), (4, -2.0)), ((2, -1.25),)),) * 6,
         input_token_logprobs=((None, -3.5, -0.25),) * 6,

@@ -1,7 +1,7 @@
-"""The incremental detokenizer against Hugging Face decoding and a plain-Python stop-string model.
+"""The incremental detokenizer against Hugging Face decoding.
 
 The reference for text is `transformers`' `tokenizer.decode(all_ids, skip_special_tokens=...,
-spaces_between_special_tokens=...)`; the reference for stop strings is `expected_stop` below.
+spaces_between_special_tokens=...)` (stop strings: `test_detokenizer_manager.py`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from srt import _rust
-from srt.managers.incremental_detokenizer import (
-    PROMPT_CONTEXT_TOKENS,
-    BatchDetokenizeResult,
-    DetokenizeResult,
-    IncrementalDetokenizer,
-)
+from srt.managers.incremental_detokenizer import PROMPT_CONTEXT_TOKENS, IncrementalDetokenizer
 
 REPLACEMENT = "\ufffd"
 TOOL = "<tool>"  # a non-special added token, which skip_special_tokens keeps
@@ -58,28 +53,20 @@ def detok(model_dir: Path) -> IncrementalDetokenizer:
 
 def run(
     detok: IncrementalDetokenizer, rid: str, ids: Sequence[int], sizes: Sequence[int] = (1,)
-) -> tuple[list[str], str | None]:
+) -> list[str]:
     """Steps `ids` in chunks whose sizes cycle through `sizes`, then finishes and frees `rid`.
-    Returns every piece emitted (finish's last) and the matched stop string."""
+    Returns every piece emitted (finish's last)."""
     pieces: list[str] = []
-    matched: list[str] = []
     start = 0
     turn = 0
     while start < len(ids):
         size = sizes[turn % len(sizes)]
-        result = detok.step(rid, ids[start : start + size])
-        pieces.append(result.text)
-        if result.matched_stop is not None:
-            matched.append(result.matched_stop)
+        pieces.append(detok.step(rid, ids[start : start + size]))
         start += size
         turn += 1
-    final = detok.finish(rid)
-    pieces.append(final.text)
-    if final.matched_stop is not None:
-        matched.append(final.matched_stop)
+    pieces.append(detok.finish(rid))
     detok.free(rid)
-    assert len(matched) <= 1, "a request can stop only once"
-    return pieces, (matched[0] if matched else None)
+    return pieces
 
 
 def hf_decode(
@@ -102,21 +89,6 @@ def assert_pieces_match(pieces: list[str], reference: str) -> None:
         offset += len(piece)
 
 
-def expected_stop(text: str, stops: Sequence[str], include: bool) -> tuple[str, str | None]:
-    """Reference model: the first stop string to complete in `text` (ties: the longest) ends it."""
-    best: tuple[int, int, str] | None = None
-    for stop in stops:
-        start = text.find(stop)
-        if start >= 0:
-            candidate = (start + len(stop), start, stop)
-            if best is None or candidate[:2] < best[:2]:
-                best = candidate
-    if best is None:
-        return text, None
-    end, start, stop = best
-    return text[: end if include else start], stop
-
-
 @pytest.mark.parametrize("name", sorted(TEXTS))
 def test_multibyte_text_is_emitted_in_whole_characters(
     name: str, detok: IncrementalDetokenizer, hf: PreTrainedTokenizerBase
@@ -124,7 +96,7 @@ def test_multibyte_text_is_emitted_in_whole_characters(
     text = TEXTS[name]
     ids = hf.encode(text, add_special_tokens=False)
     detok.add_request("r")
-    pieces, _ = run(detok, "r", ids)
+    pieces = run(detok, "r", ids)
     reference = hf_decode(hf, ids)
     assert_pieces_match(pieces, reference)
     # The fixture normalizes to NFC; marks without a precomposed form stay combining.
@@ -145,12 +117,9 @@ def test_special_tokens_follow_hf_decode(
     text = f"<s><|im_start|>user\nhi {TOOL}<tool> 中<|im_end|><|im_end|>\n</s><pad>x<|endoftext|>"
     ids = hf.encode(text, add_special_tokens=False)
     assert hf.convert_tokens_to_ids(TOOL) in ids
-    detok.add_request(
-        "r",
-        skip_special_tokens=skip_special_tokens,
-        spaces_between_special_tokens=spaces_between_special_tokens,
-    )
-    pieces, _ = run(detok, "r", ids)
+    # transformers ignores `spaces_between_special_tokens` here, and so does srt (it takes none).
+    detok.add_request("r", skip_special_tokens=skip_special_tokens)
+    pieces = run(detok, "r", ids)
     reference = hf_decode(hf, ids, skip_special_tokens, spaces_between_special_tokens)
     assert_pieces_match(pieces, reference)
     assert ("<|im_end|>" in reference) != skip_special_tokens
@@ -166,12 +135,12 @@ def test_prompt_context_keeps_a_stripped_leading_space(tmp_path: Path) -> None:
     tokenizer.save(str(path))
     detok = IncrementalDetokenizer(path)
     detok.add_request("plain")
-    assert "".join(run(detok, "plain", [2, 3])[0]) == tokenizer.decode([2, 3]) == "world!"
+    assert "".join(run(detok, "plain", [2, 3])) == tokenizer.decode([2, 3]) == "world!"
     prompt = [0, 1, 1, 1, 1, 1, 1]  # longer than the context: only its tail is decoded
     detok.add_request("ctx", prompt_ids=prompt)
     context = prompt[-PROMPT_CONTEXT_TOKENS:]
     full = tokenizer.decode([*context, 2, 3])
-    assert "".join(run(detok, "ctx", [2, 3])[0]) == full[len(tokenizer.decode(context)) :]
+    assert "".join(run(detok, "ctx", [2, 3])) == full[len(tokenizer.decode(context)) :]
     assert full.endswith(" world!")
 
 
@@ -200,11 +169,8 @@ def check_random_sequences(detok: IncrementalDetokenizer, hf: PreTrainedTokenize
         ids: list[int], prompt: list[int], sizes: list[int], skip: bool, spaces: bool
     ) -> None:
         # Byte-level decoding needs no context, so a prompt must not change the text.
-        detok.add_request(
-            "r", prompt_ids=prompt, skip_special_tokens=skip, spaces_between_special_tokens=spaces
-        )
-        pieces, matched = run(detok, "r", ids, sizes)
-        assert matched is None
+        detok.add_request("r", prompt_ids=prompt, skip_special_tokens=skip)
+        pieces = run(detok, "r", ids, sizes)
         assert_pieces_match(pieces, hf_decode(hf, ids, skip, spaces))
 
     check()
@@ -232,8 +198,8 @@ def test_a_lead_byte_forever_comes_out_as_it_is_generated(
     assert isinstance(lead, int)
     assert hf_decode(hf, [lead]) == REPLACEMENT
     detok.add_request("r")
-    streamed = "".join(detok.step("r", [lead]).text for _ in range(10_000))
-    held = detok.finish("r").text
+    streamed = "".join(detok.step("r", [lead]) for _ in range(10_000))
+    held = detok.finish("r")
     detok.free("r")
     assert streamed + held == hf_decode(hf, [lead] * 10_000) == REPLACEMENT * 10_000
     assert len(held) <= 4, "the window holds a few tokens at most, not the stream"
@@ -242,89 +208,17 @@ def test_a_lead_byte_forever_comes_out_as_it_is_generated(
 SENTENCE = "The quick brown fox jumps over the lazy dog. 狐狸跳过了懒狗 🦊!"
 
 
-@pytest.mark.parametrize(
-    ("stops", "include", "expected", "matched"),
-    [
-        (["fox ju"], False, "The quick brown ", "fox ju"),
-        (["fox ju"], True, "The quick brown fox ju", "fox ju"),
-        (["own fox", "brown f"], False, "The quick ", "brown f"),  # overlapping: ends first
-        (["lazy dog", "lazy"], False, "The quick brown fox jumps over the ", "lazy"),  # prefix
-        (["跳过", "狸跳"], True, "The quick brown fox jumps over the lazy dog. 狐狸跳", "狸跳"),
-        (["🦊!"], False, "The quick brown fox jumps over the lazy dog. 狐狸跳过了懒狗 ", "🦊!"),
-        (["fox jumps under", "🦊?"], False, SENTENCE, None),  # never complete: flushed
-    ],
-)
-def test_stop_strings(
-    stops: list[str],
-    include: bool,
-    expected: str,
-    matched: str | None,
-    detok: IncrementalDetokenizer,
-    hf: PreTrainedTokenizerBase,
-) -> None:
-    ids = hf.encode(SENTENCE, add_special_tokens=False)
-    for sizes in ([1], [2, 3], [len(ids)]):
-        detok.add_request("r", stop=stops, include_stop_str_in_output=include)
-        pieces, got = run(detok, "r", ids, sizes)
-        assert ("".join(pieces), got) == (expected, matched)
-        assert expected_stop(SENTENCE, stops, include) == (expected, matched)
-
-
-def test_held_back_text_waits_for_finish(
-    detok: IncrementalDetokenizer, hf: PreTrainedTokenizerBase
-) -> None:
-    ids = hf.encode("answer: 42 </ans", add_special_tokens=False)
-    detok.add_request("r", stop="</answer>")  # one string is one stop string, not characters
-    stepped = "".join(detok.step("r", [i]).text for i in ids)
-    assert stepped == "answer: 42 "
-    assert detok.finish("r") == DetokenizeResult("</ans", None)
-
-
-def test_tokens_after_a_stop_are_swallowed(
-    detok: IncrementalDetokenizer, hf: PreTrainedTokenizerBase
-) -> None:
-    detok.add_request("r", stop=["brown"])
-    result = detok.step("r", hf.encode("The quick brown fox", add_special_tokens=False))
-    assert result == DetokenizeResult("The quick ", "brown")
-    assert detok.step("r", hf.encode(" more", add_special_tokens=False)) == ("", None)
-    assert detok.finish("r") == ("", None)
-
-
-def test_stop_strings_against_the_reference_model(
-    detok: IncrementalDetokenizer, hf: PreTrainedTokenizerBase
-) -> None:
-    alphabet = st.sampled_from([*"ab 中🦊", "ab", "b a", "中中"])
-    pieces_text = st.lists(alphabet, min_size=1, max_size=25).map("".join)
-    stop_text = st.lists(alphabet, min_size=1, max_size=3).map("".join)
-
-    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(
-        text=pieces_text,
-        stops=st.lists(stop_text, max_size=4),
-        include=st.booleans(),
-        sizes=st.lists(st.integers(1, 4), min_size=1, max_size=4),
-    )
-    def check(text: str, stops: list[str], include: bool, sizes: list[int]) -> None:
-        ids = hf.encode(text, add_special_tokens=False)
-        detok.add_request("r", stop=stops, include_stop_str_in_output=include)
-        pieces, matched = run(detok, "r", ids, sizes)
-        assert ("".join(pieces), matched) == expected_stop(text, stops, include)
-
-    check()
-
-
 def test_batched_step_equals_sequential_steps(model_dir: Path, hf: PreTrainedTokenizerBase) -> None:
     batched, single = IncrementalDetokenizer(model_dir), IncrementalDetokenizer(model_dir)
     texts = [*TEXTS.values(), SENTENCE, "<|im_start|>a<|im_end|> 🦊"]
     streams = {f"r{i}": hf.encode(t, add_special_tokens=False) for i, t in enumerate(texts)}
     for detok in (batched, single):
         for i, rid in enumerate(streams):
-            detok.add_request(rid, stop=["fox", "のテ"], skip_special_tokens=i % 2 == 0)
+            detok.add_request(rid, skip_special_tokens=i % 2 == 0)
     for position in range(max(map(len, streams.values()))):
         rids = [rid for rid, ids in streams.items() if position < len(ids)]
         new_ids = [streams[rid][position : position + 1] for rid in rids]
-        texts, matched_stops = batched.step_batch(rids, new_ids)
-        assert list(zip(texts, matched_stops, strict=True)) == [
+        assert batched.step_batch(rids, new_ids) == [
             single.step(rid, ids) for rid, ids in zip(rids, new_ids, strict=True)
         ]
     assert [batched.finish(rid) for rid in streams] == [single.finish(rid) for rid in streams]
@@ -337,15 +231,13 @@ def test_unknown_and_duplicate_requests_raise(
     detok.add_request("a")
     with pytest.raises(ValueError, match="already"):
         detok.add_request("a")
-    with pytest.raises(ValueError, match="empty"):
-        detok.add_request("b", stop=[""])
     for call in (lambda: detok.step("b", [1]), lambda: detok.finish("b"), lambda: detok.free("b")):
         with pytest.raises(ValueError, match="not in the detokenizer"):
             call()
     # An unknown request anywhere in a batch leaves every request as it was.
     with pytest.raises(ValueError, match="not in the detokenizer"):
         detok.step_batch(["a", "b"], [x, [1]])
-    assert detok.step_batch(["a"], [y]) == BatchDetokenizeResult(["y"], [None])
+    assert detok.step_batch(["a"], [y]) == ["y"]
     with pytest.raises(ValueError, match="id lists"):
         detok.step_batch(["a"], [])
     assert "a" in detok

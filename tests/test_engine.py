@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import srt
 from srt.entrypoints.engine import Engine
 from srt.io_struct import FlushCacheOut, GetLoadOut, HealthCheckOut
+from srt.managers.incremental_detokenizer import IncrementalDetokenizer
 from srt.managers.tokenizer_manager import EngineDeadError
 from srt.server_args import ServerArgs
 
@@ -254,6 +255,44 @@ def test_stop_strings_end_the_text(engine: Engine, hf: PreTrainedTokenizerBase) 
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     kept = one(engine.generate(prompt, {**params, "no_stop_trim": True}))
     assert kept["text"] == full[: full.index(stop) + len(stop)]
+
+
+@pytest.mark.slow
+def test_a_stop_string_counts_only_once_min_new_tokens_are_out(
+    engine: Engine, model_dir: Path, hf: PreTrainedTokenizerBase
+) -> None:
+    prompt = PROMPTS[1]
+    # The text after each token, as the scheduler decodes it.
+    ids = one(engine.generate(prompt, {**GREEDY, "max_new_tokens": 24}))["output_ids"]
+    detok = IncrementalDetokenizer(model_dir)
+    detok.add_request("x", prompt_ids=hf(prompt)["input_ids"])
+    ends, text = [], ""
+    for token in ids:
+        text += detok.step("x", [token])
+        ends.append(len(text))
+
+    def completed_by(end: int) -> int:
+        """How many tokens are out when the text reaches `end` characters."""
+        return next(k for k, n in enumerate(ends, 1) if n >= end)
+
+    # A character whose first occurrence completes before a later one does.
+    stop, first, later = next(
+        (c, i, j)
+        for i, c in enumerate(text)
+        if not c.isspace()
+        for j in [text.find(c, i + 1)]
+        if j > 0 and completed_by(j + 1) > completed_by(i + 1)
+    )
+    params = {**GREEDY, "max_new_tokens": 24, "stop": [stop]}
+    params["min_new_tokens"] = completed_by(first + 1) + 1
+    whole = one(engine.generate(prompt, params))
+    streamed = list(engine.generate(prompt, params, stream=True))
+    for got in (whole["text"], "".join(c["text"] for c in streamed)):
+        assert got == text[:later]
+    assert whole["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert streamed[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    kept = one(engine.generate(prompt, {**params, "no_stop_trim": True}))
+    assert kept["text"] == text[: later + 1]
 
 
 @pytest.mark.slow

@@ -165,7 +165,7 @@ def test_the_pipeline_carries_requests_and_replies(
 
     async def scenario() -> tuple[list[BatchStrOut], list[Message]]:
         params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
-        await sender.send(TokenizedGenerateReq("r1", "", ids, params))
+        await sender.send(TokenizedGenerateReq("r1", ids, params))
         outs = [await receiver.recv()]
         for msg in (FlushCacheReq("f"), GetLoadReq("l"), HealthCheckReq("h")):
             await sender.send(msg)

@@ -22,7 +22,7 @@ import torch
 from runner_helpers import make_runner
 
 from srt.forward_mode import ForwardMode
-from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
+from srt.io_struct import BatchTokenIDOut, DetokenizeSettings, FinishReason, TokenizedGenerateReq
 from srt.managers.req_queue import ReqQueue
 from srt.managers.schedule_batch import Req, ScheduleBatch
 from srt.managers.scheduler import Scheduler
@@ -157,7 +157,7 @@ def request(rid: str, ids: Iterable[int], **params: Any) -> TokenizedGenerateReq
     """A greedy request; `params` are sampling parameters and `REQUEST_FIELDS`."""
     fields = {name: params.pop(name) for name in REQUEST_FIELDS if name in params}
     params.setdefault("temperature", 0.0)
-    return TokenizedGenerateReq(rid, "", tuple(ids), SamplingParams(**params), **fields)
+    return TokenizedGenerateReq(rid, tuple(ids), SamplingParams(**params), **fields)
 
 
 @dataclass
@@ -192,9 +192,11 @@ def collect(
 ) -> None:
     if out is None:
         return
-    for rid, ids, reason, cached in zip(
-        out.rids, out.output_ids, out.finished_reasons, out.cached_tokens, strict=True
+    for rid, ids, reason, cached, settings in zip(
+        out.rids, out.output_ids, out.finished_reasons, out.cached_tokens, out.settings, strict=True
     ):
+        # A request's settings cross once, with its first message.
+        assert (settings is not None) == (rid not in outputs), rid
         outputs.setdefault(rid, []).extend(ids)
         if reason is not None:
             finished[rid] = Finished(outputs[rid], reason, cached)
@@ -369,6 +371,25 @@ def test_finish_reasons() -> None:
     # EOS is banned until three tokens are out: the scripted next token after EOS-1 moves on.
     assert len(finished["min_new"].output_ids) >= 3
     assert finished["zero"].output_ids == []
+
+
+def test_only_the_first_message_of_a_request_carries_its_settings() -> None:
+    scheduler = scheduler_over(ScriptedRunner())
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    scheduler.add_request(
+        request("r", prompt, max_new_tokens=3, stream=True, skip_special_tokens=False)
+    )
+    messages = []
+    while scheduler.has_work():
+        out = scheduler.step()
+        if out is not None:
+            messages.append(out)
+    assert [m.output_ids for m in messages] == [((12,),), ((13,),), ((14,),)]
+    assert messages[0].settings == (
+        DetokenizeSettings(context_ids=(7, 8, 9, 10, 11), skip_special_tokens=False,
+                           no_stop_trim=False, stop=()),
+    )  # fmt: skip
+    assert [m.settings for m in messages[1:]] == [(None,), (None,)]
 
 
 def test_requests_that_can_never_fit_are_rejected_at_once() -> None:
@@ -596,10 +617,14 @@ def test_stop_strings_end_generation(tiny_llama: Path, alone_outputs: list[list[
     prompt = shared_prefix_prompts(1)[0]
     detok = IncrementalDetokenizer(tiny_llama)
     detok.add_request("x")
-    text = "".join(detok.step("x", [token]).text for token in alone_outputs[0])
+    text = "".join(detok.step("x", [token]) for token in alone_outputs[0])
     stop = text[len(text) // 2 : len(text) // 2 + 2]
     scheduler = real_scheduler(tiny_llama)
     finished = generate(scheduler, [prompt], stop=(stop,))["r0"]
-    assert finished.reason == FinishReason("stop", matched_str=stop)
+    offset = text.index(stop)
+    assert finished.reason == FinishReason("stop", matched_str=stop, matched_offset=offset)
     assert len(finished.output_ids) < len(alone_outputs[0])
     assert finished.output_ids == alone_outputs[0][: len(finished.output_ids)]
+    # The token that completes the stop string is also the last allowed one: the stop wins.
+    last = generate(scheduler, [prompt], stop=(stop,), max_new_tokens=len(finished.output_ids))
+    assert last["r0"].reason == finished.reason

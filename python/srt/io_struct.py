@@ -27,7 +27,6 @@ class TokenizedGenerateReq:
     come back too (SGLang's meaning; -1: none)."""
 
     rid: str
-    input_text: str
     input_ids: tuple[int, ...]
     sampling_params: SamplingParams
     stream: bool = False
@@ -78,7 +77,9 @@ class ShutdownReq:
 class FinishReason:
     """Why a request ended, in SGLang's terms (`to_json` gives SGLang's `finish_reason` dict).
 
-    - "stop": an EOS or stop token id (`matched_token`) or a stop string (`matched_str`);
+    - "stop": an EOS or stop token id (`matched_token`) or a stop string (`matched_str`, which
+      the scheduler found starting `matched_offset` characters into the output text: the
+      detokenizer cuts the text there, or after it with `no_stop_trim`);
     - "length": `length` tokens were generated (max_new_tokens, or the context ran out);
     - "abort": the client or the server stopped it; `message` says why, and `status_code` is
       the HTTP status of a refusal (400 for a request the scheduler cannot serve, 429 for a
@@ -88,6 +89,7 @@ class FinishReason:
     type: str
     matched_token: int | None = None
     matched_str: str | None = None
+    matched_offset: int = -1
     length: int = 0
     message: str = ""
     status_code: int = 0
@@ -105,12 +107,25 @@ class FinishReason:
 
 
 @dataclass(frozen=True, slots=True)
+class DetokenizeSettings:
+    """What the detokenizer needs of a request besides its ids, sent once, with its first
+    output: the last prompt ids (decoded ahead of the output by the incremental detokenizer),
+    and its stop strings, only to hold back text that could still begin one (the scheduler
+    decides the match)."""
+
+    context_ids: tuple[int, ...]
+    skip_special_tokens: bool
+    no_stop_trim: bool
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class BatchTokenIDOut:
     """New token ids of the requests of one scheduler step; all tuples are indexed alike.
 
     `output_ids[i]` holds only the ids produced since the previous message for `rids[i]`;
-    `finished_reasons[i]` is None while the request runs. `context_ids[i]` are the last prompt
-    ids (decoded ahead of the output by the incremental detokenizer). With `return_logprob`,
+    `finished_reasons[i]` is None while the request runs. `settings[i]` is set in a request's
+    first message only (None in the others). With `return_logprob`,
     `output_logprobs[i]` has the logprob of each id of `output_ids[i]` and
     `output_top_logprobs[i]` its `top_logprobs_num` best (id, logprob) pairs; else both are ().
 
@@ -126,11 +141,7 @@ class BatchTokenIDOut:
     prompt_tokens: tuple[int, ...]
     completion_tokens: tuple[int, ...]
     cached_tokens: tuple[int, ...]
-    context_ids: tuple[tuple[int, ...], ...]
-    skip_special_tokens: tuple[bool, ...]
-    spaces_between_special_tokens: tuple[bool, ...]
-    no_stop_trim: tuple[bool, ...]
-    stop: tuple[tuple[str, ...], ...]
+    settings: tuple[DetokenizeSettings | None, ...]
     output_logprobs: tuple[tuple[float, ...], ...]
     output_top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...]
     input_token_logprobs: tuple[tuple[float | None, ...], ...]

@@ -1,24 +1,28 @@
-"""The detokenizer stage (DESIGN §1): token ids in, text out, stop strings trimmed.
+"""The detokenizer stage (DESIGN §1): token ids in, text out, cut where the scheduler says.
 
 Each `BatchTokenIDOut` from the scheduler carries, per request, the ids produced since its
-previous message. A request enters the Rust incremental detokenizer with its first message (its
-prompt context ids, `skip_special_tokens` and stop strings ride along) and leaves it with its
-finished message (`finished_reasons[i]` set: finished, aborted, or stopped by the scheduler), so
-no state outlives a request. The `BatchStrOut` sent on carries only the text each message added.
+previous message. A request enters the Rust incremental detokenizer with its first message
+(whose `DetokenizeSettings` give its prompt context ids, `skip_special_tokens`, `no_stop_trim`
+and stop strings) and leaves it with its finished message (`finished_reasons[i]` set), so no
+state outlives a request. The `BatchStrOut` sent on carries only the text each message added.
 
-When a stop string ends the text, the request's finish reason says so (`stop`, `matched` the
-string), whatever the scheduler reported: the text the client sees ended there. Replies of the
-scheduler to control messages are forwarded to the main process as frames, unread.
+Stop strings are the scheduler's to find (`srt.managers.stop_strings`): a request it stopped on
+one has a finish reason with the string and its offset in the output text, and the text ends
+there (after it with `no_stop_trim`). Until then, text that could still begin a stop string is
+held back, so a stream never shows what the cut removes. Replies of the scheduler to control
+messages are forwarded to the main process as frames, unread.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from srt.io_struct import (
     BatchStrOut,
     BatchTokenIDOut,
+    DetokenizeSettings,
     FinishReason,
     FlushCacheOut,
     GetLoadOut,
@@ -31,9 +35,34 @@ from srt.ipc.rings import RingNames
 from srt.managers.hf_tokenizer import tokenizer_files
 from srt.managers.incremental_detokenizer import IncrementalDetokenizer
 from srt.managers.stage_process import Stage, run_stage
+from srt.managers.stop_strings import held_back
 from srt.server_args import ServerArgs
 
 Handler = Callable[[bytes], Awaitable[None]]
+
+
+@dataclass
+class _StopText:
+    """The text of a request with stop strings, between its first and its finished message."""
+
+    settings: DetokenizeSettings
+    sent: int = 0  # characters sent on
+    held: str = ""  # characters after those, held back: they could begin a stop string
+
+    def cut(self, text: str, reason: FinishReason | None) -> str:
+        """What of `text` (the text decoded since the last message) may be sent on now."""
+        text = self.held + text
+        if reason is None:
+            keep = len(text) - held_back(text, self.settings.stop)
+            self.held = text[keep:]
+        elif reason.matched_str is not None and reason.matched_offset >= 0:
+            keep = reason.matched_offset - self.sent
+            if self.settings.no_stop_trim:
+                keep += len(reason.matched_str)
+        else:
+            keep = len(text)
+        self.sent += keep
+        return text[:keep]
 
 
 class DetokenizerManager(Stage):
@@ -46,8 +75,8 @@ class DetokenizerManager(Stage):
 
     def init_detokenizer(self, server_args: ServerArgs) -> None:
         self.detokenizer = IncrementalDetokenizer(tokenizer_files(server_args))
-        # Requests whose text a stop string ended, until their finished message passes.
-        self.matched_stops: dict[str, str] = {}
+        # Requests with stop strings, until their finished message passes.
+        self.stop_texts: dict[str, _StopText] = {}
 
     def init_channels(self, rings: RingNames) -> None:
         self.recv_from_scheduler = Receiver(rings.detokenizer)
@@ -89,38 +118,31 @@ class DetokenizerManager(Stage):
     def detokenize(self, batch: BatchTokenIDOut) -> BatchStrOut:
         """The text each entry of `batch` adds; frees the requests that `batch` finishes."""
         detok = self.detokenizer
-        for i, rid in enumerate(batch.rids):
-            if rid not in detok:
+        for rid, settings in zip(batch.rids, batch.settings, strict=True):
+            if settings is not None:
                 detok.add_request(
                     rid,
-                    prompt_ids=batch.context_ids[i],
-                    skip_special_tokens=batch.skip_special_tokens[i],
-                    spaces_between_special_tokens=batch.spaces_between_special_tokens[i],
-                    stop=batch.stop[i],
-                    include_stop_str_in_output=batch.no_stop_trim[i],
+                    prompt_ids=settings.context_ids,
+                    skip_special_tokens=settings.skip_special_tokens,
                 )
-        stepped = detok.step_batch(batch.rids, batch.output_ids)
-        texts = stepped.texts
-        reasons = list(batch.finished_reasons)
+                if settings.stop:
+                    self.stop_texts[rid] = _StopText(settings)
+        texts = detok.step_batch(batch.rids, batch.output_ids)
         for i, rid in enumerate(batch.rids):
-            matched = stepped.matched_stops[i]
-            reason = reasons[i]
+            reason = batch.finished_reasons[i]
             if reason is not None:
-                final = detok.finish(rid)
-                texts[i] += final.text
-                matched = matched or final.matched_stop
+                texts[i] += detok.finish(rid)
                 detok.free(rid)
-            if matched is not None:
-                self.matched_stops[rid] = matched
-            if reason is not None:
-                stop = self.matched_stops.pop(rid, None)
-                if stop is not None:
-                    reasons[i] = FinishReason("stop", matched_str=stop)
+            stop_text = self.stop_texts.get(rid)
+            if stop_text is not None:
+                texts[i] = stop_text.cut(texts[i], reason)
+                if reason is not None:
+                    del self.stop_texts[rid]
         return BatchStrOut(
             rids=batch.rids,
             output_strs=tuple(texts),
             output_ids=batch.output_ids,
-            finished_reasons=tuple(reasons),
+            finished_reasons=batch.finished_reasons,
             prompt_tokens=batch.prompt_tokens,
             completion_tokens=batch.completion_tokens,
             cached_tokens=batch.cached_tokens,

@@ -11,20 +11,16 @@ object holds the decode state of every in-flight request, keyed by request id:
   `tokenizer.decode(ids, skip_special_tokens=..., spaces_between_special_tokens=...)`.
   transformers 5 decodes `tokenizer.json` tokenizers (`TokenizersBackend`) with
   `tokenizers.Tokenizer.decode(ids, skip_special_tokens)` and ignores
-  `spaces_between_special_tokens`, a setting of its slow sentencepiece tokenizers: it is
-  accepted here for the same reason and has no effect either. transformers' BPE tokenizers also
+  `spaces_between_special_tokens`, a setting of its slow sentencepiece tokenizers (so it has
+  no effect here either and is not taken). transformers' BPE tokenizers also
   skip `clean_up_tokenization_spaces` (every LLM tokenizer srt serves is BPE); it is not applied.
 - With `prompt_ids`, the last `PROMPT_CONTEXT_TOKENS` of them are decoded ahead of the output,
   as SGLang and vLLM do, so the first output token keeps the leading space that sentencepiece
   style decoders strip at the start of a sequence; the output text is then
   `decode(context + ids)` minus `decode(context)`. Byte-level tokenizers give the same text
   either way.
-- Stop strings are literal. The match that completes first ends the text; nothing after it is
-  ever emitted, the stop string itself only with `include_stop_str_in_output`. Text that could
-  still begin a stop string is held back until it cannot, and `finish` flushes it (with an
-  incomplete character as U+FFFD, as `decode` would) when the request ends another way. A
-  request whose stop string matched reports it once; tokens still in flight for it afterwards
-  yield empty text.
+- Stop strings are not this module's business: the scheduler finds them and the
+  DetokenizerManager cuts the text where it is told (`srt.managers.stop_strings`).
 """
 
 from __future__ import annotations
@@ -32,36 +28,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 from srt import _rust
 
 # How many prompt tokens to decode ahead of the output: SGLang's and vLLM's value (their
 # INIT[IAL]_INCREMENTAL_DETOKENIZATION_OFFSET); LLM tokenizers' decoders look back one token.
 PROMPT_CONTEXT_TOKENS = 5
-
-
-class DetokenizeResult(NamedTuple):
-    """What a step produced for one request."""
-
-    text: str
-    """New text, complete characters only."""
-    matched_stop: str | None
-    """The stop string that ended the request, on the step where it matched; else None."""
-
-    @property
-    def stopped(self) -> bool:
-        """Whether a stop string finished the request in this step."""
-        return self.matched_stop is not None
-
-
-class BatchDetokenizeResult(NamedTuple):
-    """What a step produced for each request of a batch, in the batch's order."""
-
-    texts: list[str]
-    """New text per request, complete characters only."""
-    matched_stops: list[str | None]
-    """Per request, the stop string that ended it in this step, or None."""
 
 
 class IncrementalDetokenizer:
@@ -75,47 +47,26 @@ class IncrementalDetokenizer:
         self._rust = _rust.IncrementalDetokenizer(str(path))
 
     def add_request(
-        self,
-        rid: str,
-        *,
-        prompt_ids: Sequence[int] = (),
-        skip_special_tokens: bool = True,
-        spaces_between_special_tokens: bool = True,
-        stop: str | Sequence[str] = (),
-        include_stop_str_in_output: bool = False,
+        self, rid: str, *, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True
     ) -> None:
-        """Starts request `rid` (ValueError if it is already held or a stop string is empty).
-        `stop` is one stop string or several, as in SGLang's sampling parameters.
-
-        `spaces_between_special_tokens` has no effect, exactly as in transformers 5 for
-        tokenizers loaded from `tokenizer.json` (see the module docstring).
-        """
-        del spaces_between_special_tokens
+        """Starts request `rid` (ValueError if it is already held)."""
         context = prompt_ids[-PROMPT_CONTEXT_TOKENS:] if prompt_ids else ()
-        self._rust.add_request(
-            rid,
-            skip_special_tokens=skip_special_tokens,
-            stop=[stop] if isinstance(stop, str) else stop,
-            include_stop_str_in_output=include_stop_str_in_output,
-            context_ids=context,
-        )
+        self._rust.add_request(rid, skip_special_tokens=skip_special_tokens, context_ids=context)
 
-    def step(self, rid: str, new_ids: Sequence[int]) -> DetokenizeResult:
+    def step(self, rid: str, new_ids: Sequence[int]) -> str:
         """Feeds `rid`'s next token ids; returns the text they complete."""
-        return DetokenizeResult._make(self._rust.step(rid, new_ids))
+        return self._rust.step(rid, new_ids)
 
-    def step_batch(
-        self, rids: Sequence[str], new_ids: Sequence[Sequence[int]]
-    ) -> BatchDetokenizeResult:
+    def step_batch(self, rids: Sequence[str], new_ids: Sequence[Sequence[int]]) -> list[str]:
         """`step` for many requests in one call (the GIL is released meanwhile); a request may
         appear more than once, its steps then run in order. Every rid is checked first: an
         unknown one raises ValueError and changes nothing."""
-        return BatchDetokenizeResult._make(self._rust.step_batch(rids, new_ids))
+        return self._rust.step_batch(rids, new_ids)
 
-    def finish(self, rid: str) -> DetokenizeResult:
-        """Ends `rid` without a stop string and returns the text held back until now (which may
-        still complete a stop string). The request stays held until `free`."""
-        return DetokenizeResult._make(self._rust.finish(rid))
+    def finish(self, rid: str) -> str:
+        """Ends `rid` and returns the text held back until now (an incomplete character comes
+        out as U+FFFD, as `decode` gives it). The request stays held until `free`."""
+        return self._rust.finish(rid)
 
     def free(self, rid: str) -> None:
         """Forgets `rid` (ValueError if it is not held)."""

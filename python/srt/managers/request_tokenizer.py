@@ -116,7 +116,6 @@ class RequestTokenizer:
             )
         return TokenizedGenerateReq(
             rid=req.rid,
-            input_text=req.text or "",
             input_ids=tuple(ids),
             sampling_params=params,
             stream=req.stream,

@@ -28,7 +28,7 @@ from array import array
 from dataclasses import dataclass, field
 
 from srt.forward_mode import ForwardMode
-from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
+from srt.io_struct import BatchTokenIDOut, DetokenizeSettings, FinishReason, TokenizedGenerateReq
 from srt.model_executor.worker_batch import PromptLogprobs, RequestSamplingSpec
 from srt.sampling_params import SamplingParams
 
@@ -57,6 +57,7 @@ class Req:
         self.output_top_logprobs: list[tuple[tuple[int, float], ...]] = []
         self.finished_reason: FinishReason | None = None
         self.sent_len = 0  # output ids already sent to the detokenizer
+        self.settings_sent = False  # whether the detokenizer has its `DetokenizeSettings`
 
         # Prompt logprobs (SGLang's `logprob_start_len`, -1: none): one entry per prompt
         # position from the start on (position 0 has no logprob: None, and no top pairs),
@@ -187,8 +188,14 @@ class Req:
         if last in self.stop_token_ids:
             self.finished_reason = FinishReason("stop", matched_token=last)
 
-    def context_ids(self) -> tuple[int, ...]:
-        return tuple(self.origin_input_ids[-CONTEXT_IDS:])
+    def detokenize_settings(self) -> DetokenizeSettings:
+        params = self.sampling_params
+        return DetokenizeSettings(
+            context_ids=tuple(self.origin_input_ids[-CONTEXT_IDS:]),
+            skip_special_tokens=params.skip_special_tokens,
+            no_stop_trim=params.no_stop_trim,
+            stop=params.stop,
+        )
 
 
 @dataclass
@@ -208,8 +215,9 @@ class ScheduleBatch:
 
 
 def make_output(reqs: list[Req]) -> BatchTokenIDOut:
-    """The detokenizer's message for `reqs`: each one's output ids since its last message, and
-    its prompt logprobs if they are complete and not sent yet (`take_output` marks them sent)."""
+    """The detokenizer's message for `reqs`: each one's output ids since its last message, its
+    settings if this is its first, and its prompt logprobs if they are complete and not sent
+    yet (`take_output` marks both sent)."""
     sent = [req.sent_len for req in reqs]
     with_logprobs = [req.return_logprob for req in reqs]
     input_due = [
@@ -225,13 +233,7 @@ def make_output(reqs: list[Req]) -> BatchTokenIDOut:
         prompt_tokens=tuple(len(req.origin_input_ids) for req in reqs),
         completion_tokens=tuple(len(req.output_ids) for req in reqs),
         cached_tokens=tuple(req.cached_tokens for req in reqs),
-        context_ids=tuple(req.context_ids() for req in reqs),
-        skip_special_tokens=tuple(req.sampling_params.skip_special_tokens for req in reqs),
-        spaces_between_special_tokens=tuple(
-            req.sampling_params.spaces_between_special_tokens for req in reqs
-        ),
-        no_stop_trim=tuple(req.sampling_params.no_stop_trim for req in reqs),
-        stop=tuple(req.sampling_params.stop for req in reqs),
+        settings=tuple(None if req.settings_sent else req.detokenize_settings() for req in reqs),
         output_logprobs=tuple(
             tuple(req.output_logprobs[s:]) if lp else ()
             for req, s, lp in zip(reqs, sent, with_logprobs, strict=True)

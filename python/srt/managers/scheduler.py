@@ -374,7 +374,9 @@ class Scheduler:
                 req.output_logprobs.append(result.logprobs[j])
                 req.output_top_logprobs.append(tuple(result.top_logprobs[j]))
             req.check_finished(self.context_length)
-            if not req.finished() and req.sampling_params.stop:
+            # A stop string the last allowed token completes still ends the text there.
+            reason = req.finished_reason
+            if req.sampling_params.stop and (reason is None or reason.type == "length"):
                 self.stop_strings.check(req)
             if batch.forward_mode is ForwardMode.EXTEND and not req.finished():
                 self.cache.cache_unfinished(req)  # later requests can share the prompt at once
@@ -416,6 +418,7 @@ class Scheduler:
         out = make_output(reqs)
         for req in reqs:
             req.sent_len = len(req.output_ids)
+            req.settings_sent = True
             req.input_logprobs_sent |= not req.input_logprobs_pending
         return out
 

@@ -11,7 +11,6 @@ pub mod ops;
 pub mod parallel;
 pub mod radix;
 pub mod ring;
-pub mod stop;
 #[cfg(test)]
 mod test_tokenizer;
 #[cfg(test)]

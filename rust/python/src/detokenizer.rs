@@ -5,20 +5,9 @@
 
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
-use srt_core::detokenizer::{IncrementalDetokenizer, RequestOptions, StepOutput};
+use srt_core::detokenizer::{IncrementalDetokenizer, RequestOptions};
 
 use crate::to_py_err;
-
-/// A step's result as it crosses: (new text, matched stop string or None).
-type PyStepOutput = (String, Option<String>);
-
-/// A batch's results as they cross: the texts and the matched stop strings, in request order
-/// (two lists rather than a tuple per request: fewer Python objects per step).
-type PyBatchOutput = (Vec<String>, Vec<Option<String>>);
-
-fn to_py(output: StepOutput) -> PyStepOutput {
-    (output.text, output.matched_stop)
-}
 
 /// Incremental detokenizer over a `tokenizer.json`, with the decode state of many requests.
 #[pyclass(module = "srt._rust", name = "IncrementalDetokenizer")]
@@ -36,20 +25,16 @@ impl PyIncrementalDetokenizer {
         Ok(PyIncrementalDetokenizer { inner })
     }
 
-    #[pyo3(signature = (rid, *, skip_special_tokens, stop, include_stop_str_in_output, context_ids))]
+    #[pyo3(signature = (rid, *, skip_special_tokens, context_ids))]
     fn add_request(
         &mut self,
         py: Python<'_>,
         rid: &str,
         skip_special_tokens: bool,
-        stop: Vec<String>,
-        include_stop_str_in_output: bool,
         context_ids: Vec<u32>,
     ) -> PyResult<()> {
         let options = RequestOptions {
             skip_special_tokens,
-            stop,
-            include_stop_str_in_output,
             context_ids,
         };
         let inner = &mut self.inner;
@@ -57,11 +42,9 @@ impl PyIncrementalDetokenizer {
             .map_err(to_py_err)
     }
 
-    fn step(&mut self, py: Python<'_>, rid: &str, new_ids: Vec<u32>) -> PyResult<PyStepOutput> {
+    fn step(&mut self, py: Python<'_>, rid: &str, new_ids: Vec<u32>) -> PyResult<String> {
         let inner = &mut self.inner;
-        py.detach(|| inner.step(rid, &new_ids))
-            .map(to_py)
-            .map_err(to_py_err)
+        py.detach(|| inner.step(rid, &new_ids)).map_err(to_py_err)
     }
 
     fn step_batch(
@@ -69,22 +52,15 @@ impl PyIncrementalDetokenizer {
         py: Python<'_>,
         rids: Vec<PyBackedStr>,
         new_ids: Vec<Vec<u32>>,
-    ) -> PyResult<PyBatchOutput> {
+    ) -> PyResult<Vec<String>> {
         let inner = &mut self.inner;
-        let outputs = py
-            .detach(|| inner.step_batch(&rids, &new_ids))
-            .map_err(to_py_err)?;
-        Ok(outputs
-            .into_iter()
-            .map(|output| (output.text, output.matched_stop))
-            .unzip())
+        py.detach(|| inner.step_batch(&rids, &new_ids))
+            .map_err(to_py_err)
     }
 
-    fn finish(&mut self, py: Python<'_>, rid: &str) -> PyResult<PyStepOutput> {
+    fn finish(&mut self, py: Python<'_>, rid: &str) -> PyResult<String> {
         let inner = &mut self.inner;
-        py.detach(|| inner.finish(rid))
-            .map(to_py)
-            .map_err(to_py_err)
+        py.detach(|| inner.finish(rid)).map_err(to_py_err)
     }
 
     fn free(&mut self, rid: &str) -> PyResult<()> {
