@@ -14,42 +14,19 @@ Then it stops the server with SIGTERM.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import psutil
 from bench_utils import emit
 
+from srt.testing.server_process import spawn_server
+
 HEALTH_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
 STAGES = ("srt-scheduler", "srt-detokenizer")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def health_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-            status: int = response.status
-            return status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
 
 
 def torch_loaded(process: psutil.Process) -> bool:
@@ -68,34 +45,24 @@ def memory(process: psutil.Process) -> dict[str, Any]:
 
 
 def measure(model: str, flags: list[str]) -> dict[str, Any]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "srt.entrypoints.cli", "--model", model, "--port", str(port)]
-    with tempfile.TemporaryFile() as log:
+    with tempfile.TemporaryDirectory(prefix="srt-startup-") as log_dir:
         started = time.perf_counter()
-        server = subprocess.Popen(
-            [*command, *flags], stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
-        )
+        server = spawn_server(model, *flags, log_dir=Path(log_dir))
         try:
-            while health_status(url) != 200:
-                if server.poll() is not None or time.perf_counter() - started > HEALTH_TIMEOUT_S:
-                    log.seek(0)
-                    output = log.read().decode(errors="replace")
-                    raise SystemExit(f"srt-serve did not become healthy:\n{output}")
+            while server.health_status() != 200:
+                if server.process.poll() is not None or (
+                    time.perf_counter() - started > HEALTH_TIMEOUT_S
+                ):
+                    raise SystemExit(f"srt-serve did not become healthy:\n{server.output()}")
                 time.sleep(0.05)
             healthy = time.perf_counter() - started
-            main = psutil.Process(server.pid)
+            main = psutil.Process(server.process.pid)
             children = {child.name(): child for child in main.children()}
             processes = {"main": memory(main)}
             for name in STAGES:
                 processes[name.removeprefix("srt-")] = memory(children[name])
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            server.stop(STOP_TIMEOUT_S)
     return {"time_to_health_s": round(healthy, 2), "processes": processes}
 
 
