@@ -87,7 +87,9 @@ def test_503_until_warm_then_sigterm_drains_within_the_grace_period_and_exits_0(
     tiny_model_factory: Callable[[str], Path], tmp_path: Path
 ) -> None:
     model = tiny_model_factory("llama")
-    server = spawn_server(model, "--graceful-shutdown-timeout", "2", log_dir=tmp_path)
+    # A grace period far shorter than the long request (thousands of tokens), far longer than
+    # the short one (8 tokens): whatever the machine, one finishes in it and one cannot.
+    server = spawn_server(model, "--graceful-shutdown-timeout", "0.5", log_dir=tmp_path)
     try:
         statuses = set()
         while (status := server.health_status()) != 200:
