@@ -3,204 +3,33 @@
 Scheduling decisions (batch composition, chunk sizes, policy order, retraction order) run over
 `ScriptedRunner`, a model runner that returns ids, whose next token is a fixed function of the
 last input token, so that each step's batch is known in advance; it checks the request-to-token
-rows that the batches write. Outputs (continuous batching, cache reuse, retraction, chunking,
-aborts) run over the real `ModelRunner` on a tiny model and are compared with each request run
-alone.
+rows that the batches write. Outputs on a real model are in
+`test_scheduler_outputs.py`; the shared helpers in `scheduler_helpers.py`.
 """
 
 from __future__ import annotations
 
-import math
-import random
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 import torch
-from runner_helpers import make_runner
+from scheduler_helpers import (
+    EOS,
+    VOCAB,
+    Finished,
+    ScriptedRunner,
+    collect,
+    request,
+    run_to_completion,
+    scheduler_over,
+)
 
-from srt.forward_mode import ForwardMode
-from srt.io_struct import BatchTokenIDOut, DetokenizeSettings, FinishReason, TokenizedGenerateReq
+from srt.io_struct import DetokenizeSettings, FinishReason
 from srt.managers.req_queue import ReqQueue
-from srt.managers.schedule_batch import Req, ScheduleBatch
+from srt.managers.schedule_batch import Req
 from srt.managers.scheduler import Scheduler
 from srt.model_executor.resolve import resolve_device_defaults
-from srt.model_executor.sampling_info import RequestSampling
-from srt.model_executor.worker_batch import (
-    GenerationBatchResult,
-    ModelWorkerBatch,
-    RequestSamplingSpec,
-    RunnerLimits,
-)
-from srt.sampling_params import SamplingParams
 from srt.server_args import ServerArgs
-
-VOCAB = 64
-EOS = 5
-
-
-@dataclass
-class Pass:
-    kind: str
-    rids_rows: list[int]
-    new_tokens: list[int]  # per sequence
-
-
-def scripted_next(token: int) -> int:
-    return (token + 1) % VOCAB
-
-
-@dataclass
-class ScriptedRunner:
-    """A model runner whose next token is `(last input token + 1) % VOCAB` (the smallest id not
-    banned when that one is: EOS and stop ids before `min_new_tokens`), so that each step's batch
-    is known in advance. It records every pass, keeps its own request-to-token table from the
-    writes each batch carries, and checks at every pass that each sequence's row holds exactly
-    the scheduler's KV slots for it, and that sampling state lives from admission to finish."""
-
-    max_total_tokens: int = 256
-    max_running_requests: int = 8
-    context_length: int = 512
-    passes: list[Pass] = field(default_factory=list)
-    specs: dict[str, RequestSamplingSpec] = field(default_factory=dict)
-    num_outputs: dict[str, int] = field(default_factory=dict)
-    table: dict[int, dict[int, int]] = field(default_factory=dict)
-    in_flight: dict[str, Req] = field(default_factory=dict)  # the requests of the batch
-
-    @property
-    def limits(self) -> RunnerLimits:
-        return RunnerLimits(
-            context_length=self.context_length,
-            vocab_size=VOCAB,
-            eos_token_ids=frozenset({EOS}),
-            max_total_tokens=self.max_total_tokens,
-            max_running_requests=self.max_running_requests,
-        )
-
-    def add_request(self, rid: str, spec: RequestSamplingSpec) -> None:
-        assert rid not in self.specs, f"{rid} admitted twice"
-        self.specs[rid] = spec
-        self.num_outputs[rid] = 0
-
-    def remove_request(self, rid: str) -> None:
-        self.specs.pop(rid, None)
-        self.num_outputs.pop(rid, None)
-
-    def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
-        kind = "extend" if batch.forward_mode is ForwardMode.EXTEND else "decode"
-        self.passes.append(Pass(kind, batch.rows, batch.extend_lens))
-        for row, start, slots in batch.row_writes:
-            self.table.setdefault(row, {}).update(enumerate(slots, start))
-        tokens, start = [], 0
-        for row, seq_len, n in zip(batch.rows, batch.seq_lens, batch.extend_lens, strict=True):
-            new_slots = batch.out_cache_loc[start : start + n]
-            self.table.setdefault(row, {}).update(enumerate(new_slots, seq_len - n))
-            tokens.append(batch.input_ids[start : start + n])
-            start += n
-        self.check_rows(batch)
-        lens = batch.logit_lens or [1] * batch.batch_size
-        result = GenerationBatchResult([], [], [], [], [])
-        for i, rid in enumerate(batch.rids):
-            spec = self.specs[rid]
-            rows = tokens[i][-lens[i] :]
-            # All mass on the scripted token: logprob 0 for it, -inf for any other.
-            asked = batch.prompt_logprobs[i] if batch.prompt_logprobs else None
-            pairs = []
-            if asked is not None:
-                given = rows[asked.first_row : asked.first_row + len(asked.target_ids)]
-                pairs = list(zip(asked.target_ids, map(scripted_next, given), strict=True))
-            result.input_token_logprobs.append([0.0 if t == s else -math.inf for t, s in pairs])
-            result.input_top_logprobs.append(
-                [((s, 0.0),) if spec.top_logprobs_num else () for _, s in pairs]
-            )
-            if batch.sample is not None and not batch.sample[i]:
-                continue
-            banned: frozenset[int] = frozenset()
-            if self.num_outputs[rid] < spec.params.min_new_tokens:
-                banned = spec.stop_token_ids
-            nxt = scripted_next(rows[-1])
-            if nxt in banned:
-                nxt = min(set(range(VOCAB)) - banned)
-            self.num_outputs[rid] += 1
-            result.next_ids.append(nxt)
-            result.logprobs.append(0.0)
-            result.top_logprobs.append([(nxt, 0.0)] if spec.top_logprobs_num else [])
-        return result
-
-    def check_rows(self, batch: ModelWorkerBatch) -> None:
-        """Each sequence's row maps its positions to the slots the scheduler holds for it."""
-        for rid, row, seq_len in zip(batch.rids, batch.rows, batch.seq_lens, strict=True):
-            req = self.in_flight[rid]
-            assert req.row == row
-            assert [self.table[row][p] for p in range(seq_len)] == list(req.kv_slots)
-
-
-def scheduler_over(runner: ScriptedRunner, **overrides: Any) -> Scheduler:
-    args = resolve_device_defaults(ServerArgs(**overrides), torch.device("cpu"))
-    scheduler = Scheduler(args, runner, tokenizer_path=None)
-    build = scheduler.worker_batch
-
-    def worker_batch(batch: ScheduleBatch) -> ModelWorkerBatch:
-        runner.in_flight = {req.rid: req for req in batch.reqs}
-        return build(batch)
-
-    scheduler.worker_batch = worker_batch  # type: ignore[method-assign]
-    return scheduler
-
-
-REQUEST_FIELDS = ("stream", "return_logprob", "top_logprobs_num", "logprob_start_len")
-
-
-def request(rid: str, ids: Iterable[int], **params: Any) -> TokenizedGenerateReq:
-    """A greedy request; `params` are sampling parameters and `REQUEST_FIELDS`."""
-    fields = {name: params.pop(name) for name in REQUEST_FIELDS if name in params}
-    params.setdefault("temperature", 0.0)
-    return TokenizedGenerateReq(rid, tuple(ids), SamplingParams(**params), **fields)
-
-
-@dataclass
-class Finished:
-    output_ids: list[int]
-    reason: FinishReason
-    cached_tokens: int
-
-
-def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000) -> dict[str, Finished]:
-    """Steps until idle, checking the KV invariant after every step."""
-    outputs: dict[str, list[int]] = {}
-    finished: dict[str, Finished] = {}
-    for _ in range(max_steps):
-        if not scheduler.has_work():
-            break
-        out = scheduler.step()
-        assert scheduler.check_invariants() == []
-        collect(out, outputs, finished)
-    else:
-        raise AssertionError("the scheduler did not finish")
-    assert scheduler.is_idle()
-    assert scheduler.check_invariants() == []
-    runner = scheduler.runner
-    live = runner.specs if isinstance(runner, ScriptedRunner) else runner.sampling.states  # type: ignore[attr-defined]
-    assert not live, f"sampling state outlived its requests: {sorted(live)}"
-    return finished
-
-
-def collect(
-    out: BatchTokenIDOut | None, outputs: dict[str, list[int]], finished: dict[str, Finished]
-) -> None:
-    if out is None:
-        return
-    for rid, ids, reason, cached, settings in zip(
-        out.rids, out.output_ids, out.finished_reasons, out.cached_tokens, out.settings, strict=True
-    ):
-        # A request's settings cross once, with its first message.
-        assert (settings is not None) == (rid not in outputs), rid
-        outputs.setdefault(rid, []).extend(ids)
-        if reason is not None:
-            finished[rid] = Finished(outputs[rid], reason, cached)
-
 
 # ---- scheduling decisions -------------------------------------------------------------------
 
@@ -536,95 +365,3 @@ def test_abort_all_and_flush_cache() -> None:
     assert len(run_to_completion(scheduler)) == 4
     assert scheduler.flush_cache() is None
     assert scheduler.allocator.available_size() == 256
-
-
-# ---- outputs on a real model ------------------------------------------------------------------
-
-
-def real_scheduler(model: Path, **overrides: Any) -> Scheduler:
-    settings: dict[str, Any] = {"max_total_tokens": 2048, "max_running_requests": 16}
-    settings.update(overrides)
-    runner = make_runner(model, **settings)
-    return Scheduler(runner.server_args, runner, str(model))
-
-
-def shared_prefix_prompts(n: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    systems = [[rng.randrange(3, 400) for _ in range(24)] for _ in range(3)]
-    return [
-        systems[i % 3] + [rng.randrange(3, 400) for _ in range(rng.randrange(1, 12))]
-        for i in range(n)
-    ]
-
-
-def generate(scheduler: Scheduler, prompts: list[list[int]], **params: Any) -> dict[str, Finished]:
-    params.setdefault("max_new_tokens", 12)
-    params.setdefault("ignore_eos", True)
-    for i, prompt in enumerate(prompts):
-        scheduler.add_request(request(f"r{i}", prompt, **params))
-    return run_to_completion(scheduler)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tiny_model_factory: Any) -> Path:
-    path: Path = tiny_model_factory("llama")
-    return path
-
-
-@pytest.fixture(scope="module")
-def alone_outputs(tiny_llama: Path) -> list[list[int]]:
-    scheduler = real_scheduler(tiny_llama, disable_radix_cache=True)
-    return [generate(scheduler, [prompt])["r0"].output_ids for prompt in shared_prefix_prompts(16)]
-
-
-@pytest.mark.slow
-def test_concurrent_requests_match_each_alone_and_reuse_the_cache(
-    tiny_llama: Path, alone_outputs: list[list[int]]
-) -> None:
-    scheduler = real_scheduler(tiny_llama, max_prefill_tokens=64)
-    finished = generate(scheduler, shared_prefix_prompts(16))
-    assert [finished[f"r{i}"].output_ids for i in range(16)] == alone_outputs
-    assert sum(f.cached_tokens for f in finished.values()) > 0
-    again = generate(scheduler, shared_prefix_prompts(16)[:4])
-    assert all(f.cached_tokens > 0 for f in again.values())
-
-
-@pytest.mark.slow
-def test_small_kv_pool_forces_retraction_and_chunks_keep_outputs(
-    tiny_llama: Path, alone_outputs: list[list[int]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    built: list[RequestSamplingSpec] = []
-    build = RequestSampling.of
-
-    def counted(spec: RequestSamplingSpec) -> RequestSampling:
-        built.append(spec)
-        return build(spec)
-
-    monkeypatch.setattr(RequestSampling, "of", staticmethod(counted))
-    scheduler = real_scheduler(tiny_llama, max_total_tokens=160, chunked_prefill_size=16)
-    finished = generate(scheduler, shared_prefix_prompts(16))
-    assert scheduler.num_retracted > 0
-    assert [finished[f"r{i}"].output_ids for i in range(16)] == alone_outputs
-    # Each request's sampling state is built once, at its first admission: not per step, not
-    # again when a retracted request is admitted again (run_to_completion saw it dropped).
-    assert len(built) == 16
-
-
-@pytest.mark.slow
-def test_stop_strings_end_generation(tiny_llama: Path, alone_outputs: list[list[int]]) -> None:
-    from srt.managers.incremental_detokenizer import IncrementalDetokenizer
-
-    prompt = shared_prefix_prompts(1)[0]
-    detok = IncrementalDetokenizer(tiny_llama)
-    detok.add_request("x")
-    text = "".join(detok.step("x", [token]) for token in alone_outputs[0])
-    stop = text[len(text) // 2 : len(text) // 2 + 2]
-    scheduler = real_scheduler(tiny_llama)
-    finished = generate(scheduler, [prompt], stop=(stop,))["r0"]
-    offset = text.index(stop)
-    assert finished.reason == FinishReason("stop", matched_str=stop, matched_offset=offset)
-    assert len(finished.output_ids) < len(alone_outputs[0])
-    assert finished.output_ids == alone_outputs[0][: len(finished.output_ids)]
-    # The token that completes the stop string is also the last allowed one: the stop wins.
-    last = generate(scheduler, [prompt], stop=(stop,), max_new_tokens=len(finished.output_ids))
-    assert last["r0"].reason == finished.reason

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_scheduler import (
+from scheduler_helpers import (
     ScriptedRunner,
     generate,
     real_scheduler,
