@@ -42,7 +42,9 @@ from roofline import (
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from srt.mem_cache.memory_pool import KVPool
+from srt.model_executor.cpu_threads import bind_cpu_threads
 from srt.model_executor.model_runner import ModelRunner
+from srt.model_executor.resolve import resolve_device
 from srt.server_args import ServerArgs
 
 
@@ -187,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument(
+        "--cpu-omp-threads-bind", default="auto", help="as srt-serve's flag (CPU only)"
+    )
     parser.add_argument("--load-format", default="auto", help="dummy: random weights, no HF")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument(
@@ -203,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         load_format=args.load_format,
         disable_cuda_graph=args.disable_cuda_graph,
     )
+    if resolve_device(args.device).type == "cpu":
+        bind_cpu_threads(args.cpu_omp_threads_bind)
     runner = ModelRunner(server_args, args.model)
     device = runner.device
     hf: Any = None

@@ -64,6 +64,7 @@ def test_every_field_has_a_flag() -> None:
             "--max-n", "4", "--max-client-batch-size", "3", "--max-samples-per-request", "6",
             "--max-stop-sequences", "2", "--max-stop-sequence-length", "9", "--max-logprobs", "1",
             "--max-logit-bias-entries", "7", "--allowed-hosts", "srt.example",
+            "--cpu-omp-threads-bind", "0-1",
         ]
     )  # fmt: skip
     expected = ServerArgs(
@@ -79,7 +80,7 @@ def test_every_field_has_a_flag() -> None:
         log_requests=True, max_queued_requests=5,
         max_n=4, max_client_batch_size=3, max_samples_per_request=6, max_stop_sequences=2,
         max_stop_sequence_length=9, max_logprobs=1, max_logit_bias_entries=7,
-        allowed_hosts=("srt.example",),
+        allowed_hosts=("srt.example",), cpu_omp_threads_bind="0-1",
     )  # fmt: skip
     assert args == expected
     # The command line above sets every field away from its default, so each flag is exercised.
@@ -114,6 +115,9 @@ def test_schedule_policies(policy: str) -> None:
         ({"max_stop_sequence_length": 0}, "--max-stop-sequence-length"),
         ({"max_logprobs": -1}, "--max-logprobs"),
         ({"max_logit_bias_entries": -1}, "--max-logit-bias-entries"),
+        ({"cpu_omp_threads_bind": "all"}, "--cpu-omp-threads-bind"),
+        ({"cpu_omp_threads_bind": "3-1"}, "--cpu-omp-threads-bind"),
+        ({"cpu_omp_threads_bind": "0,"}, "--cpu-omp-threads-bind"),
     ],
 )
 def test_validation_names_the_flag(changes: dict[str, object], flag: str) -> None:

@@ -196,3 +196,13 @@ def silu_and_mul(gate_up: _Floats, dim: int, out: _Floats) -> None:
 def rotary(x: _Floats, cos: _Floats, sin: _Floats, head_dim: int, out: _Floats) -> None:
     """`out = x · cos + [x₂ | x₁] · sin` for every head of each token's row of `x`; `cos` and
     `sin` are `[tokens, head_dim]`, `sin` signed as `[-sin | sin]`."""
+
+# --- Thread pinning (rust/python/src/threads.rs) ---------------------------------------------
+
+def pin_threads(cpus: list[int]) -> int:
+    """Pins OpenMP's threads one CPU each (thread t to cpus[t]) for every later parallel region;
+    returns how many were pinned (fewer when the team is smaller). ValueError for an empty list,
+    a CPU beyond a CPU set, or one the process may not run on."""
+
+def thread_cpus() -> list[int]:
+    """The CPUs the calling thread may run on."""

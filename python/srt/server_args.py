@@ -122,6 +122,15 @@ class ServerArgs:
             "Largest decode batch that replays a CUDA graph; larger ones run eagerly.",
         ),
     )
+    cpu_omp_threads_bind: str = field(
+        default="auto",
+        metadata=_arg(
+            "device and precision",
+            "CPU only: the cores of the scheduler's compute threads (PyTorch's and srt's "
+            "kernels), one thread pinned to each: auto (every core this process may use), "
+            "nobind (PyTorch's default thread count, not pinned), or a list like 0-3,6.",
+        ),
+    )
 
     host: str = field(default="127.0.0.1", metadata=_arg("HTTP server", "Address to listen on."))
     port: int = field(default=30000, metadata=_arg("HTTP server", "Port to listen on."))
@@ -316,6 +325,11 @@ class ServerArgs:
                 raise ServerArgsError(
                     "allowed_hosts", f"{host!r} is not a host name or address (without a port)"
                 )
+        if self.cpu_omp_threads_bind not in ("auto", "nobind"):
+            try:
+                parse_cpu_list(self.cpu_omp_threads_bind)
+            except ValueError as e:
+                raise ServerArgsError("cpu_omp_threads_bind", str(e)) from None
         fraction = self.mem_fraction_static
         if fraction is not None and not (math.isfinite(fraction) and 0 < fraction <= 1):
             raise ServerArgsError("mem_fraction_static", f"must be in (0, 1], got {fraction}")
@@ -351,6 +365,20 @@ def split_gguf_path(model_path: str) -> tuple[str, str | None]:
     if path.suffix == ".gguf":
         return str(path.parent), path.name
     return model_path, None
+
+
+def parse_cpu_list(spec: str) -> list[int]:
+    """The CPUs of a list like `0-3,6`, in its order, each once."""
+    cpus: list[int] = []
+    for part in spec.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"{spec!r} is not auto, nobind or a CPU list like 0-3,6")
+        lo, hi = int(first), int(last) if dash else int(first)
+        if hi < lo:
+            raise ValueError(f"the range {part.strip()!r} of {spec!r} runs backwards")
+        cpus.extend(cpu for cpu in range(lo, hi + 1) if cpu not in cpus)
+    return cpus
 
 
 def check_local_model_path(model_path: str) -> None:

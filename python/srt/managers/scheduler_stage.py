@@ -24,7 +24,9 @@ from srt.ipc.rings import RingNames
 from srt.managers.hf_tokenizer import tokenizer_files
 from srt.managers.scheduler import Scheduler
 from srt.managers.stage_process import Stage, run_stage
+from srt.model_executor.cpu_threads import bind_cpu_threads
 from srt.model_executor.model_runner import ModelRunner
+from srt.model_executor.resolve import resolve_device
 from srt.server_args import ServerArgs
 
 
@@ -38,6 +40,8 @@ class SchedulerStage(Stage):
     def __init__(self, server_args: ServerArgs, rings: RingNames) -> None:
         if server_args.model_path is None:
             raise ValueError("the scheduler needs --model-path")
+        if resolve_device(server_args.device).type == "cpu":
+            bind_cpu_threads(server_args.cpu_omp_threads_bind)
         runner = ModelRunner(server_args, server_args.model_path)
         # The same tokenizer.json the detokenizer decodes with (a GGUF file's is written out).
         tokenizer_dir = str(tokenizer_files(server_args))

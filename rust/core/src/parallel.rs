@@ -121,6 +121,70 @@ pub fn run(threads: usize, work: &(dyn Fn(usize, usize) + Sync)) {
     }
 }
 
+/// Pins the threads that [`run`] uses, one CPU each: thread `t` of a team of `cpus.len()` runs
+/// on `cpus[t]` from now on. Returns how many threads were pinned, which is fewer than
+/// `cpus.len()` when OpenMP's team is smaller (`torch.set_num_threads` sets it; set it first).
+///
+/// Why per thread: OpenMP keeps its workers between regions, thread `t` of a team of a given
+/// size being the same worker each time, so a worker pinned once stays pinned for every later
+/// region of PyTorch's and of ours. Pinning the process instead (`sched_setaffinity` of the
+/// pid) would let the workers still trade places between its CPUs.
+pub fn pin_threads(cpus: &[usize]) -> crate::Result<usize> {
+    if cpus.is_empty() {
+        return Err(crate::Error::InvalidArgument(
+            "no CPU to pin threads to".into(),
+        ));
+    }
+    // CPU_SETSIZE bits fit in a cpu_set_t; a larger index cannot be set in one.
+    let limit = usize::try_from(libc::CPU_SETSIZE).unwrap_or(0);
+    if let Some(&cpu) = cpus.iter().find(|&&cpu| cpu >= limit) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "CPU {cpu} is beyond the {limit} a CPU set holds"
+        )));
+    }
+    let pinned = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::atomic::AtomicI32::new(0);
+    run(cpus.len(), &|thread, _threads| {
+        // SAFETY: an all-zero cpu_set_t is the empty set; CPU_SET writes one bit of it, at an
+        // index checked above to be below CPU_SETSIZE; sched_setaffinity(0, ...) applies to
+        // the calling thread and reads only the set passed with its size.
+        let status = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpus[thread], &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        if status == 0 {
+            pinned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(-1);
+            failed.store(errno, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    match failed.into_inner() {
+        0 => Ok(pinned.into_inner()),
+        errno => Err(crate::Error::InvalidArgument(format!(
+            "pinning a thread to one of CPUs {cpus:?} failed: {}",
+            std::io::Error::from_raw_os_error(errno)
+        ))),
+    }
+}
+
+/// The CPUs the calling thread may run on.
+pub fn thread_cpus() -> Vec<usize> {
+    // SAFETY: an all-zero cpu_set_t is the empty set; sched_getaffinity(0, ...) fills it for
+    // the calling thread, writing at most its size; CPU_ISSET reads bits below CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        let limit = usize::try_from(libc::CPU_SETSIZE).unwrap_or(0);
+        (0..limit)
+            .filter(|&cpu| libc::CPU_ISSET(cpu, &set))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +224,27 @@ mod tests {
             assert_eq!(std::thread::current().id(), caller);
         });
         assert!(max_threads() >= 1);
+    }
+    #[test]
+    fn pinned_threads_stay_on_their_cpu() {
+        // In a thread of its own, so that pinning does not follow the test harness's threads.
+        std::thread::spawn(|| {
+            let allowed = thread_cpus();
+            assert!(!allowed.is_empty());
+            let cpus: Vec<usize> = allowed.iter().copied().rev().collect();
+            let pinned = pin_threads(&cpus).unwrap();
+            assert!(pinned >= 1 && pinned <= cpus.len());
+            // The caller is thread 0 of every team: it now runs on cpus[0] alone.
+            assert_eq!(thread_cpus(), vec![cpus[0]]);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn pinning_refuses_empty_and_impossible_sets() {
+        assert!(pin_threads(&[]).is_err());
+        let beyond = usize::try_from(libc::CPU_SETSIZE).unwrap();
+        assert!(pin_threads(&[beyond]).is_err());
     }
 }

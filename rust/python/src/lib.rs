@@ -15,6 +15,7 @@ mod gemm;
 mod ops;
 mod radix;
 mod ring;
+mod threads;
 
 create_exception!(
     _rust,
@@ -43,5 +44,6 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gemm::register(m)?;
     attention::register(m)?;
     ops::register(m)?;
+    threads::register(m)?;
     Ok(())
 }
