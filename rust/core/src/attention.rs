@@ -196,11 +196,13 @@ pub fn decode_attention_on<T: Element>(
     Ok(())
 }
 
-/// A thread's float32 scratch: the scores (`[heads, len]`) and the weighted sums of V.
+/// A thread's float32 scratch: the scores (`[heads, len]`), the weighted sums of V and each
+/// head's inverse sum of weights.
 #[derive(Default)]
 pub(crate) struct Scratch {
     scores: Vec<f32>,
     sums: Vec<f32>,
+    inverses: Vec<f32>,
 }
 
 /// One call's inputs, shared by the threads; each task (a sequence) writes its own rows of `out`.
@@ -261,11 +263,22 @@ impl<T: Element> Task<'_, T> {
                 scores[h * len + t] = dot(query, key) * self.scale;
             }
         }
+        // Float32 scales the weights before the sum; a reduced type does as PyTorch's CPU flash
+        // attention does for it: each exponential rounded to T before its product with V, and
+        // the float32 sum of the unrounded ones dividing the weighted sum at the end.
+        let inverses = &mut scratch.inverses;
+        inverses.clear();
         for weights in scores.chunks_exact_mut(len) {
             let inverse = 1.0 / exponentiate(weights);
-            weights.iter_mut().for_each(|w| *w *= inverse);
+            if T::REDUCED {
+                weights.iter_mut().for_each(|w| *w = T::store(*w).load());
+                inverses.push(inverse);
+            } else {
+                weights.iter_mut().for_each(|w| *w *= inverse);
+                inverses.push(1.0);
+            }
         }
-        let sums = &mut scratch.sums;
+        let (sums, inverses) = (&mut scratch.sums, &scratch.inverses);
         sums.clear();
         sums.resize(heads * d, 0.0);
         for (t, &slot) in row_slots.iter().enumerate() {
@@ -281,8 +294,14 @@ impl<T: Element> Task<'_, T> {
         // SAFETY: this task owns its sequence's `heads * d` outputs.
         let out =
             unsafe { std::slice::from_raw_parts_mut(self.out.add(seq * heads * d), heads * d) };
-        for (o, &sum) in out.iter_mut().zip(sums.iter()) {
-            *o = T::store(sum);
+        for ((head_out, head_sums), &inverse) in out
+            .chunks_exact_mut(d)
+            .zip(sums.chunks_exact(d))
+            .zip(inverses.iter())
+        {
+            for (o, &sum) in head_out.iter_mut().zip(head_sums) {
+                *o = T::store(if T::REDUCED { sum * inverse } else { sum });
+            }
         }
     }
 }

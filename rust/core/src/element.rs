@@ -31,6 +31,9 @@ impl Bf16 {
 
 /// A tensor element the kernels read and write.
 pub trait Element: Copy + Send + Sync + 'static {
+    /// Whether storing a float32 loses precision (PyTorch's "reduced" floating types), where
+    /// kernels follow PyTorch's reduced-type arithmetic.
+    const REDUCED: bool;
     /// The value as a float32 (exact for both types).
     fn load(self) -> f32;
     /// `value` rounded to this type.
@@ -38,6 +41,8 @@ pub trait Element: Copy + Send + Sync + 'static {
 }
 
 impl Element for f32 {
+    const REDUCED: bool = false;
+
     #[inline(always)]
     fn load(self) -> f32 {
         self
@@ -50,6 +55,8 @@ impl Element for f32 {
 }
 
 impl Element for Bf16 {
+    const REDUCED: bool = true;
+
     #[inline(always)]
     fn load(self) -> f32 {
         self.to_f32()

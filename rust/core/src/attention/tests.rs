@@ -261,7 +261,7 @@ fn every_tier_equals_the_float64_reference_in_float32() {
 }
 
 #[test]
-fn bf16_caches_give_the_reference_of_their_values_rounded_once() {
+fn bf16_caches_give_the_reference_of_their_values_within_two_roundings() {
     // Head size 20: the AVX-512 BF16 products run one masked step per head.
     let mut case = case(&[1, 5, 40, 17, 64, 300]);
     let (q, k, v) = (to_bf16(&case.q), to_bf16(&case.k), to_bf16(&case.v));
@@ -271,11 +271,12 @@ fn bf16_caches_give_the_reference_of_their_values_rounded_once() {
     for isa in tiers() {
         let out = attend_on(isa, &case, &q, &k, &v);
         for (index, (got, &want)) in out.iter().zip(&want).enumerate() {
-            // The output's rounding (half a bf16 step, 2^-8 of the value at most) and the
-            // float32 sums' error.
+            // The output's rounding (half a bf16 step, 2^-8 of the value at most), the weights'
+            // (2^-8 of each, so of the sum of |weight · v| <= max |v| = 1), and the float32
+            // sums' error.
             let got = f64::from(got.to_f32());
             assert!(
-                (got - want).abs() <= want.abs() / 256.0 + 1e-5,
+                (got - want).abs() <= want.abs() / 256.0 + 1.0 / 256.0 + 1e-5,
                 "{isa:?} element {index}: {got} vs {want}"
             );
         }
