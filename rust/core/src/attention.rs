@@ -381,16 +381,21 @@ fn exponentiate(scores: &mut [f32]) -> f32 {
 
 /// `e^x` for `x <= 0` within about one ulp (Cephes' `expf`: `x = n ln 2 + r`, a degree-6
 /// polynomial in `r`, times `2^n`); 0 for `x` below -87 (and for NaN). Plain arithmetic that
-/// the compiler vectorizes, unlike a call to the C library's `expf` per element.
+/// the compiler vectorizes, unlike a call to the C library's `expf` per element: no early
+/// return, and `n` read out of a float's bits rather than by `as i32`, whose saturation keeps
+/// the loops around it scalar.
 #[inline(always)]
 pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     const LN2_HIGH: f32 = 0.693_359_4;
     const LN2_LOW: f32 = -2.121_944_4e-4;
-    if x.is_nan() || x < -87.0 {
-        return 0.0;
-    }
-    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
-    let r = x - n * LN2_HIGH - n * LN2_LOW;
+    // 1.5 · 2^23: adding it to an integer-valued float of magnitude below 2^22 leaves the
+    // integer in the low mantissa bits, as two's complement after subtracting its own bits.
+    const SHIFTER: f32 = 12_582_912.0;
+    // Within [-87, 0], so that n below stays an integer in [-126, 0] (a NaN gives garbage
+    // bits, of no consequence: the result is 0 for it).
+    let clamped = x.clamp(-87.0, 0.0);
+    let n = (clamped * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = clamped - n * LN2_HIGH - n * LN2_LOW;
     let mut p = 1.987_569_1e-4;
     p = p * r + 1.398_199_9e-3;
     p = p * r + 8.333_452e-3;
@@ -398,7 +403,13 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let mantissa = p * r * r + r + 1.0;
-    mantissa * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    let exponent = (n + SHIFTER).to_bits().wrapping_sub(SHIFTER.to_bits());
+    let value = mantissa * f32::from_bits(exponent.wrapping_add(127) << 23);
+    if x.is_nan() || x < -87.0 {
+        0.0
+    } else {
+        value
+    }
 }
 
 #[inline(always)]

@@ -308,11 +308,21 @@ mod simd {
                 let (out_first, out_second) = out_head.split_at_mut(half);
                 let (cos_first, cos_second) = cos.split_at(half);
                 let (sin_first, sin_second) = sin.split_at(half);
-                for i in 0..half {
-                    out_first[i] =
-                        T::store(term(first[i], cos_first[i]) + term(second[i], sin_first[i]));
-                    out_second[i] =
-                        T::store(term(second[i], cos_second[i]) + term(first[i], sin_second[i]));
+                // Zipped, not indexed: indexing six slices of one length keeps bounds checks
+                // that stop the compiler from vectorizing the bf16 loop.
+                let lanes = first
+                    .iter()
+                    .zip(second)
+                    .zip(cos_first.iter().zip(sin_first));
+                for (o, ((&a, &b), (&c, &s))) in out_first.iter_mut().zip(lanes) {
+                    *o = T::store(term(a, c) + term(b, s));
+                }
+                let lanes = second
+                    .iter()
+                    .zip(first)
+                    .zip(cos_second.iter().zip(sin_second));
+                for (o, ((&b, &a), (&c, &s))) in out_second.iter_mut().zip(lanes) {
+                    *o = T::store(term(b, c) + term(a, s));
                 }
             }
         }
