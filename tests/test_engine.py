@@ -71,7 +71,8 @@ def hf(model_dir: Path) -> PreTrainedTokenizerBase:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> Iterator[Engine]:
-    with Engine(model_path=str(model_dir), context_length=512) as engine:
+    # Float32: the outputs are compared with transformers' float32 greedy ids.
+    with Engine(model_path=str(model_dir), context_length=512, dtype="float32") as engine:
         yield engine
         load = engine.get_load()
         assert (load.invariant_violations, load.num_used_tokens) == (0, 0)

@@ -46,7 +46,10 @@ def server(model: Path) -> Iterator[ServerProcess]:
         with pytest.MonkeyPatch.context() as env:  # for the server's start only
             env.setenv("SRT_RING_CAPACITY", str(RING_CAPACITY))
             # The stop list below is past the default --max-stop-sequences.
-            server = stack.enter_context(running_server(model, "--max-stop-sequences", "1000"))
+            # Float32: outputs are compared with transformers' float32 model.
+            server = stack.enter_context(
+                running_server(model, "--max-stop-sequences", "1000", "--dtype", "float32")
+            )
         yield server
 
 

@@ -150,6 +150,8 @@ class ShmRing:
 # checked against the buffers before any is read: a size that does not fit them, or whose
 # products overflow 64 bits, is a ValueError.
 _Floats = Buffer | NDArray[np.float32]
+# A bf16 tensor's memory, as the int16 of its bits (numpy has no bf16).
+_Bf16 = Buffer | NDArray[np.int16]
 
 def linear_supported() -> bool:
     """Whether this CPU runs `linear` (x86-64 with AVX2 and FMA)."""
@@ -181,6 +183,19 @@ def decode_attention(
     """`out[b] = softmax(q[b] · Kᵀ · scale) · V` over the first `seq_lens[b]` slots of row `b`
     of `slots` ([batch, width] int32), each query head against its KV head (GIL released)."""
 
+def decode_attention_bf16(
+    q: _Bf16,
+    k_cache: _Bf16,
+    v_cache: _Bf16,
+    slots: Buffer | NDArray[np.int32],
+    seq_lens: Buffer | NDArray[np.int32],
+    kv_heads: int,
+    head_dim: int,
+    scale: float,
+    out: _Bf16,
+) -> None:
+    """`decode_attention` over bf16 q, caches and output (float32 arithmetic, output rounded)."""
+
 # --- CPU row-wise operators (rust/python/src/ops.rs) --------------------------------------------
 
 def rms_norm(
@@ -196,6 +211,26 @@ def silu_and_mul(gate_up: _Floats, dim: int, out: _Floats) -> None:
 def rotary(x: _Floats, cos: _Floats, sin: _Floats, head_dim: int, out: _Floats) -> None:
     """`out = x · cos + [x₂ | x₁] · sin` for every head of each token's row of `x`; `cos` and
     `sin` are `[tokens, head_dim]`, `sin` signed as `[-sin | sin]`."""
+
+def rms_norm_bf16(x: _Bf16, residual: _Bf16 | None, weight: _Bf16, eps: float, out: _Bf16) -> None:
+    """`rms_norm` over bf16 tensors, rounded where PyTorch's bf16 operators round."""
+
+def silu_and_mul_bf16(gate_up: _Bf16, dim: int, out: _Bf16) -> None:
+    """`silu_and_mul` over bf16 tensors (silu rounded before the product)."""
+
+def rotary_bf16(x: _Bf16, cos: _Bf16, sin: _Bf16, head_dim: int, out: _Bf16) -> None:
+    """`rotary` over bf16 tensors (each product and the sum rounded)."""
+
+def cpu_isa() -> tuple[str, str]:
+    """The instruction set the CPU kernels run now and the best the CPU runs: each one of
+    "scalar", "avx2", "avx512", "avx512_bf16"."""
+
+def set_cpu_isa(name: str) -> None:
+    """Caps the CPU kernels' instruction set at `name` (ValueError for an unknown name)."""
+
+def cpu_bf16_matmul() -> tuple[bool, bool]:
+    """Whether bf16 matrix products run natively (AVX-512 BF16 or AMX-BF16; false when the
+    kernels are capped below the CPU's tier), and whether the CPU has AMX-BF16."""
 
 # --- Thread pinning (rust/python/src/threads.rs) ---------------------------------------------
 

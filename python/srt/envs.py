@@ -37,3 +37,12 @@ def check_invariants() -> bool:
     """Whether the scheduler checks its KV bookkeeping after every step, not only when it goes
     idle (`SRT_CHECK_INVARIANTS=1`; tests set it)."""
     return os.environ.get("SRT_CHECK_INVARIANTS", "0") == "1"
+
+
+def cpu_isa() -> str | None:
+    """The highest instruction set srt's CPU kernels may use (`SRT_CPU_ISA`: `scalar`, `avx2`,
+    `avx512` or `avx512_bf16`; unset: the best the CPU has). Lowering it runs the slower paths on
+    a faster machine, to test them; below `avx512_bf16`, `--dtype auto` also picks float32, as on
+    a CPU without native bf16 products, and below `avx2` the linear layers take PyTorch's
+    product."""
+    return os.environ.get("SRT_CPU_ISA") or None

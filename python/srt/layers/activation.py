@@ -10,8 +10,8 @@ from srt.layers import cpu_kernels
 
 
 class SiluAndMul(nn.Module):
-    """silu(gate) * up, for the fused [gate | up] projection output; float32 on the CPU in one
-    pass (`cpu_kernels.silu_and_mul`)."""
+    """silu(gate) * up, for the fused [gate | up] projection output; float32 and bf16 on the CPU
+    in one pass (`cpu_kernels.silu_and_mul`, silu rounded to bf16 before the product, as here)."""
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         if cpu_kernels.runs_in_rust(gate_up):

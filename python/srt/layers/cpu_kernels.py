@@ -1,27 +1,75 @@
-"""srt's float32 CPU kernels (the Rust core's `gemm`, `attention` and `ops`), as functions of
-tensors: the one place the model layers call `srt._rust` from.
+"""srt's CPU kernels (the Rust core's `gemm`, `attention` and `ops`), as functions of tensors:
+the one place the model layers call `srt._rust` from.
 
 Why they exist: on the CPU a decode step is a few rows per operator, where PyTorch's kernels
 reach a fraction of the cores' throughput (its BLAS) or spend more in fixed costs and extra
 passes than in arithmetic (its element-wise operators, its attention over gathered K/V). These
-run the same float32 arithmetic on PyTorch's OpenMP threads, each row computed alone, so a
-sequence's results do not depend on the rest of the batch.
+run on PyTorch's OpenMP threads, each row computed alone, so a sequence's results do not depend
+on the rest of the batch. The row-wise operators and decode attention take float32 or bf16
+(float32 arithmetic, bf16 rounded where PyTorch rounds it); the linear kernel float32 only.
 
-Tensors cross as numpy views of their memory (shared, never copied); the Rust side checks every
-length and refuses outputs that overlap inputs. Callers check `runs_in_rust` first; other dtypes,
-devices and autograd keep PyTorch's path.
+Tensors cross as numpy views of their memory (shared, never copied; bf16 as int16 views of its
+bits, numpy having no bf16); the Rust side checks every length and refuses outputs that overlap
+inputs. Callers check `runs_in_rust` first; other dtypes, devices and autograd keep PyTorch's
+path. The kernels run the best instruction set of the CPU, capped by `SRT_CPU_ISA` (applied
+when this module loads, before any kernel runs).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from srt import _rust
+from srt import _rust, envs
+
+# The dtypes of the row-wise and attention kernels.
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def runs_in_rust(*tensors: torch.Tensor) -> bool:
-    """Whether these kernels take these tensors: float32 on the CPU, no autograd."""
-    return all(t.dtype == torch.float32 and t.is_cpu and not t.requires_grad for t in tensors)
+def runs_in_rust(*tensors: torch.Tensor, dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES) -> bool:
+    """Whether these kernels take these tensors: all of one dtype among `dtypes`, on the CPU,
+    no autograd."""
+    dtype = tensors[0].dtype
+    return dtype in dtypes and all(
+        t.dtype == dtype and t.is_cpu and not t.requires_grad for t in tensors
+    )
+
+
+def isa() -> tuple[str, str]:
+    """The instruction set the kernels run now and the best this CPU runs (`scalar`, `avx2`,
+    `avx512`, `avx512_bf16`)."""
+    return _rust.cpu_isa()
+
+
+def set_isa(name: str) -> None:
+    """Caps the kernels' instruction set at `name` (`avx512_bf16`: no cap on any CPU today)."""
+    _rust.set_cpu_isa(name)
+
+
+def native_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX-512 BF16 or AMX-BF16), counting
+    it as without them when `SRT_CPU_ISA` caps the kernels below its tier."""
+    return _rust.cpu_bf16_matmul()[0]
+
+
+def amx_bf16() -> bool:
+    """Whether this CPU has AMX tiles with bf16 products (PyTorch's oneDNN uses them)."""
+    return _rust.cpu_bf16_matmul()[1]
+
+
+_configured_isa = envs.cpu_isa()
+if _configured_isa is not None:
+    set_isa(_configured_isa)
+
+
+def _view(t: torch.Tensor) -> Any:
+    """The numpy view a kernel reads: float32 as is, bf16 as the int16 of its bits."""
+    return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy()
+
+
+def _bf16(t: torch.Tensor) -> bool:
+    return t.dtype == torch.bfloat16
 
 
 def linear_supported() -> bool:
@@ -65,12 +113,13 @@ def rms_norm(
     x` first, in place, and the sum is normalized."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    _rust.rms_norm(
-        x.numpy(),
-        None if residual is None else residual.numpy(),
-        weight.detach().numpy(),
+    kernel = _rust.rms_norm_bf16 if _bf16(x) else _rust.rms_norm
+    kernel(
+        _view(x),
+        None if residual is None else _view(residual),
+        _view(weight.detach()),
         eps,
-        out.numpy(),
+        _view(out),
     )
     return out
 
@@ -80,7 +129,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     dim = gate_up.shape[-1] // 2
     gate_up = gate_up.contiguous()
     out = gate_up.new_empty((*gate_up.shape[:-1], dim))
-    _rust.silu_and_mul(gate_up.numpy(), dim, out.numpy())
+    kernel = _rust.silu_and_mul_bf16 if _bf16(gate_up) else _rust.silu_and_mul
+    kernel(_view(gate_up), dim, _view(out))
     return out
 
 
@@ -88,7 +138,8 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """x ([tokens, heads, head_dim]) rotated by each token's row of cos and signed sin."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    _rust.rotary(x.numpy(), cos.numpy(), sin.numpy(), x.shape[-1], out.numpy())
+    kernel = _rust.rotary_bf16 if _bf16(x) else _rust.rotary
+    kernel(_view(x), _view(cos), _view(sin), x.shape[-1], _view(out))
     return out
 
 
@@ -102,18 +153,19 @@ def decode_attention(
 ) -> torch.Tensor:
     """One query token per sequence (q: [batch, heads, head_dim]) against the first
     `seq_lens[b]` slots of `rows[b]` ([batch, width] int32) in a layer's K/V caches ([slots,
-    kv_heads, head_dim]), read in place. Returns [batch, heads * head_dim]."""
+    kv_heads, head_dim]), read in place, all of q's dtype. Returns [batch, heads * head_dim]."""
     query = q.contiguous()
     out = torch.empty_like(query)
-    _rust.decode_attention(
-        query.numpy(),
-        k_cache.numpy(),
-        v_cache.numpy(),
+    kernel = _rust.decode_attention_bf16 if _bf16(query) else _rust.decode_attention
+    kernel(
+        _view(query),
+        _view(k_cache),
+        _view(v_cache),
         rows.numpy(),
         seq_lens.numpy(),
         k_cache.shape[1],
         k_cache.shape[2],
         scale,
-        out.numpy(),
+        _view(out),
     )
     return out.reshape(q.shape[0], -1)

@@ -1,7 +1,8 @@
 """RMSNorm, computed in float32 as Hugging Face's Llama and Qwen do.
 
-Float32 on the CPU runs as one pass per row in srt's Rust kernel (`cpu_kernels.rms_norm`), the
-residual add of a decoder layer's pre-norm included; elsewhere, PyTorch's operators.
+Float32 and bf16 on the CPU run as one pass per row in srt's Rust kernel (`cpu_kernels.rms_norm`),
+the residual add of a decoder layer's pre-norm included, with bf16 rounded where the operators
+below round it; elsewhere, PyTorch's operators.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ kernel runs the same float32 arithmetic, shares PyTorch's OpenMP threads, and se
 count with one code path, so a row's result is the same bits alone, in any batch, and through
 prefill or decode.
 
+Bf16 weights take `F.linear` on every device: on the CPU that is oneDNN's bf16 product, which
+uses the CPU's native bf16 instructions (AVX-512 BF16, AMX) where it has them and reads half the
+bytes of a float32 weight; `--dtype auto` picks bf16 only on such CPUs (`resolve.py`), and srt's
+kernel is float32 only.
+
 What must stay true: the packed copy is made from the weight as it is when `prepare_for_device`
 runs; a weight or bias changed in place afterwards (a reload) is noticed through its version
 counter and packed again before its next use. The packed path is for inference: an input that
@@ -59,7 +64,7 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None and self._packed_from != self._fingerprint():
             self.prepare_for_device()
-        if self._packed is None or not cpu_kernels.runs_in_rust(x):
+        if self._packed is None or not cpu_kernels.runs_in_rust(x, dtypes=(torch.float32,)):
             return F.linear(x, self.weight, self.bias)
         return self._packed(x)
 

@@ -83,7 +83,8 @@ def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> to
 
     Equal, bit for bit, to transformers' `x * cos + rotate_half(x) * sin`: swapping the halves
     and negating sin's first half multiplies the same numbers as negating x's second half.
-    Float32 on the CPU runs as one pass in srt's Rust kernel, with the same roundings.
+    Float32 and bf16 on the CPU run as one pass in srt's Rust kernel, with the same roundings
+    (in bf16: each product, then the sum).
     """
     cos, sin = rope
     if cpu_kernels.runs_in_rust(x, cos, sin):

@@ -7,10 +7,16 @@ starts; the scheduler, the runner and everything under them read only the resolv
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from srt import envs
+from srt.layers import cpu_kernels
 from srt.layers.attention.registry import resolve_attention_backend
 from srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RUNNING_REQUESTS = 256
 DEFAULT_MEM_FRACTION_STATIC = 0.85  # of GPU memory, for weights and KV cache (CUDA only)
@@ -31,22 +37,48 @@ def resolve_device(name: str) -> torch.device:
 
 
 def default_dtype(device: torch.device) -> str:
-    """`--dtype auto`: bf16 on CUDA, fp32 on CPU."""
-    return "bfloat16" if device.type == "cuda" else "float32"
+    """`--dtype auto`: bf16 on CUDA and on CPUs that multiply bf16 natively, else float32."""
+    return default_dtype_and_reason(device)[0]
+
+
+def default_dtype_and_reason(device: torch.device) -> tuple[str, str]:
+    """`--dtype auto`'s choice on `device`, and why.
+
+    On the CPU the choice follows the instructions, not a measurement: with AVX-512 BF16 or
+    AMX-BF16, oneDNN's bf16 products run at the float32 rate or better and read half the bytes
+    (decode reads every weight once per step), and srt's bf16 kernels run; without them, bf16
+    products are emulated by widening and are slower than float32. The features come from CPUID
+    (the Rust core's check, which also asks whether the OS saves the registers), not from
+    /proc/cpuinfo, so they are the ones the kernels dispatch on; `SRT_CPU_ISA` below
+    `avx512_bf16` counts as a CPU without them."""
+    if device.type == "cuda":
+        return "bfloat16", "CUDA"
+    active, best = cpu_kernels.isa()
+    if cpu_kernels.native_bf16_matmul():
+        features = "AMX-BF16" if cpu_kernels.amx_bf16() else "AVX-512 BF16"
+        return "bfloat16", f"the CPU multiplies bf16 natively ({features})"
+    if active != best:
+        return "float32", f"SRT_CPU_ISA={envs.cpu_isa()} caps the CPU kernels at {active}"
+    return "float32", f"the CPU has no native bf16 products (AVX-512 BF16 or AMX); best: {best}"
 
 
 def resolve_device_defaults(args: ServerArgs, device: torch.device | None = None) -> ServerArgs:
     """`args` with the device (`device`, else `resolve_device(args.device)`) and every default
-    that depends on it filled in: `device`, `dtype` (auto: bf16 on CUDA, fp32 on CPU),
+    that depends on it filled in: `device`, `dtype` (auto: `default_dtype`, logged with its
+    reason),
     `attention_backend` (refused here, before anything loads, when it cannot run on the device),
     `chunked_prefill_size`, `max_running_requests` and `mem_fraction_static`. Resolving resolved
     arguments changes nothing."""
     if device is None:
         device = resolve_device(args.device)
     cuda = device.type == "cuda"
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype, reason = default_dtype_and_reason(device)
+        logger.info("--dtype auto: %s (%s)", dtype, reason)
     return args.replace(
         device=device.type,
-        dtype=default_dtype(device) if args.dtype == "auto" else args.dtype,
+        dtype=dtype,
         attention_backend=resolve_attention_backend(args.attention_backend, device),
         chunked_prefill_size=args.chunked_prefill_size
         or (CUDA_CHUNKED_PREFILL_SIZE if cuda else CPU_CHUNKED_PREFILL_SIZE),

@@ -1,5 +1,7 @@
-//! Float32 decode attention on the CPU, straight from the paged KV cache: one new query token
-//! per sequence against every K/V row its slots name, with no gathered copy of the cache.
+//! Decode attention on the CPU, straight from the paged KV cache: one new query token per
+//! sequence against every K/V row its slots name, with no gathered copy of the cache. The query,
+//! cache and output are float32 or bf16 ([`Element`]); scores, softmax and the weighted sum
+//! are float32 in both, and a bf16 output is rounded once at the end.
 //!
 //! Why: a decode step's attention reads little (a few hundred K/V rows per sequence) but the
 //! PyTorch path gathers each layer's K and V into padded tensors and calls a general attention
@@ -12,13 +14,19 @@
 //! anything after its length ignored. Query head `h` reads KV head `h / (heads / kv_heads)`.
 //!
 //! What must stay true: a sequence's result depends only on its own query and rows (batch
-//! invariance): each task sums in a fixed order, whatever the batch and the threads.
+//! invariance): each task sums in a fixed order, whatever the batch and the threads. The order
+//! is the instruction-set tier's (`tiers.rs`): the bf16 products of the AVX-512 BF16 tier pair
+//! elements differently, so tiers agree within rounding, not bit for bit.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::element::Element;
 use crate::error::elements;
+use crate::isa::{self, Isa};
 use crate::parallel;
 use crate::{Error, Result};
+
+mod tiers;
 
 /// The shape of one decode attention call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,16 +118,43 @@ fn check(
 
 /// `out = softmax(q · Kᵀ · scale) · V` for each sequence over its first `seq_lens[b]` slots.
 #[allow(clippy::too_many_arguments)]
-pub fn decode_attention(
+pub fn decode_attention<T: Element>(
     shape: &DecodeShape,
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    q: &[T],
+    k_cache: &[T],
+    v_cache: &[T],
     slots: &[i32],
     seq_lens: &[i32],
     scale: f32,
-    out: &mut [f32],
+    out: &mut [T],
 ) -> Result<()> {
+    decode_attention_on(
+        isa::active(),
+        shape,
+        q,
+        k_cache,
+        v_cache,
+        slots,
+        seq_lens,
+        scale,
+        out,
+    )
+}
+
+/// [`decode_attention`] on the tier `isa` (or the detected one, if lower).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention_on<T: Element>(
+    isa: Isa,
+    shape: &DecodeShape,
+    q: &[T],
+    k_cache: &[T],
+    v_cache: &[T],
+    slots: &[i32],
+    seq_lens: &[i32],
+    scale: f32,
+    out: &mut [T],
+) -> Result<()> {
+    let isa = isa.min(isa::detected());
     let lens = [
         ("the query", q.len()),
         ("the K cache", k_cache.len()),
@@ -146,70 +181,63 @@ pub fn decode_attention(
     };
     let next = AtomicUsize::new(0);
     parallel::run(threads, &|_, _| {
-        let mut scores = Vec::new();
+        let mut scratch = Scratch::default();
         loop {
             let index = next.fetch_add(1, Ordering::Relaxed);
             if index >= shape.batch {
                 break;
             }
             // SAFETY: `check` validated every length and slot; sequence `index` is claimed by
-            // this thread alone, and its task writes only that sequence's rows of `out`.
-            unsafe { task.run(index, &mut scores) };
+            // this thread alone, and its task writes only that sequence's rows of `out`; `isa`
+            // is at most the detected tier.
+            unsafe { tiers::run(&task, isa, index, &mut scratch) };
         }
     });
     Ok(())
 }
 
+/// A thread's float32 scratch: the scores (`[heads, len]`), the weighted sums of V and each
+/// head's inverse sum of weights.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    scores: Vec<f32>,
+    sums: Vec<f32>,
+    inverses: Vec<f32>,
+}
+
 /// One call's inputs, shared by the threads; each task (a sequence) writes its own rows of `out`.
-struct Task<'a> {
+pub(crate) struct Task<'a, T> {
     shape: DecodeShape,
-    q: &'a [f32],
-    k_cache: &'a [f32],
-    v_cache: &'a [f32],
+    q: &'a [T],
+    k_cache: &'a [T],
+    v_cache: &'a [T],
     slots: &'a [i32],
     seq_lens: &'a [i32],
     scale: f32,
-    out: *mut f32,
+    out: *mut T,
 }
 
 // SAFETY: the inputs are shared slices; `out` outlives the parallel region and each task writes
 // a disjoint range of it (its sequence's rows).
-unsafe impl Sync for Task<'_> {}
+unsafe impl<T: Sync> Sync for Task<'_, T> {}
 
-impl Task<'_> {
-    /// Attends every query head of sequence `seq`, with `scores` as scratch.
-    ///
-    /// # Safety
-    /// The call was checked, and no other thread runs the same sequence.
-    unsafe fn run(&self, seq: usize, scores: &mut Vec<f32>) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has the features; the rest is the caller's promise.
-            return unsafe { self.run_avx2(seq, scores) };
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { self.run_portable(seq, scores) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn run_avx2(&self, seq: usize, scores: &mut Vec<f32>) {
-        // SAFETY: forwarded from `run`; this copy is compiled for AVX2.
-        unsafe { self.run_portable(seq, scores) }
-    }
-
-    /// The `kv_heads * head_dim` floats at `slot` in a K or V cache.
+impl<T: Element> Task<'_, T> {
+    /// The `kv_heads * head_dim` elements at `slot` in a K or V cache.
     #[inline(always)]
-    fn cache_row<'c>(&self, cache: &'c [f32], slot: i32) -> &'c [f32] {
+    fn cache_row<'c>(&self, cache: &'c [T], slot: i32) -> &'c [T] {
         let row = self.shape.kv_heads * self.shape.head_dim;
         // In bounds: `check` kept every slot below the pool size.
         let start = slot as usize * row;
         &cache[start..start + row]
     }
 
+    /// Attends every query head of sequence `seq`, with `dot` for the products of a query
+    /// head and a key head (the tier's; see `tiers.rs`).
+    ///
+    /// # Safety
+    /// The call was checked, and no other thread runs the same sequence.
     #[inline(always)]
-    unsafe fn run_portable(&self, seq: usize, scores: &mut Vec<f32>) {
+    unsafe fn run_with(&self, seq: usize, scratch: &mut Scratch, dot: impl Fn(&[T], &[T]) -> f32) {
         let DecodeShape {
             heads,
             kv_heads,
@@ -222,6 +250,7 @@ impl Task<'_> {
         let row_slots = &self.slots[seq * width..seq * width + len];
         let queries = &self.q[seq * heads * d..(seq + 1) * heads * d];
         // Scores are [heads, len]: query head h's row, then the next head's.
+        let scores = &mut scratch.scores;
         scores.clear();
         scores.resize(heads * len, 0.0);
         for (t, &slot) in row_slots.iter().enumerate() {
@@ -234,22 +263,44 @@ impl Task<'_> {
                 scores[h * len + t] = dot(query, key) * self.scale;
             }
         }
+        // Float32 scales the weights before the sum; a reduced type does as PyTorch's CPU flash
+        // attention does for it: each exponential rounded to T before its product with V, and
+        // the float32 sum of the unrounded ones dividing the weighted sum at the end.
+        let inverses = &mut scratch.inverses;
+        inverses.clear();
         for weights in scores.chunks_exact_mut(len) {
             let inverse = 1.0 / exponentiate(weights);
-            weights.iter_mut().for_each(|w| *w *= inverse);
+            if T::REDUCED {
+                weights.iter_mut().for_each(|w| *w = T::store(*w).load());
+                inverses.push(inverse);
+            } else {
+                weights.iter_mut().for_each(|w| *w *= inverse);
+                inverses.push(1.0);
+            }
         }
-        // SAFETY: this task owns its sequence's `heads * d` outputs.
-        let out =
-            unsafe { std::slice::from_raw_parts_mut(self.out.add(seq * heads * d), heads * d) };
-        out.fill(0.0);
+        let (sums, inverses) = (&mut scratch.sums, &scratch.inverses);
+        sums.clear();
+        sums.resize(heads * d, 0.0);
         for (t, &slot) in row_slots.iter().enumerate() {
             if let Some(&ahead) = row_slots.get(t + PREFETCH_ROWS) {
                 prefetch(self.cache_row(self.v_cache, ahead));
             }
             let values = self.cache_row(self.v_cache, slot);
-            for (h, head_out) in out.chunks_exact_mut(d).enumerate() {
+            for (h, head_sums) in sums.chunks_exact_mut(d).enumerate() {
                 let value = &values[(h / group) * d..(h / group + 1) * d];
-                axpy(scores[h * len + t], value, head_out);
+                axpy(scores[h * len + t], value, head_sums);
+            }
+        }
+        // SAFETY: this task owns its sequence's `heads * d` outputs.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(self.out.add(seq * heads * d), heads * d) };
+        for ((head_out, head_sums), &inverse) in out
+            .chunks_exact_mut(d)
+            .zip(sums.chunks_exact(d))
+            .zip(inverses.iter())
+        {
+            for (o, &sum) in head_out.iter_mut().zip(head_sums) {
+                *o = T::store(if T::REDUCED { sum * inverse } else { sum });
             }
         }
     }
@@ -262,9 +313,9 @@ const PREFETCH_ROWS: usize = 4;
 
 /// Asks for `row`'s cache lines ahead of use (a hint; nothing on other architectures).
 #[inline(always)]
-fn prefetch(row: &[f32]) {
+fn prefetch<T>(row: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in row.chunks(16) {
+    for line in row.chunks(64 / size_of::<T>()) {
         // SAFETY: prefetching is a hint that never faults; the address is inside `row`.
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
@@ -279,19 +330,20 @@ fn prefetch(row: &[f32]) {
 /// Lanes of the partial sums: one AVX register (the compiler vectorizes the fixed-size loops).
 const LANES: usize = 8;
 
+/// `a · b` in float32, in `LANES` partial sums (the order of every tier but AVX-512 BF16's).
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot<T: Element>(a: &[T], b: &[T]) -> f32 {
     let mut partial = [0f32; LANES];
     let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let tail: f32 = a_chunks
         .remainder()
         .iter()
         .zip(b_chunks.remainder())
-        .map(|(x, y)| x * y)
+        .map(|(x, y)| x.load() * y.load())
         .sum();
     for (x, y) in a_chunks.zip(b_chunks) {
         for lane in 0..LANES {
-            partial[lane] += x[lane] * y[lane];
+            partial[lane] += x[lane].load() * y[lane].load();
         }
     }
     partial.iter().sum::<f32>() + tail
@@ -329,16 +381,21 @@ fn exponentiate(scores: &mut [f32]) -> f32 {
 
 /// `e^x` for `x <= 0` within about one ulp (Cephes' `expf`: `x = n ln 2 + r`, a degree-6
 /// polynomial in `r`, times `2^n`); 0 for `x` below -87 (and for NaN). Plain arithmetic that
-/// the compiler vectorizes, unlike a call to the C library's `expf` per element.
+/// the compiler vectorizes, unlike a call to the C library's `expf` per element: no early
+/// return, and `n` read out of a float's bits rather than by `as i32`, whose saturation keeps
+/// the loops around it scalar.
 #[inline(always)]
 pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     const LN2_HIGH: f32 = 0.693_359_4;
     const LN2_LOW: f32 = -2.121_944_4e-4;
-    if x.is_nan() || x < -87.0 {
-        return 0.0;
-    }
-    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
-    let r = x - n * LN2_HIGH - n * LN2_LOW;
+    // 1.5 · 2^23: adding it to an integer-valued float of magnitude below 2^22 leaves the
+    // integer in the low mantissa bits, as two's complement after subtracting its own bits.
+    const SHIFTER: f32 = 12_582_912.0;
+    // Within [-87, 0], so that n below stays an integer in [-126, 0] (a NaN gives garbage
+    // bits, of no consequence: the result is 0 for it).
+    let clamped = x.clamp(-87.0, 0.0);
+    let n = (clamped * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = clamped - n * LN2_HIGH - n * LN2_LOW;
     let mut p = 1.987_569_1e-4;
     p = p * r + 1.398_199_9e-3;
     p = p * r + 8.333_452e-3;
@@ -346,13 +403,19 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let mantissa = p * r * r + r + 1.0;
-    mantissa * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    let exponent = (n + SHIFTER).to_bits().wrapping_sub(SHIFTER.to_bits());
+    let value = mantissa * f32::from_bits(exponent.wrapping_add(127) << 23);
+    if x.is_nan() || x < -87.0 {
+        0.0
+    } else {
+        value
+    }
 }
 
 #[inline(always)]
-fn axpy(weight: f32, x: &[f32], out: &mut [f32]) {
+fn axpy<T: Element>(weight: f32, x: &[T], out: &mut [f32]) {
     for (o, &value) in out.iter_mut().zip(x) {
-        *o += weight * value;
+        *o += weight * value.load();
     }
 }
 

@@ -16,6 +16,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{check_len, elements};
+use crate::isa::{self, Isa};
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -26,16 +27,10 @@ pub const PANEL: usize = 16;
 /// parallel region costs about as much as they do.
 const PARALLEL_MIN_WORK: usize = 1 << 20;
 
-/// Whether this CPU runs the kernel: x86-64 with AVX2 and FMA.
+/// Whether this CPU runs the kernel: x86-64 with AVX2 and FMA, unless the kernels' tier is
+/// capped below AVX2 (`isa::set_ceiling`), when the caller keeps PyTorch's product.
 pub fn supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    isa::active() >= Isa::Avx2
 }
 
 /// The number of floats of a packed `[n, k]` weight (`InvalidArgument` past `usize`).

@@ -1,12 +1,19 @@
-//! Float32 row-wise operators of the models on the CPU, each one pass over its rows: RMSNorm
-//! (optionally after adding the layer's output to the residual stream), the gated SiLU, and the
-//! rotary position embedding.
+//! Row-wise operators of the models on the CPU, each one pass over its rows, in float32 or
+//! bf16 ([`Element`]): RMSNorm (optionally after adding the layer's output to the residual
+//! stream), the gated SiLU, and the rotary position embedding.
 //!
 //! Why: between two linear layers a decode step runs these on a few rows, where PyTorch's
 //! separate element-wise operators (five for an RMSNorm) cost more in fixed overhead and extra
 //! passes than the arithmetic. Each row is computed alone, so results do not depend on the batch.
+//!
+//! Arithmetic is float32 in every case; bf16 values are rounded (to nearest even) where
+//! PyTorch's bf16 operators round theirs: after each product and sum that PyTorch stores as a
+//! bf16 tensor. The instruction-set tiers (`isa`) compute the same bits: the sums run in the
+//! same fixed order on every tier, and no product is fused into an add.
 
+use crate::element::Element;
 use crate::error::{check_len, elements};
+use crate::isa::{self, Isa};
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -31,20 +38,27 @@ fn for_row_ranges(rows: usize, elements: usize, work: &(dyn Fn(usize, usize) + S
     });
 }
 
-/// Mutable float pointer shared by threads that write disjoint rows.
-#[derive(Clone, Copy)]
-struct Rows(*mut f32);
+/// Mutable element pointer shared by threads that write disjoint rows.
+struct Rows<T>(*mut T);
+
+impl<T> Clone for Rows<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Rows<T> {}
 
 // SAFETY: every user splits the rows between threads so that no two write the same element, and
 // the buffer outlives the parallel region.
-unsafe impl Sync for Rows {}
+unsafe impl<T> Sync for Rows<T> {}
 
-impl Rows {
+impl<T> Rows<T> {
     /// Rows `first..first + count` of width `dim`.
     ///
     /// # Safety
     /// They lie inside the buffer, which outlives `'a`, and no other thread touches them.
-    unsafe fn rows<'a>(self, first: usize, count: usize, dim: usize) -> &'a mut [f32] {
+    unsafe fn rows<'a>(self, first: usize, count: usize, dim: usize) -> &'a mut [T] {
         // SAFETY: the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.0.add(first * dim), count * dim) }
     }
@@ -52,14 +66,29 @@ impl Rows {
 
 /// `out[r] = weight · x[r] / sqrt(mean(x[r]²) + eps)` for each row of `weight.len()` floats.
 /// With `residual`, each row of `x` is first added into it (in place) and the sum normalized:
-/// the pre-norm of a decoder layer.
-pub fn rms_norm(
-    x: &[f32],
-    residual: Option<&mut [f32]>,
-    weight: &[f32],
+/// the pre-norm of a decoder layer. In bf16 the sum is rounded as it is stored, the normalized
+/// value is rounded before the weight multiplies it, and the product is rounded (Hugging Face's
+/// `weight * x.to(input_dtype)`).
+pub fn rms_norm<T: Element>(
+    x: &[T],
+    residual: Option<&mut [T]>,
+    weight: &[T],
     eps: f32,
-    out: &mut [f32],
+    out: &mut [T],
 ) -> Result<()> {
+    rms_norm_on(isa::active(), x, residual, weight, eps, out)
+}
+
+/// [`rms_norm`] on the tier `isa` (or the detected one, if lower).
+pub fn rms_norm_on<T: Element>(
+    isa: Isa,
+    x: &[T],
+    residual: Option<&mut [T]>,
+    weight: &[T],
+    eps: f32,
+    out: &mut [T],
+) -> Result<()> {
+    let isa = isa.min(isa::detected());
     let dim = weight.len();
     if dim == 0 || x.len() % dim != 0 {
         return Err(Error::InvalidArgument(format!(
@@ -85,14 +114,26 @@ pub fn rms_norm(
                 residual.map(|r| r.rows(first, count, dim)),
             )
         };
-        simd::rms_norm_rows(input, residual, weight, eps, out);
+        simd::rms_norm_rows(isa, input, residual, weight, eps, out);
     });
     Ok(())
 }
 
 /// `out[r] = silu(gate[r]) · up[r]` where each row of `gate_up` is `[gate | up]`, both of
-/// `out`'s row width `dim`.
-pub fn silu_and_mul(gate_up: &[f32], dim: usize, out: &mut [f32]) -> Result<()> {
+/// `out`'s row width `dim`. In bf16 `silu(gate)` is rounded before the product, as PyTorch's
+/// `F.silu(gate) * up` rounds it.
+pub fn silu_and_mul<T: Element>(gate_up: &[T], dim: usize, out: &mut [T]) -> Result<()> {
+    silu_and_mul_on(isa::active(), gate_up, dim, out)
+}
+
+/// [`silu_and_mul`] on the tier `isa` (or the detected one, if lower).
+pub fn silu_and_mul_on<T: Element>(
+    isa: Isa,
+    gate_up: &[T],
+    dim: usize,
+    out: &mut [T],
+) -> Result<()> {
+    let isa = isa.min(isa::detected());
     let row = elements("a row of the input", &[2, dim])?;
     if dim == 0 || gate_up.len() % row != 0 {
         return Err(Error::InvalidArgument(format!(
@@ -107,15 +148,35 @@ pub fn silu_and_mul(gate_up: &[f32], dim: usize, out: &mut [f32]) -> Result<()> 
         let input = &gate_up[first * row..(first + count) * row];
         // SAFETY: `for_row_ranges` hands each thread its own rows, inside the checked length.
         let out = unsafe { out.rows(first, count, dim) };
-        simd::silu_and_mul_rows(input, dim, out);
+        simd::silu_and_mul_rows(isa, input, dim, out);
     });
     Ok(())
 }
 
 /// Rotates each `head_dim`-wide head of each token's row of `x` by the token's row of `cos` and
 /// `sin` (`[tokens, head_dim]`; `sin` signed as `[-sin | sin]`), in the rotate-half layout:
-/// `out = x · cos + [x₂ | x₁] · sin`, each product rounded before the sum, as PyTorch computes it.
-pub fn rotary(x: &[f32], cos: &[f32], sin: &[f32], head_dim: usize, out: &mut [f32]) -> Result<()> {
+/// `out = x · cos + [x₂ | x₁] · sin`, each product rounded before the sum, as PyTorch computes it
+/// (in bf16, each product and the sum rounded to bf16).
+pub fn rotary<T: Element>(
+    x: &[T],
+    cos: &[T],
+    sin: &[T],
+    head_dim: usize,
+    out: &mut [T],
+) -> Result<()> {
+    rotary_on(isa::active(), x, cos, sin, head_dim, out)
+}
+
+/// [`rotary`] on the tier `isa` (or the detected one, if lower).
+pub fn rotary_on<T: Element>(
+    isa: Isa,
+    x: &[T],
+    cos: &[T],
+    sin: &[T],
+    head_dim: usize,
+    out: &mut [T],
+) -> Result<()> {
+    let isa = isa.min(isa::detected());
     if head_dim == 0 || head_dim % 2 != 0 || cos.len() % head_dim != 0 {
         return Err(Error::InvalidArgument(format!(
             "rotary tables of {} floats do not hold rows of an even head size {head_dim}",
@@ -138,56 +199,77 @@ pub fn rotary(x: &[f32], cos: &[f32], sin: &[f32], head_dim: usize, out: &mut [f
         let tables = first * head_dim..(first + count) * head_dim;
         // SAFETY: `for_row_ranges` hands each thread its own rows, inside the checked length.
         let out = unsafe { out.rows(first, count, width) };
-        simd::rotary_rows(input, &cos[tables.clone()], &sin[tables], head_dim, out);
+        simd::rotary_rows(
+            isa,
+            input,
+            &cos[tables.clone()],
+            &sin[tables],
+            head_dim,
+            out,
+        );
     });
     Ok(())
 }
 
-/// The row loops, compiled for AVX2 when the CPU has it and portably otherwise.
+/// The row loops, compiled for each tier of `Isa` from one portable body (the compiler
+/// vectorizes its fixed-size loops for the tier's registers).
 mod simd {
     use super::LANES;
     use crate::attention::exp_nonpositive;
+    use crate::element::Element;
+    use crate::isa::Isa;
 
-    pub(super) fn rms_norm_rows(
-        x: &[f32],
-        residual: Option<&mut [f32]>,
-        weight: &[f32],
-        eps: f32,
-        out: &mut [f32],
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { rms_norm_avx2(x, residual, weight, eps, out) };
-        }
-        rms_norm_portable(x, residual, weight, eps, out);
+    /// Defines `$name(isa, args)`, which runs `$portable(args)` compiled for `isa`'s features.
+    /// The caller passes an `isa` no higher than `isa::detected()`.
+    macro_rules! tiers {
+        ($name:ident, $portable:ident, ($($arg:ident: $ty:ty),*)) => {
+            pub(super) fn $name<T: Element>(isa: Isa, $($arg: $ty),*) {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    #[target_feature(enable = "avx2,fma")]
+                    fn avx2<T: Element>($($arg: $ty),*) {
+                        $portable($($arg),*)
+                    }
+                    #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
+                    fn avx512<T: Element>($($arg: $ty),*) {
+                        $portable($($arg),*)
+                    }
+                    match isa {
+                        // SAFETY: `isa` is at most the detected tier: the CPU has its features.
+                        Isa::Avx512 | Isa::Avx512Bf16 => return unsafe { avx512($($arg),*) },
+                        // SAFETY: as above.
+                        Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                        Isa::Scalar => {}
+                    }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = isa;
+                $portable($($arg),*)
+            }
+        };
     }
 
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn rms_norm_avx2(
-        x: &[f32],
-        residual: Option<&mut [f32]>,
-        weight: &[f32],
-        eps: f32,
-        out: &mut [f32],
-    ) {
-        rms_norm_portable(x, residual, weight, eps, out);
-    }
+    tiers!(rms_norm_rows, rms_norm_portable, (
+        x: &[T], residual: Option<&mut [T]>, weight: &[T], eps: f32, out: &mut [T]
+    ));
+    tiers!(silu_and_mul_rows, silu_and_mul_portable, (gate_up: &[T], dim: usize, out: &mut [T]));
+    tiers!(rotary_rows, rotary_portable, (
+        x: &[T], cos: &[T], sin: &[T], dim: usize, out: &mut [T]
+    ));
 
     #[inline(always)]
-    fn rms_norm_portable(
-        x: &[f32],
-        residual: Option<&mut [f32]>,
-        weight: &[f32],
+    fn rms_norm_portable<T: Element>(
+        x: &[T],
+        residual: Option<&mut [T]>,
+        weight: &[T],
         eps: f32,
-        out: &mut [f32],
+        out: &mut [T],
     ) {
         let dim = weight.len();
-        let source: &[f32] = match residual {
+        let source: &[T] = match residual {
             Some(residual) => {
                 for (sum, &value) in residual.iter_mut().zip(x) {
-                    *sum += value;
+                    *sum = T::store(sum.load() + value.load());
                 }
                 residual
             }
@@ -196,55 +278,28 @@ mod simd {
         for (row, out_row) in source.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
             let mut squares = [0f32; LANES];
             let chunks = row.chunks_exact(LANES);
-            let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+            let tail: f32 = chunks.remainder().iter().map(|v| v.load() * v.load()).sum();
             for chunk in chunks {
                 for lane in 0..LANES {
-                    squares[lane] += chunk[lane] * chunk[lane];
+                    squares[lane] += chunk[lane].load() * chunk[lane].load();
                 }
             }
             let mean = (squares.iter().sum::<f32>() + tail) / dim as f32;
             let scale = 1.0 / (mean + eps).sqrt();
             for ((o, &value), &w) in out_row.iter_mut().zip(row).zip(weight) {
-                *o = w * (value * scale);
+                let normalized = T::store(value.load() * scale);
+                *o = T::store(w.load() * normalized.load());
             }
         }
     }
 
-    pub(super) fn silu_and_mul_rows(gate_up: &[f32], dim: usize, out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { silu_and_mul_avx2(gate_up, dim, out) };
-        }
-        silu_and_mul_portable(gate_up, dim, out);
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn silu_and_mul_avx2(gate_up: &[f32], dim: usize, out: &mut [f32]) {
-        silu_and_mul_portable(gate_up, dim, out);
-    }
-
-    pub(super) fn rotary_rows(x: &[f32], cos: &[f32], sin: &[f32], dim: usize, out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { rotary_avx2(x, cos, sin, dim, out) };
-        }
-        rotary_portable(x, cos, sin, dim, out);
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn rotary_avx2(x: &[f32], cos: &[f32], sin: &[f32], dim: usize, out: &mut [f32]) {
-        rotary_portable(x, cos, sin, dim, out);
-    }
-
     #[inline(always)]
-    fn rotary_portable(x: &[f32], cos: &[f32], sin: &[f32], dim: usize, out: &mut [f32]) {
+    fn rotary_portable<T: Element>(x: &[T], cos: &[T], sin: &[T], dim: usize, out: &mut [T]) {
         let half = dim / 2;
         let width = x.len() / (cos.len() / dim);
         let rows = x.chunks_exact(width).zip(out.chunks_exact_mut(width));
+        // Each product rounded to T, then the sum: PyTorch's `x * cos + swapped * sin`.
+        let term = |a: T, b: T| T::store(a.load() * b.load()).load();
         for ((row, out_row), (cos, sin)) in
             rows.zip(cos.chunks_exact(dim).zip(sin.chunks_exact(dim)))
         {
@@ -253,19 +308,32 @@ mod simd {
                 let (out_first, out_second) = out_head.split_at_mut(half);
                 let (cos_first, cos_second) = cos.split_at(half);
                 let (sin_first, sin_second) = sin.split_at(half);
-                for i in 0..half {
-                    out_first[i] = first[i] * cos_first[i] + second[i] * sin_first[i];
-                    out_second[i] = second[i] * cos_second[i] + first[i] * sin_second[i];
+                // Zipped, not indexed: indexing six slices of one length keeps bounds checks
+                // that stop the compiler from vectorizing the bf16 loop.
+                let lanes = first
+                    .iter()
+                    .zip(second)
+                    .zip(cos_first.iter().zip(sin_first));
+                for (o, ((&a, &b), (&c, &s))) in out_first.iter_mut().zip(lanes) {
+                    *o = T::store(term(a, c) + term(b, s));
+                }
+                let lanes = second
+                    .iter()
+                    .zip(first)
+                    .zip(cos_second.iter().zip(sin_second));
+                for (o, ((&b, &a), (&c, &s))) in out_second.iter_mut().zip(lanes) {
+                    *o = T::store(term(b, c) + term(a, s));
                 }
             }
         }
     }
 
     #[inline(always)]
-    fn silu_and_mul_portable(gate_up: &[f32], dim: usize, out: &mut [f32]) {
+    fn silu_and_mul_portable<T: Element>(gate_up: &[T], dim: usize, out: &mut [T]) {
         for (row, out_row) in gate_up.chunks_exact(2 * dim).zip(out.chunks_exact_mut(dim)) {
             let (gate, up) = row.split_at(dim);
             for ((o, &g), &u) in out_row.iter_mut().zip(gate).zip(up) {
+                let g = g.load();
                 // silu(g) = g · sigmoid(g), with e^(-|g|) <= 1 so that nothing overflows.
                 let e = exp_nonpositive(-g.abs());
                 let sigmoid = if g >= 0.0 {
@@ -273,7 +341,7 @@ mod simd {
                 } else {
                     e / (1.0 + e)
                 };
-                *o = g * sigmoid * u;
+                *o = T::store(T::store(g * sigmoid).load() * u.load());
             }
         }
     }

@@ -1,13 +1,17 @@
-//! `srt._rust.decode_attention`: the binding of `srt_core::attention`. The query, the layer's
-//! K and V caches and the output arrive as float32 numpy views of CPU tensors, the slots and
-//! lengths as int32 buffers; every length and slot is checked by the core before any is read.
+//! `srt._rust.decode_attention` and `decode_attention_bf16`: the binding of
+//! `srt_core::attention`. The query, the layer's K and V caches and the output arrive as float32
+//! numpy views of CPU tensors (int16 views of the bits, for bf16), the slots and lengths as int32
+//! buffers; every length and slot is checked by the core before any is read.
 
-use pyo3::buffer::PyBuffer;
+use std::ptr::NonNull;
+
+use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use srt_core::attention::{self, DecodeShape};
+use srt_core::element::Element;
 
-use crate::boundary::{contiguous, overlap};
+use crate::boundary::{bf16_bits, contiguous, overlap};
 use crate::to_py_err;
 
 /// `out[b] = softmax(q[b] · Kᵀ · scale) · V` over the first `seq_lens[b]` slots of row `b` of
@@ -26,12 +30,69 @@ fn decode_attention(
     scale: f32,
     out: PyBuffer<f32>,
 ) -> PyResult<()> {
-    let query = contiguous("the query", &q, false)?;
-    let keys = contiguous("the K cache", &k_cache, false)?;
-    let values = contiguous("the V cache", &v_cache, false)?;
-    let slot_ids = contiguous("the slots", &slots, false)?;
-    let lens = contiguous("the sequence lengths", &seq_lens, false)?;
-    let output = contiguous("the output", &out, true)?;
+    let kv = Kv {
+        slots,
+        seq_lens,
+        kv_heads,
+        head_dim,
+        scale,
+    };
+    attend(py, [&q, &k_cache, &v_cache, &out], &kv, |b| b)
+}
+
+/// `decode_attention` over a bf16 query, caches and output (int16 views of their bits); the
+/// arithmetic is float32 and the output is rounded once.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn decode_attention_bf16(
+    py: Python<'_>,
+    q: PyBuffer<i16>,
+    k_cache: PyBuffer<i16>,
+    v_cache: PyBuffer<i16>,
+    slots: PyBuffer<i32>,
+    seq_lens: PyBuffer<i32>,
+    kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+    out: PyBuffer<i16>,
+) -> PyResult<()> {
+    let kv = Kv {
+        slots,
+        seq_lens,
+        kv_heads,
+        head_dim,
+        scale,
+    };
+    attend(py, [&q, &k_cache, &v_cache, &out], &kv, bf16_bits)
+}
+
+/// The arguments that do not depend on the element type.
+struct Kv {
+    slots: PyBuffer<i32>,
+    seq_lens: PyBuffer<i32>,
+    kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+}
+
+fn attend<P: BufferElement, T: Element>(
+    py: Python<'_>,
+    [q, k_cache, v_cache, out]: [&PyBuffer<P>; 4],
+    kv: &Kv,
+    cast: fn(NonNull<[P]>) -> NonNull<[T]>,
+) -> PyResult<()> {
+    let Kv {
+        kv_heads,
+        head_dim,
+        scale,
+        ..
+    } = *kv;
+    let query = cast(contiguous("the query", q, false)?);
+    let keys = cast(contiguous("the K cache", k_cache, false)?);
+    let values = cast(contiguous("the V cache", v_cache, false)?);
+    let slot_ids = contiguous("the slots", &kv.slots, false)?;
+    let lens = contiguous("the sequence lengths", &kv.seq_lens, false)?;
+    let output = cast(contiguous("the output", out, true)?);
     if overlap(query, output)
         || overlap(keys, output)
         || overlap(values, output)
@@ -64,7 +125,8 @@ fn decode_attention(
         width: slot_ids.len() / batch,
     };
     // SAFETY: every buffer stays acquired until this function returns; the output overlaps
-    // none of the inputs, so the one mutable slice aliases nothing.
+    // none of the inputs, so the one mutable slice aliases nothing; `cast` keeps the bytes and
+    // their count.
     let (query, keys, values, slot_ids, lens, output) = unsafe {
         (
             query.as_ref(),
@@ -82,5 +144,6 @@ fn decode_attention(
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(decode_attention, m)?)
+    m.add_function(wrap_pyfunction!(decode_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_attention_bf16, m)?)
 }

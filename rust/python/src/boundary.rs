@@ -13,6 +13,7 @@ use pyo3::marker::Ungil;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList, PyTuple, PyType};
+use srt_core::element::Bf16;
 
 /// Runs of at least this many ids are processed with the GIL released. Shorter ones keep it:
 /// releasing and retaking the GIL costs more than the work, and the scheduler is one thread.
@@ -126,4 +127,10 @@ fn address_range<T>(buffer: NonNull<[T]>) -> (usize, usize) {
     let start = buffer.cast::<T>().as_ptr() as usize;
     let bytes = buffer.len().saturating_mul(size_of::<T>());
     (start, start.saturating_add(bytes))
+}
+
+/// A bf16 tensor's memory, received as int16 (its bits), as bf16 elements: the same bytes and
+/// count (both types are 16 bits, `Bf16` a transparent `u16`).
+pub(crate) fn bf16_bits(buffer: NonNull<[i16]>) -> NonNull<[Bf16]> {
+    NonNull::slice_from_raw_parts(buffer.cast::<Bf16>(), buffer.len())
 }

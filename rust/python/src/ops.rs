@@ -1,34 +1,41 @@
-//! `srt._rust.rms_norm`, `silu_and_mul` and `rotary`: the binding of `srt_core::ops`. Tensors
-//! arrive as float32 numpy views of CPU tensors; lengths are checked by the core, writability and
-//! overlap here. The work runs with the GIL released.
+//! `srt._rust.rms_norm`, `silu_and_mul` and `rotary` (float32) and their `_bf16` twins: the
+//! binding of `srt_core::ops`, and the kernels' instruction-set tier (`cpu_isa`,
+//! `set_cpu_isa`). Float32 tensors arrive as float32 numpy views of CPU tensors, bf16 tensors
+//! as int16 views of their bits (numpy has no bf16); lengths are checked by the core,
+//! writability and overlap here. The work runs with the GIL released.
 
-use pyo3::buffer::PyBuffer;
+use std::ptr::NonNull;
+
+use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use srt_core::element::Element;
+use srt_core::isa::{self, Isa};
 use srt_core::ops;
 
-use crate::boundary::{contiguous, overlap};
+use crate::boundary::{bf16_bits, contiguous, overlap};
 use crate::to_py_err;
 
-/// `out = weight · x / sqrt(mean(x²) + eps)` per row; with `residual`, `residual += x` first (in
-/// place) and the sum is normalized.
-#[pyfunction]
-#[pyo3(signature = (x, residual, weight, eps, out))]
-fn rms_norm(
+/// How a buffer of `P` (float32, or int16 holding bf16 bits) is read as elements `T`.
+type Cast<P, T> = fn(NonNull<[P]>) -> NonNull<[T]>;
+
+fn same<T>(buffer: NonNull<[T]>) -> NonNull<[T]> {
+    buffer
+}
+
+fn rms_norm_any<P: BufferElement, T: Element>(
     py: Python<'_>,
-    x: PyBuffer<f32>,
-    residual: Option<PyBuffer<f32>>,
-    weight: PyBuffer<f32>,
+    [x, weight, out]: [&PyBuffer<P>; 3],
+    residual: Option<&PyBuffer<P>>,
     eps: f32,
-    out: PyBuffer<f32>,
+    cast: Cast<P, T>,
 ) -> PyResult<()> {
-    let input = contiguous("the input", &x, false)?;
+    let input = cast(contiguous("the input", x, false)?);
     let residual = residual
-        .as_ref()
-        .map(|r| contiguous("the residual", r, true))
+        .map(|r| contiguous("the residual", r, true).map(cast))
         .transpose()?;
-    let scale = contiguous("the weight", &weight, false)?;
-    let output = contiguous("the output", &out, true)?;
+    let scale = cast(contiguous("the weight", weight, false)?);
+    let output = cast(contiguous("the output", out, true)?);
     let mut written = vec![output];
     written.extend(residual);
     for (i, &target) in written.iter().enumerate() {
@@ -42,7 +49,8 @@ fn rms_norm(
         }
     }
     // SAFETY: the buffers stay acquired until this function returns, and the two written ones
-    // overlap no other operand, so each mutable slice aliases nothing.
+    // overlap no other operand, so each mutable slice aliases nothing. `cast` keeps the bytes
+    // and their count (bf16 and int16 are both 16 bits).
     let (input, residual, scale, output) = unsafe {
         (
             input.as_ref(),
@@ -55,6 +63,54 @@ fn rms_norm(
         .map_err(to_py_err)
 }
 
+/// `out = weight · x / sqrt(mean(x²) + eps)` per row; with `residual`, `residual += x` first (in
+/// place) and the sum is normalized.
+#[pyfunction]
+#[pyo3(signature = (x, residual, weight, eps, out))]
+fn rms_norm(
+    py: Python<'_>,
+    x: PyBuffer<f32>,
+    residual: Option<PyBuffer<f32>>,
+    weight: PyBuffer<f32>,
+    eps: f32,
+    out: PyBuffer<f32>,
+) -> PyResult<()> {
+    rms_norm_any(py, [&x, &weight, &out], residual.as_ref(), eps, same)
+}
+
+/// `rms_norm` over bf16 tensors (int16 views of their bits), rounded as PyTorch rounds.
+#[pyfunction]
+#[pyo3(signature = (x, residual, weight, eps, out))]
+fn rms_norm_bf16(
+    py: Python<'_>,
+    x: PyBuffer<i16>,
+    residual: Option<PyBuffer<i16>>,
+    weight: PyBuffer<i16>,
+    eps: f32,
+    out: PyBuffer<i16>,
+) -> PyResult<()> {
+    rms_norm_any(py, [&x, &weight, &out], residual.as_ref(), eps, bf16_bits)
+}
+
+fn silu_and_mul_any<P: BufferElement, T: Element>(
+    py: Python<'_>,
+    gate_up: &PyBuffer<P>,
+    dim: usize,
+    out: &PyBuffer<P>,
+    cast: Cast<P, T>,
+) -> PyResult<()> {
+    let input = cast(contiguous("the input", gate_up, false)?);
+    let output = cast(contiguous("the output", out, true)?);
+    if overlap(input, output) {
+        return Err(PyValueError::new_err("the output overlaps the input"));
+    }
+    // SAFETY: both buffers stay acquired until this function returns and do not overlap;
+    // `cast` keeps the bytes and their count.
+    let (input, output) = unsafe { (input.as_ref(), &mut *output.as_ptr()) };
+    py.detach(|| ops::silu_and_mul(input, dim, output))
+        .map_err(to_py_err)
+}
+
 /// `out = silu(gate) · up` per row, where a row of `gate_up` is `[gate | up]`, each `dim` wide.
 #[pyfunction]
 fn silu_and_mul(
@@ -63,14 +119,48 @@ fn silu_and_mul(
     dim: usize,
     out: PyBuffer<f32>,
 ) -> PyResult<()> {
-    let input = contiguous("the input", &gate_up, false)?;
-    let output = contiguous("the output", &out, true)?;
-    if overlap(input, output) {
-        return Err(PyValueError::new_err("the output overlaps the input"));
+    silu_and_mul_any(py, &gate_up, dim, &out, same)
+}
+
+/// `silu_and_mul` over bf16 tensors (int16 views of their bits).
+#[pyfunction]
+fn silu_and_mul_bf16(
+    py: Python<'_>,
+    gate_up: PyBuffer<i16>,
+    dim: usize,
+    out: PyBuffer<i16>,
+) -> PyResult<()> {
+    silu_and_mul_any(py, &gate_up, dim, &out, bf16_bits)
+}
+
+fn rotary_any<P: BufferElement, T: Element>(
+    py: Python<'_>,
+    [x, cos, sin]: [&PyBuffer<P>; 3],
+    head_dim: usize,
+    out: &PyBuffer<P>,
+    cast: Cast<P, T>,
+) -> PyResult<()> {
+    let input = cast(contiguous("the input", x, false)?);
+    let cos = cast(contiguous("the cosine table", cos, false)?);
+    let sin = cast(contiguous("the sine table", sin, false)?);
+    let output = cast(contiguous("the output", out, true)?);
+    if [input, cos, sin]
+        .into_iter()
+        .any(|other| overlap(other, output))
+    {
+        return Err(PyValueError::new_err("the output overlaps an input"));
     }
-    // SAFETY: both buffers stay acquired until this function returns and do not overlap.
-    let (input, output) = unsafe { (input.as_ref(), &mut *output.as_ptr()) };
-    py.detach(|| ops::silu_and_mul(input, dim, output))
+    // SAFETY: the buffers stay acquired until this function returns; the output overlaps none
+    // of the inputs; `cast` keeps the bytes and their count.
+    let (input, cos, sin, output) = unsafe {
+        (
+            input.as_ref(),
+            cos.as_ref(),
+            sin.as_ref(),
+            &mut *output.as_ptr(),
+        )
+    };
+    py.detach(|| ops::rotary(input, cos, sin, head_dim, output))
         .map_err(to_py_err)
 }
 
@@ -84,32 +174,52 @@ fn rotary(
     head_dim: usize,
     out: PyBuffer<f32>,
 ) -> PyResult<()> {
-    let input = contiguous("the input", &x, false)?;
-    let cos = contiguous("the cosine table", &cos, false)?;
-    let sin = contiguous("the sine table", &sin, false)?;
-    let output = contiguous("the output", &out, true)?;
-    if [input, cos, sin]
-        .into_iter()
-        .any(|other| overlap(other, output))
-    {
-        return Err(PyValueError::new_err("the output overlaps an input"));
-    }
-    // SAFETY: the buffers stay acquired until this function returns; the output overlaps none
-    // of the inputs.
-    let (input, cos, sin, output) = unsafe {
-        (
-            input.as_ref(),
-            cos.as_ref(),
-            sin.as_ref(),
-            &mut *output.as_ptr(),
-        )
-    };
-    py.detach(|| ops::rotary(input, cos, sin, head_dim, output))
-        .map_err(to_py_err)
+    rotary_any(py, [&x, &cos, &sin], head_dim, &out, same)
+}
+
+/// `rotary` over bf16 tensors (int16 views of their bits).
+#[pyfunction]
+fn rotary_bf16(
+    py: Python<'_>,
+    x: PyBuffer<i16>,
+    cos: PyBuffer<i16>,
+    sin: PyBuffer<i16>,
+    head_dim: usize,
+    out: PyBuffer<i16>,
+) -> PyResult<()> {
+    rotary_any(py, [&x, &cos, &sin], head_dim, &out, bf16_bits)
+}
+
+/// The tier the CPU kernels run now, and the highest this CPU runs: each one of "scalar",
+/// "avx2", "avx512", "avx512_bf16".
+#[pyfunction]
+fn cpu_isa() -> (&'static str, &'static str) {
+    (isa::active().name(), isa::detected().name())
+}
+
+/// Caps the CPU kernels' tier at `name` (one of `cpu_isa`'s names; a cap above the CPU's tier
+/// changes nothing).
+#[pyfunction]
+fn set_cpu_isa(name: &str) -> PyResult<()> {
+    isa::set_ceiling(Isa::parse(name).map_err(to_py_err)?);
+    Ok(())
+}
+
+/// Whether bf16 matrix products run natively (AVX-512 BF16 or AMX-BF16), and whether the CPU
+/// has AMX-BF16; the first is false when the tier is capped below the CPU's.
+#[pyfunction]
+fn cpu_bf16_matmul() -> (bool, bool) {
+    (isa::native_bf16_matmul(), isa::amx_bf16())
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rms_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(rms_norm_bf16, m)?)?;
     m.add_function(wrap_pyfunction!(rotary, m)?)?;
-    m.add_function(wrap_pyfunction!(silu_and_mul, m)?)
+    m.add_function(wrap_pyfunction!(rotary_bf16, m)?)?;
+    m.add_function(wrap_pyfunction!(silu_and_mul, m)?)?;
+    m.add_function(wrap_pyfunction!(silu_and_mul_bf16, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;
+    m.add_function(wrap_pyfunction!(set_cpu_isa, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_bf16_matmul, m)?)
 }

@@ -1,8 +1,9 @@
 """The reference attention backend: PyTorch's scaled_dot_product_attention over the KV pool.
 
 Runs everywhere (it is the CPU path). Extend attends one sequence at a time with a causal mask
-shifted by the sequence's cached prefix. Decode in float32 on the CPU reads each sequence's K/V
-rows in place, in srt's Rust kernel (`cpu_kernels.decode_attention`), which costs a fraction of
+shifted by the sequence's cached prefix. Decode in float32 or bf16 on the CPU reads each
+sequence's K/V rows in place, in srt's Rust kernel (`cpu_kernels.decode_attention`: float32
+arithmetic over either cache), which costs a fraction of
 gathering them for PyTorch at decode sizes; elsewhere decode gathers every sequence's K/V into
 one padded batch and attends in a single call per layer. When sequences of the batch share
 cached prefix slots, decode attends each shared prefix once per group instead (cascade.py). What
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    # Float32 decode on the CPU reads K/V in place (the Rust kernel); False gathers them.
+    # Float32 and bf16 decode on the CPU read K/V in place (the Rust kernel); False gathers them.
     decode_in_place = True
 
     def __init__(self, cascade_min_saved: int | None = MIN_SAVED_TOKENS) -> None:
@@ -68,7 +69,11 @@ class TorchNativeAttnBackend(AttentionBackend):
                 self._cascade = build_cascade_metadata(rows, forward_batch.seq_lens, groups)
                 return
         dtype = forward_batch.kv_pool.k_buffers[0].dtype
-        if self.decode_in_place and rows.device.type == "cpu" and dtype == torch.float32:
+        if (
+            self.decode_in_place
+            and rows.device.type == "cpu"
+            and dtype in cpu_kernels.KERNEL_DTYPES
+        ):
             self._in_place = (rows.contiguous(), forward_batch.seq_lens.to(torch.int32))
             return
         # [batch * max_len]: a sequence's slots, then padding (whatever its row holds past its

@@ -217,3 +217,120 @@ fn shapes_whose_products_overflow_are_refused() {
         );
     }
 }
+
+use crate::element::{to_bf16, Bf16};
+
+/// The tiers this CPU runs, lowest first.
+fn tiers() -> Vec<Isa> {
+    Isa::ALL
+        .into_iter()
+        .filter(|&isa| isa <= isa::detected())
+        .collect()
+}
+
+fn attend_on<T: Element>(isa: Isa, case: &Case, q: &[T], k: &[T], v: &[T]) -> Vec<T> {
+    let mut out = vec![T::store(f32::NAN); q.len()];
+    decode_attention_on(
+        isa,
+        &case.shape,
+        q,
+        k,
+        v,
+        &case.slots,
+        &case.seq_lens,
+        0.25,
+        &mut out,
+    )
+    .unwrap();
+    out
+}
+
+#[test]
+fn every_tier_equals_the_float64_reference_in_float32() {
+    let case = case(&[1, 5, 40, 17, 64]);
+    let want = reference(&case);
+    for isa in tiers() {
+        let out = attend_on(isa, &case, &case.q, &case.k, &case.v);
+        for (index, (&got, &want)) in out.iter().zip(&want).enumerate() {
+            assert!(
+                (f64::from(got) - want).abs() < 1e-5,
+                "{isa:?} element {index}: {got} vs {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bf16_caches_give_the_reference_of_their_values_within_two_roundings() {
+    // Head size 20: the AVX-512 BF16 products run one masked step per head.
+    let mut case = case(&[1, 5, 40, 17, 64, 300]);
+    let (q, k, v) = (to_bf16(&case.q), to_bf16(&case.k), to_bf16(&case.v));
+    let widen = |values: &[Bf16]| values.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    (case.q, case.k, case.v) = (widen(&q), widen(&k), widen(&v));
+    let want = reference(&case);
+    for isa in tiers() {
+        let out = attend_on(isa, &case, &q, &k, &v);
+        for (index, (got, &want)) in out.iter().zip(&want).enumerate() {
+            // The output's rounding (half a bf16 step, 2^-8 of the value at most), the weights'
+            // (2^-8 of each, so of the sum of |weight · v| <= max |v| = 1), and the float32
+            // sums' error.
+            let got = f64::from(got.to_f32());
+            assert!(
+                (got - want).abs() <= want.abs() / 256.0 + 1.0 / 256.0 + 1e-5,
+                "{isa:?} element {index}: {got} vs {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bf16_sequences_come_out_the_same_bits_alone_and_in_a_batch_on_every_tier() {
+    let batch = case(&[3, 50, 12, 33]);
+    let (q, k, v) = (to_bf16(&batch.q), to_bf16(&batch.k), to_bf16(&batch.v));
+    let per_seq = batch.shape.heads * batch.shape.head_dim;
+    let width = batch.shape.width;
+    for isa in tiers() {
+        let together = attend_on(isa, &batch, &q, &k, &v);
+        for seq in 0..4 {
+            let alone = Case {
+                shape: DecodeShape {
+                    batch: 1,
+                    ..batch.shape
+                },
+                q: Vec::new(),
+                k: Vec::new(),
+                v: Vec::new(),
+                slots: batch.slots[seq * width..(seq + 1) * width].to_vec(),
+                seq_lens: vec![batch.seq_lens[seq]],
+            };
+            let query = &q[seq * per_seq..(seq + 1) * per_seq];
+            assert_eq!(
+                attend_on(isa, &alone, query, &k, &v),
+                together[seq * per_seq..(seq + 1) * per_seq],
+                "{isa:?} sequence {seq}"
+            );
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_bf16_pair_products_equal_a_float64_dot_product() {
+    if isa::detected() < Isa::Avx512Bf16 {
+        return;
+    }
+    for len in [1, 2, 31, 32, 33, 64, 100, 128] {
+        let (a, b) = (to_bf16(&values(len, 41)), to_bf16(&values(len, 42)));
+        let want: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| f64::from(x.to_f32()) * f64::from(y.to_f32()))
+            .sum();
+        // SAFETY: the CPU has AVX-512 BF16 (checked above).
+        let got = unsafe { tiers::dot_bf16(&a, &b) };
+        assert!(
+            (f64::from(got) - want).abs() < 1e-5,
+            "{len}: {got} vs {want}"
+        );
+    }
+}

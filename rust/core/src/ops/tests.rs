@@ -148,3 +148,140 @@ fn sizes_past_usize_are_refused() {
         &[0.0; 2], &[0.0; 2], &[0.0; 2], huge_even, &mut out
     )));
 }
+
+use crate::element::{to_bf16, Bf16};
+
+/// The tiers this CPU runs, lowest first.
+fn tiers() -> Vec<Isa> {
+    Isa::ALL
+        .into_iter()
+        .filter(|&isa| isa <= isa::detected())
+        .collect()
+}
+
+fn widen(values: &[Bf16]) -> Vec<f32> {
+    values.iter().map(|v| v.to_f32()).collect()
+}
+
+/// Rounds like a bf16 tensor does.
+fn round(value: f32) -> f32 {
+    Bf16::from_f32(value).to_f32()
+}
+
+#[test]
+fn every_tier_computes_the_same_bits() {
+    let (rows, dim) = (9, 45);
+    let x = values(rows * 2 * dim, 11);
+    let weight = values(dim, 12);
+    let cos = values(rows * dim * 2 / 5, 13);
+    let sin = values(rows * dim * 2 / 5, 14);
+    let run = |isa: Isa| {
+        let mut norm = vec![f32::NAN; x.len() / 2];
+        let mut residual = values(norm.len(), 15);
+        rms_norm_on(
+            isa,
+            &x[..norm.len()],
+            Some(&mut residual),
+            &weight,
+            1e-6,
+            &mut norm,
+        )
+        .unwrap();
+        let mut silu = vec![f32::NAN; rows * dim];
+        silu_and_mul_on(isa, &x, dim, &mut silu).unwrap();
+        let mut rotated = vec![f32::NAN; x.len()];
+        rotary_on(isa, &x, &cos, &sin, 18, &mut rotated).unwrap();
+        let bf = to_bf16(&x);
+        let mut silu_bf = vec![Bf16(0); rows * dim];
+        silu_and_mul_on(isa, &bf, dim, &mut silu_bf).unwrap();
+        (norm, residual, silu, rotated, silu_bf)
+    };
+    let want = run(Isa::Scalar);
+    for isa in tiers() {
+        assert_eq!(run(isa), want, "{isa:?}");
+    }
+}
+
+#[test]
+fn bf16_rms_norm_rounds_where_pytorch_does() {
+    for rows in [1, 4, 1200] {
+        let dim = 67;
+        let x = to_bf16(&values(rows * dim, 21));
+        let weight = to_bf16(&values(dim, 22));
+        let mut residual = to_bf16(&values(rows * dim, 23));
+        let summed: Vec<f32> = widen(&residual)
+            .iter()
+            .zip(widen(&x))
+            .map(|(r, v)| round(r + v))
+            .collect();
+        let mut out = vec![Bf16(0); x.len()];
+        for isa in tiers() {
+            let mut residual = residual.clone();
+            rms_norm_on(isa, &x, Some(&mut residual), &weight, 1e-6, &mut out).unwrap();
+            assert_eq!(widen(&residual), summed);
+            // The float64 reference of the bf16 sums, rounded as PyTorch rounds twice: the
+            // normalized value, then its product with the weight. The float32 sum of squares
+            // may differ from float64 in its last bits, so a value may land one bf16 step away.
+            let reference = rms_reference(&summed, &widen(&weight), 1e-6);
+            for (i, (&got, &want)) in widen(&out).iter().zip(&reference).enumerate() {
+                let step = 2f64.powi(-7) * want.abs().max(1e-30);
+                assert!(
+                    (f64::from(got) - want).abs() <= step,
+                    "{isa:?} {i}: {got} vs {want}"
+                );
+            }
+        }
+        rms_norm(&x, Some(&mut residual), &weight, 1e-6, &mut out).unwrap();
+        assert_eq!(widen(&residual), summed);
+    }
+}
+
+#[test]
+fn bf16_silu_and_mul_and_rotary_equal_float32_rounded_as_pytorch_rounds() {
+    let (rows, dim) = (7, 40);
+    let gate_up = to_bf16(&values(rows * 2 * dim, 31));
+    let wide = widen(&gate_up);
+    for isa in tiers() {
+        let mut out = vec![Bf16(0); rows * dim];
+        silu_and_mul_on(isa, &gate_up, dim, &mut out).unwrap();
+        let mut silu = vec![0f32; rows * 2 * dim];
+        for (i, value) in silu.iter_mut().enumerate() {
+            // The float32 kernel on [silu(g) | 1]: silu(g) alone, to round before the product.
+            *value = if i % (2 * dim) < dim { wide[i] } else { 1.0 };
+        }
+        let mut silu_only = vec![0f32; rows * dim];
+        silu_and_mul_on(isa, &silu, dim, &mut silu_only).unwrap();
+        let want: Vec<f32> = silu_only
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| round(round(s) * wide[(i / dim) * 2 * dim + dim + i % dim]))
+            .collect();
+        assert_eq!(widen(&out), want, "{isa:?}");
+    }
+    let (tokens, heads, head_dim) = (3, 4, 10);
+    let x = to_bf16(&values(tokens * heads * head_dim, 32));
+    let cos = to_bf16(&values(tokens * head_dim, 33));
+    let sin = to_bf16(&values(tokens * head_dim, 34));
+    let (wx, wc, ws) = (widen(&x), widen(&cos), widen(&sin));
+    for isa in tiers() {
+        let mut out = vec![Bf16(0); x.len()];
+        rotary_on(isa, &x, &cos, &sin, head_dim, &mut out).unwrap();
+        for (i, &got) in widen(&out).iter().enumerate() {
+            let (t, lane) = (i / (heads * head_dim), i % head_dim);
+            let head = i - lane;
+            let swapped = wx[head + (lane + head_dim / 2) % head_dim];
+            let table = t * head_dim + lane;
+            let want = round(round(wx[i] * wc[table]) + round(swapped * ws[table]));
+            assert_eq!(got, want, "{isa:?} {i}");
+        }
+    }
+}
+
+#[test]
+fn bf16_shapes_that_do_not_fit_are_refused() {
+    let mut out = vec![Bf16(0); 6];
+    let x = to_bf16(&values(7, 1));
+    assert!(rms_norm(&x, None, &[Bf16(0); 3], 1e-6, &mut out).is_err());
+    assert!(silu_and_mul(&x[..6], 3, &mut out[..5]).is_err());
+    assert!(rotary(&x[..6], &out[..3], &out[..3], 3, &mut [Bf16(0); 6]).is_err());
+}
