@@ -9,6 +9,7 @@ pub mod error;
 pub mod gemm;
 pub mod ops;
 pub mod parallel;
+pub mod quant;
 pub mod radix;
 pub mod ring;
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod boundary;
 mod detokenizer;
 mod gemm;
 mod ops;
+mod quant;
 mod radix;
 mod ring;
 
@@ -43,5 +44,6 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gemm::register(m)?;
     attention::register(m)?;
     ops::register(m)?;
+    quant::register(m)?;
     Ok(())
 }
