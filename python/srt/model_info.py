@@ -45,7 +45,7 @@ def local_files(path: str, need: str, trust_remote_code: bool = False) -> Path:
         raise ValueError(f"no {what} at {path}: the path does not exist")
     directory, gguf_file = split_gguf_path(path)
     local = Path(directory).expanduser()
-    if (local / need).is_file() and (gguf_file is None or (local / _DONE_MARKER).is_file()):
+    if (local / need).is_file() and (gguf_file is None or beside_hf_files(path)):
         return local
     target = envs.cache_dir() / "model-files" / _key(path)
     if (target / _DONE_MARKER).is_file():
@@ -57,6 +57,15 @@ def local_files(path: str, need: str, trust_remote_code: bool = False) -> Path:
         if not (target / _DONE_MARKER).is_file():
             _prepare_in_child(path, target, trust_remote_code)
     return target
+
+
+def beside_hf_files(path: str) -> bool:
+    """Whether `path` is a GGUF file in a directory srt prepared from it (`.srt-prepared`, as
+    the default model's is), whose Hugging Face files then stand for it: reading them is
+    quicker than the GGUF file's metadata (a vocabulary of tens of thousands of strings)."""
+    directory, gguf_file = split_gguf_path(path)
+    local = Path(directory).expanduser()
+    return gguf_file is not None and (local / _DONE_MARKER).is_file()
 
 
 def _prepare_in_child(path: str, target: Path, trust_remote_code: bool) -> None:

@@ -10,6 +10,7 @@ import torch
 from transformers import AutoConfig, GenerationConfig
 
 from srt.model_executor.resolve import default_dtype
+from srt.model_info import beside_hf_files
 from srt.models.llama import head_dim_of
 from srt.server_args import check_local_model_path, split_gguf_path
 
@@ -64,8 +65,11 @@ class ModelConfig:
     ) -> ModelConfig:
         check_local_model_path(model_path)
         path, gguf_file = split_gguf_path(model_path)
+        # The config of a GGUF file that sits in the Hugging Face directory srt prepared from it
+        # is read from that directory's files (the same values, read faster).
+        config_file = None if beside_hf_files(model_path) else gguf_file
         hf_config = AutoConfig.from_pretrained(
-            path, gguf_file=gguf_file, trust_remote_code=trust_remote_code
+            path, gguf_file=config_file, trust_remote_code=trust_remote_code
         )
         model_max = _max_context(hf_config)
         if context_length is not None and context_length > model_max:
@@ -79,7 +83,7 @@ class ModelConfig:
             dtype=resolve_dtype(dtype, device),
             quantization=resolve_quantization(quantization, gguf_file, device),
             context_length=context_length or model_max,
-            eos_token_ids=_eos_token_ids(path, gguf_file, hf_config),
+            eos_token_ids=_eos_token_ids(path, config_file, hf_config),
         )
 
     @property
