@@ -55,7 +55,7 @@ fn reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: 
 }
 
 fn kernels() -> Vec<Kernel> {
-    [Kernel::Portable, Kernel::Avx2]
+    [Kernel::Portable, Kernel::Avx2, Kernel::Avx512]
         .into_iter()
         .filter(|k| k.available())
         .collect()
@@ -161,6 +161,32 @@ fn every_kernel_equals_a_float64_reference() {
                     assert!(
                         (f64::from(got) - want).abs() <= tolerance,
                         "{kernel:?} {format:?} ({m}, {n}, {k}) element {index}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_kernels_agree_with_the_portable_one() {
+    let (n, k) = (61, 288);
+    for format in FORMATS {
+        let data = blocks(format, n, k, 23);
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        for m in [1, 3, 8, 21] {
+            let x = values(m * k, 29);
+            let mut portable = vec![0f32; m * n];
+            linear_with(Kernel::Portable, &weight, &x, m, None, &mut portable).unwrap();
+            for kernel in kernels() {
+                let mut out = vec![0f32; m * n];
+                linear_with(kernel, &weight, &x, m, None, &mut out).unwrap();
+                for (index, (&got, &want)) in out.iter().zip(&portable).enumerate() {
+                    // Both sum k products in float32, in different orders.
+                    let tolerance = 1e-5 * (1.0 + want.abs()) * (k as f32).sqrt();
+                    assert!(
+                        (got - want).abs() <= tolerance,
+                        "{kernel:?} {format:?} rows {m} element {index}: {got} vs {want}"
                     );
                 }
             }
