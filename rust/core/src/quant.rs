@@ -332,6 +332,20 @@ unsafe fn run_avx512(job: &Job, columns: std::ops::Range<usize>) {
     unsafe { avx512::run(job, columns) }
 }
 
+/// # Safety
+/// As `avx512::decode_row`.
+#[cfg(all(target_arch = "x86_64", srt_avx512))]
+unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
+    // SAFETY: forwarded from the caller.
+    unsafe { avx512::decode_row(format, row.as_ptr(), out) }
+}
+
+/// Never called: `avx512_available` is false in this build.
+#[cfg(not(all(target_arch = "x86_64", srt_avx512)))]
+unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
+    block::decode_row(format, row, out)
+}
+
 /// Never called: `avx512_available` is false in this build.
 #[cfg(all(target_arch = "x86_64", not(srt_avx512)))]
 unsafe fn run_avx512(_job: &Job, _columns: std::ops::Range<usize>) {}
@@ -344,13 +358,12 @@ fn check_floats(what: &str, len: usize, expected: usize) -> Result<()> {
 const DEQUANT_ROWS: usize = 64;
 
 /// Decodes rows `ids` of `weight` into `out` (`ids.len()` rows of `in_features` values), each
-/// float converted by `convert`, on several threads when there is enough of it.
-fn decode_rows<T: Send>(
+/// float converted to `T`, on several threads when there is enough of it.
+fn decode_rows<T: block::Element>(
     weight: &QuantMatrix<'_>,
     ids: &(dyn Fn(usize) -> usize + Sync),
     count: usize,
     out: &mut [T],
-    convert: fn(f32) -> T,
 ) {
     let k = weight.in_features;
     let threads = if count.saturating_mul(k) >= PARALLEL_MIN_WORK / 4 {
@@ -362,6 +375,7 @@ fn decode_rows<T: Send>(
         .chunks_mut(DEQUANT_ROWS * k)
         .map(std::sync::Mutex::new)
         .collect();
+    let simd = Kernel::best() == Kernel::Avx512;
     let next = AtomicUsize::new(0);
     parallel::run(threads, &|_, _| loop {
         let index = next.fetch_add(1, Ordering::Relaxed);
@@ -375,7 +389,13 @@ fn decode_rows<T: Send>(
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for (offset, values) in rows.chunks_exact_mut(k).enumerate() {
             let row = weight.row(ids(index * DEQUANT_ROWS + offset));
-            block::decode_row(weight.format, row, values, convert);
+            if simd {
+                // SAFETY: the CPU has the kernel's features; `row` holds the row's blocks,
+                // `values` its `in_features` elements.
+                unsafe { decode_row_avx512(weight.format, row, values) };
+            } else {
+                block::decode_row(weight.format, row, values);
+            }
         }
     });
 }
@@ -385,7 +405,7 @@ fn decode_rows<T: Send>(
 pub fn dequantize(weight: &QuantMatrix<'_>, out: &mut [f32]) -> Result<()> {
     let expected = elements("the output", &[weight.out_features, weight.in_features])?;
     check_floats("the output", out.len(), expected)?;
-    decode_rows(weight, &|row| row, weight.out_features, out, |v| v);
+    decode_rows(weight, &|row| row, weight.out_features, out);
     Ok(())
 }
 
@@ -393,7 +413,7 @@ pub fn dequantize(weight: &QuantMatrix<'_>, out: &mut [f32]) -> Result<()> {
 pub fn dequantize_bf16(weight: &QuantMatrix<'_>, out: &mut [u16]) -> Result<()> {
     let expected = elements("the output", &[weight.out_features, weight.in_features])?;
     check_floats("the output", out.len(), expected)?;
-    decode_rows(weight, &|row| row, weight.out_features, out, f32_to_bf16);
+    decode_rows(weight, &|row| row, weight.out_features, out);
     Ok(())
 }
 
@@ -415,7 +435,7 @@ pub fn dequantize_rows(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [f32]) -
         out.len(),
         elements("the output", &[ids.len(), weight.in_features])?,
     )?;
-    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out, |v| v);
+    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out);
     Ok(())
 }
 
@@ -427,7 +447,7 @@ pub fn dequantize_rows_bf16(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [u1
         out.len(),
         elements("the output", &[ids.len(), weight.in_features])?,
     )?;
-    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out, f32_to_bf16);
+    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out);
     Ok(())
 }
 

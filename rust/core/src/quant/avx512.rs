@@ -11,6 +11,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::block::Element;
 use super::{Format, Job, BLOCK, COLUMN_GROUP};
 
 /// The most rows in a tile.
@@ -25,11 +26,15 @@ trait Decode {
     /// # Safety
     /// `block` points at `BYTES` readable bytes; the CPU has AVX-512 F and BW.
     unsafe fn decode(block: *const u8) -> [__m512; 2];
+    /// `decode` rounded as `block::decode` (and the `gguf` package) round: for `dequantize`.
+    /// # Safety
+    /// As `decode`.
+    unsafe fn decode_exact(block: *const u8) -> [__m512; 2];
 }
 
-/// The 16 bytes of nibbles at `qs` as 32 floats 0..=15, then `d·q + m`.
+/// The 16 bytes of nibbles at `qs` as 32 floats 0..=15.
 #[inline(always)]
-unsafe fn nibbles(qs: *const u8, d: __m512, m: __m512) -> [__m512; 2] {
+unsafe fn nibbles(qs: *const u8) -> [__m512; 2] {
     // SAFETY: the caller guarantees 16 readable bytes at `qs` and the CPU features.
     unsafe {
         let bytes = _mm_loadu_si128(qs.cast());
@@ -37,10 +42,7 @@ unsafe fn nibbles(qs: *const u8, d: __m512, m: __m512) -> [__m512; 2] {
         let low = _mm_and_si128(bytes, mask);
         let high = _mm_and_si128(_mm_srli_epi16::<4>(bytes), mask);
         let float = |v: __m128i| _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
-        [
-            _mm512_fmadd_ps(float(low), d, m),
-            _mm512_fmadd_ps(float(high), d, m),
-        ]
+        [float(low), float(high)]
     }
 }
 
@@ -63,7 +65,18 @@ impl Decode for Q40 {
         // nibbles at 2. d·q − 8d is d·(q − 8) rounded once.
         unsafe {
             let d = _mm512_broadcastss_ps(halves(block));
-            nibbles(block.add(2), d, _mm512_mul_ps(d, _mm512_set1_ps(-8.0)))
+            let m = _mm512_mul_ps(d, _mm512_set1_ps(-8.0));
+            nibbles(block.add(2)).map(|q| _mm512_fmadd_ps(q, d, m))
+        }
+    }
+    #[inline(always)]
+    unsafe fn decode_exact(block: *const u8) -> [__m512; 2] {
+        // SAFETY: as `decode`. (The fused d·q − 8d is the same float for finite scales, but
+        // not for an infinite one, where it is NaN instead of ±∞ for q ≠ 8.)
+        unsafe {
+            let d = _mm512_broadcastss_ps(halves(block));
+            let eight = _mm512_set1_ps(8.0);
+            nibbles(block.add(2)).map(|q| _mm512_mul_ps(d, _mm512_sub_ps(q, eight)))
         }
     }
 }
@@ -77,7 +90,17 @@ impl Decode for Q41 {
             let dm = halves(block);
             let d = _mm512_broadcastss_ps(dm);
             let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
-            nibbles(block.add(4), d, m)
+            nibbles(block.add(4)).map(|q| _mm512_fmadd_ps(q, d, m))
+        }
+    }
+    #[inline(always)]
+    unsafe fn decode_exact(block: *const u8) -> [__m512; 2] {
+        // SAFETY: as `decode`; the product is rounded, then the sum.
+        unsafe {
+            let dm = halves(block);
+            let d = _mm512_broadcastss_ps(dm);
+            let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+            nibbles(block.add(4)).map(|q| _mm512_add_ps(_mm512_mul_ps(q, d), m))
         }
     }
 }
@@ -96,6 +119,67 @@ impl Decode for Q80 {
             };
             [values(0), values(16)]
         }
+    }
+    #[inline(always)]
+    unsafe fn decode_exact(block: *const u8) -> [__m512; 2] {
+        // SAFETY: as `decode`, which rounds once, as the reference does.
+        unsafe { Self::decode(block) }
+    }
+}
+
+/// Decodes the row of blocks at `row` into `out` (`out.len() / 32` blocks), as `T`.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW; `row` holds `out.len() / 32` blocks of `format`.
+#[target_feature(enable = "avx512f,avx512bw,f16c,fma")]
+pub(super) unsafe fn decode_row<T: Element>(format: Format, row: *const u8, out: &mut [T]) {
+    // SAFETY: forwarded; each format's decoder matches `format`.
+    unsafe {
+        match format {
+            Format::Q4_0 => decode_row_as::<Q40, T>(row, out),
+            Format::Q4_1 => decode_row_as::<Q41, T>(row, out),
+            Format::Q8_0 => decode_row_as::<Q80, T>(row, out),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn decode_row_as<D: Decode, T: Element>(row: *const u8, out: &mut [T]) {
+    for (b, values) in out.chunks_exact_mut(BLOCK).enumerate() {
+        // SAFETY: block `b` of the row is readable (the caller's word); `values` holds 32
+        // elements, which are `f32` or, when `T::BF16`, `u16` (the only `Element`s), so the
+        // stores write exactly its 128 or 64 bytes.
+        unsafe {
+            let w = D::decode_exact(row.add(b * D::BYTES));
+            if T::BF16 {
+                let target = values.as_mut_ptr().cast::<__m256i>();
+                _mm256_storeu_si256(target, bf16(w[0]));
+                _mm256_storeu_si256(target.add(1), bf16(w[1]));
+            } else {
+                let target = values.as_mut_ptr().cast::<f32>();
+                _mm512_storeu_ps(target, w[0]);
+                _mm512_storeu_ps(target.add(16), w[1]);
+            }
+        }
+    }
+}
+
+/// 16 floats rounded to bfloat16 bits as `block::f32_to_bf16` rounds (ties to even, NaNs
+/// kept quiet).
+#[inline(always)]
+unsafe fn bf16(v: __m512) -> __m256i {
+    // SAFETY: register-only AVX-512 F operations; the caller has AVX-512 F.
+    unsafe {
+        let bits = _mm512_castps_si512(v);
+        let high = _mm512_srli_epi32::<16>(bits);
+        let bias = _mm512_add_epi32(
+            _mm512_and_si512(high, _mm512_set1_epi32(1)),
+            _mm512_set1_epi32(0x7fff),
+        );
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
+        let quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+        _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet))
     }
 }
 

@@ -255,3 +255,36 @@ fn row_lookups_and_bfloat16_equal_the_full_dequantization() {
         assert!(full.iter().zip(&all).all(|(&h, &v)| h == f32_to_bf16(v)));
     }
 }
+
+#[test]
+fn dequantizing_equals_the_scalar_decoding_bit_for_bit() {
+    let (n, k) = (67, 160);
+    for format in FORMATS {
+        let mut data = blocks(format, n, k, 31);
+        // Scales at the edges of half precision: subnormal, largest, infinite, NaN.
+        for (row, half) in [0x0001u16, 0x7bff, 0x7c00, 0x7e00, 0xfc00]
+            .iter()
+            .enumerate()
+        {
+            data[row * k / BLOCK * format.block_bytes()..][..2]
+                .copy_from_slice(&half.to_le_bytes());
+        }
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        let mut expected = vec![0f32; n * k];
+        for (row, values) in expected.chunks_exact_mut(k).enumerate() {
+            block::decode_row(format, weight.row(row), values);
+        }
+        let got = dequantized(&weight);
+        assert!(
+            got.iter()
+                .zip(&expected)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{format:?}"
+        );
+        let mut halves = vec![0u16; n * k];
+        dequantize_bf16(&weight, &mut halves).unwrap();
+        for (index, (&h, &v)) in halves.iter().zip(&expected).enumerate() {
+            assert_eq!(h, f32_to_bf16(v), "{format:?} element {index} ({v})");
+        }
+    }
+}
