@@ -20,6 +20,11 @@
 //! the arithmetic, not the memory, is the bound: prefill, which dequantizes and uses a matrix
 //! multiply instead (python/srt/layers/quant_kernels.py).
 //!
+//! Kernels: AVX-512 F/BW (`avx512.rs`), AVX2 with FMA and F16C (`avx2.rs`), and plain Rust
+//! (`block.rs`), chosen at run time by the CPU's features (`Kernel::best`). Each decodes a
+//! block once for several rows of activations (up to 12 with AVX-512), so batches of 8 to 32
+//! rows do not expand the weight again per row.
+//!
 //! What must stay true: a row's outputs are computed by the same operations in the same order
 //! whatever the other rows of the call and the threads (batch invariance within one kernel);
 //! every size is checked against the buffers before a kernel reads them.
@@ -34,6 +39,11 @@ mod block;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+// AVX-512 intrinsics are stable since Rust 1.89; older compilers build without this kernel
+// (build.rs sets `srt_avx512`), so clippy checks it against 1.89, not the workspace's minimum.
+#[cfg(all(target_arch = "x86_64", srt_avx512))]
+#[clippy::msrv = "1.89"]
+mod avx512;
 
 pub use block::{f16_to_f32, f32_to_bf16};
 
@@ -85,16 +95,17 @@ pub enum Kernel {
     Portable,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
+    /// x86-64 with AVX-512 F and BW (and F16C, FMA, which every such CPU has).
+    Avx512,
 }
 
 impl Kernel {
     /// The fastest kernel this CPU runs.
     pub fn best() -> Self {
-        if Kernel::Avx2.available() {
-            Kernel::Avx2
-        } else {
-            Kernel::Portable
-        }
+        [Kernel::Avx512, Kernel::Avx2]
+            .into_iter()
+            .find(|kernel| kernel.available())
+            .unwrap_or(Kernel::Portable)
     }
 
     /// Whether this CPU runs the kernel.
@@ -107,16 +118,19 @@ impl Kernel {
                     && std::arch::is_x86_feature_detected!("fma")
                     && std::arch::is_x86_feature_detected!("f16c")
             }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => avx512_available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 => false,
+            Kernel::Avx2 | Kernel::Avx512 => false,
         }
     }
 
-    /// The kernel's name: `"portable"`, `"avx2"`.
+    /// The kernel's name: `"portable"`, `"avx2"`, `"avx512"`.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Portable => "portable",
             Kernel::Avx2 => "avx2",
+            Kernel::Avx512 => "avx512",
         }
     }
 }
@@ -287,11 +301,54 @@ unsafe fn run_kernel(kernel: Kernel, job: &Job, columns: std::ops::Range<usize>)
             Kernel::Portable => block::run(job, columns),
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => avx2::run(job, columns),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => run_avx512(job, columns),
+            // Not available off x86-64, so never asked for (`linear_with` checks): do nothing.
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 => unreachable!("Kernel::available() is false off x86-64"),
+            Kernel::Avx2 | Kernel::Avx512 => {}
         }
     }
 }
+
+/// Whether this CPU has AVX-512 F and BW (with FMA and F16C) and this build has the kernel.
+#[cfg(all(target_arch = "x86_64", srt_avx512))]
+fn avx512_available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+#[cfg(all(target_arch = "x86_64", not(srt_avx512)))]
+fn avx512_available() -> bool {
+    false
+}
+
+/// # Safety
+/// As `avx512::run`.
+#[cfg(all(target_arch = "x86_64", srt_avx512))]
+unsafe fn run_avx512(job: &Job, columns: std::ops::Range<usize>) {
+    // SAFETY: forwarded from the caller.
+    unsafe { avx512::run(job, columns) }
+}
+
+/// # Safety
+/// As `avx512::decode_row`.
+#[cfg(all(target_arch = "x86_64", srt_avx512))]
+unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
+    // SAFETY: forwarded from the caller.
+    unsafe { avx512::decode_row(format, row.as_ptr(), out) }
+}
+
+/// Never called: `avx512_available` is false in this build.
+#[cfg(not(all(target_arch = "x86_64", srt_avx512)))]
+unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
+    block::decode_row(format, row, out)
+}
+
+/// Never called: `avx512_available` is false in this build.
+#[cfg(all(target_arch = "x86_64", not(srt_avx512)))]
+unsafe fn run_avx512(_job: &Job, _columns: std::ops::Range<usize>) {}
 
 fn check_floats(what: &str, len: usize, expected: usize) -> Result<()> {
     crate::error::check_len(what, len, expected)
@@ -301,13 +358,12 @@ fn check_floats(what: &str, len: usize, expected: usize) -> Result<()> {
 const DEQUANT_ROWS: usize = 64;
 
 /// Decodes rows `ids` of `weight` into `out` (`ids.len()` rows of `in_features` values), each
-/// float converted by `convert`, on several threads when there is enough of it.
-fn decode_rows<T: Send>(
+/// float converted to `T`, on several threads when there is enough of it.
+fn decode_rows<T: block::Element>(
     weight: &QuantMatrix<'_>,
     ids: &(dyn Fn(usize) -> usize + Sync),
     count: usize,
     out: &mut [T],
-    convert: fn(f32) -> T,
 ) {
     let k = weight.in_features;
     let threads = if count.saturating_mul(k) >= PARALLEL_MIN_WORK / 4 {
@@ -319,6 +375,7 @@ fn decode_rows<T: Send>(
         .chunks_mut(DEQUANT_ROWS * k)
         .map(std::sync::Mutex::new)
         .collect();
+    let simd = Kernel::best() == Kernel::Avx512;
     let next = AtomicUsize::new(0);
     parallel::run(threads, &|_, _| loop {
         let index = next.fetch_add(1, Ordering::Relaxed);
@@ -332,7 +389,13 @@ fn decode_rows<T: Send>(
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for (offset, values) in rows.chunks_exact_mut(k).enumerate() {
             let row = weight.row(ids(index * DEQUANT_ROWS + offset));
-            block::decode_row(weight.format, row, values, convert);
+            if simd {
+                // SAFETY: the CPU has the kernel's features; `row` holds the row's blocks,
+                // `values` its `in_features` elements.
+                unsafe { decode_row_avx512(weight.format, row, values) };
+            } else {
+                block::decode_row(weight.format, row, values);
+            }
         }
     });
 }
@@ -342,7 +405,7 @@ fn decode_rows<T: Send>(
 pub fn dequantize(weight: &QuantMatrix<'_>, out: &mut [f32]) -> Result<()> {
     let expected = elements("the output", &[weight.out_features, weight.in_features])?;
     check_floats("the output", out.len(), expected)?;
-    decode_rows(weight, &|row| row, weight.out_features, out, |v| v);
+    decode_rows(weight, &|row| row, weight.out_features, out);
     Ok(())
 }
 
@@ -350,7 +413,7 @@ pub fn dequantize(weight: &QuantMatrix<'_>, out: &mut [f32]) -> Result<()> {
 pub fn dequantize_bf16(weight: &QuantMatrix<'_>, out: &mut [u16]) -> Result<()> {
     let expected = elements("the output", &[weight.out_features, weight.in_features])?;
     check_floats("the output", out.len(), expected)?;
-    decode_rows(weight, &|row| row, weight.out_features, out, f32_to_bf16);
+    decode_rows(weight, &|row| row, weight.out_features, out);
     Ok(())
 }
 
@@ -372,7 +435,7 @@ pub fn dequantize_rows(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [f32]) -
         out.len(),
         elements("the output", &[ids.len(), weight.in_features])?,
     )?;
-    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out, |v| v);
+    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out);
     Ok(())
 }
 
@@ -384,7 +447,7 @@ pub fn dequantize_rows_bf16(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [u1
         out.len(),
         elements("the output", &[ids.len(), weight.in_features])?,
     )?;
-    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out, f32_to_bf16);
+    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out);
     Ok(())
 }
 

@@ -17,7 +17,7 @@ fn quant_block_bytes(fmt: &str) -> PyResult<usize> {
     Ok(Format::parse(fmt).map_err(to_py_err)?.block_bytes())
 }
 
-/// The kernel `quant_linear` runs on this CPU: "avx2" or "portable".
+/// The kernel `quant_linear` runs on this CPU: "avx512", "avx2" or "portable".
 #[pyfunction]
 fn quant_kernel() -> &'static str {
     Kernel::best().name()

@@ -70,15 +70,37 @@ pub(crate) fn decode(format: Format, block: &[u8]) -> [f32; BLOCK] {
     out
 }
 
-/// Decodes one output row (`in_features / 32` consecutive blocks) into `out`, converting each
-/// float with `convert`.
-pub(crate) fn decode_row<T>(format: Format, row: &[u8], out: &mut [T], convert: impl Fn(f32) -> T) {
+/// What dequantized weights are stored as: float32, or bfloat16 bits. Implemented for `f32`
+/// and `u16` only (`BF16` tells them apart, for the SIMD kernels' stores).
+pub(crate) trait Element: Copy + Send {
+    const BF16: bool;
+    fn from_f32(value: f32) -> Self;
+}
+
+impl Element for f32 {
+    const BF16: bool = false;
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        value
+    }
+}
+
+impl Element for u16 {
+    const BF16: bool = true;
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        f32_to_bf16(value)
+    }
+}
+
+/// Decodes one output row (`in_features / 32` consecutive blocks) into `out`.
+pub(crate) fn decode_row<T: Element>(format: Format, row: &[u8], out: &mut [T]) {
     for (block, values) in row
         .chunks_exact(format.block_bytes())
         .zip(out.chunks_exact_mut(BLOCK))
     {
         for (value, weight) in values.iter_mut().zip(decode(format, block)) {
-            *value = convert(weight);
+            *value = T::from_f32(weight);
         }
     }
 }

@@ -55,7 +55,7 @@ fn reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: 
 }
 
 fn kernels() -> Vec<Kernel> {
-    [Kernel::Portable, Kernel::Avx2]
+    [Kernel::Portable, Kernel::Avx2, Kernel::Avx512]
         .into_iter()
         .filter(|k| k.available())
         .collect()
@@ -169,6 +169,32 @@ fn every_kernel_equals_a_float64_reference() {
 }
 
 #[test]
+fn simd_kernels_agree_with_the_portable_one() {
+    let (n, k) = (61, 288);
+    for format in FORMATS {
+        let data = blocks(format, n, k, 23);
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        for m in [1, 3, 8, 21] {
+            let x = values(m * k, 29);
+            let mut portable = vec![0f32; m * n];
+            linear_with(Kernel::Portable, &weight, &x, m, None, &mut portable).unwrap();
+            for kernel in kernels() {
+                let mut out = vec![0f32; m * n];
+                linear_with(kernel, &weight, &x, m, None, &mut out).unwrap();
+                for (index, (&got, &want)) in out.iter().zip(&portable).enumerate() {
+                    // Both sum k products in float32, in different orders.
+                    let tolerance = 1e-5 * (1.0 + want.abs()) * (k as f32).sqrt();
+                    assert!(
+                        (got - want).abs() <= tolerance,
+                        "{kernel:?} {format:?} rows {m} element {index}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn a_rows_result_does_not_depend_on_the_batch() {
     let (n, k) = (45, 96);
     for format in FORMATS {
@@ -227,5 +253,38 @@ fn row_lookups_and_bfloat16_equal_the_full_dequantization() {
         let mut full = vec![0u16; n * k];
         dequantize_bf16(&weight, &mut full).unwrap();
         assert!(full.iter().zip(&all).all(|(&h, &v)| h == f32_to_bf16(v)));
+    }
+}
+
+#[test]
+fn dequantizing_equals_the_scalar_decoding_bit_for_bit() {
+    let (n, k) = (67, 160);
+    for format in FORMATS {
+        let mut data = blocks(format, n, k, 31);
+        // Scales at the edges of half precision: subnormal, largest, infinite, NaN.
+        for (row, half) in [0x0001u16, 0x7bff, 0x7c00, 0x7e00, 0xfc00]
+            .iter()
+            .enumerate()
+        {
+            data[row * k / BLOCK * format.block_bytes()..][..2]
+                .copy_from_slice(&half.to_le_bytes());
+        }
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        let mut expected = vec![0f32; n * k];
+        for (row, values) in expected.chunks_exact_mut(k).enumerate() {
+            block::decode_row(format, weight.row(row), values);
+        }
+        let got = dequantized(&weight);
+        assert!(
+            got.iter()
+                .zip(&expected)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{format:?}"
+        );
+        let mut halves = vec![0u16; n * k];
+        dequantize_bf16(&weight, &mut halves).unwrap();
+        for (index, (&h, &v)) in halves.iter().zip(&expected).enumerate() {
+            assert_eq!(h, f32_to_bf16(v), "{format:?} element {index} ({v})");
+        }
     }
 }
