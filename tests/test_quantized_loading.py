@@ -18,6 +18,7 @@ from runner_helpers import make_runner, runner_extend_and_decode_logits
 from srt.layers.linear import Linear
 from srt.layers.quant_kernels import QuantizedWeight
 from srt.layers.quantization import CheckpointTensor, Int8Weight, weight_bytes
+from srt.model_executor.model_config import resolve_quantization
 from srt.model_executor.model_runner import ModelRunner
 from srt.model_executor.weight_loader import iterate_weights
 from srt.models.llama import LlamaForCausalLM
@@ -200,3 +201,25 @@ def test_quantization_flag_is_checked() -> None:
     with pytest.raises(ServerArgsError, match="invalid choice 'int4'"):
         ServerArgs(quantization="int4")
     assert ServerArgs(model_path="/m/x.gguf", quantization="gguf").quantization == "gguf"
+
+
+def test_quantization_resolves_per_checkpoint_and_device(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_quantization("auto", "m.gguf", cpu) == "gguf"
+    assert resolve_quantization("auto", None, cpu) == "none"
+    assert resolve_quantization("int8", None, cpu) == "int8"
+    assert resolve_quantization("int8", "m.gguf", cpu) == "int8"  # dequantized, then int8
+    with pytest.raises(ValueError, match="gguf needs a GGUF file"):
+        resolve_quantization("gguf", None, cpu)
+    # Quantized formats run on the CPU only: on CUDA the weights load dequantized, said once.
+    with caplog.at_level(logging.INFO, logger="srt.model_executor.model_config"):
+        assert resolve_quantization("auto", "m.gguf", cuda) == "none"
+        assert resolve_quantization("int8", None, cuda) == "none"
+        assert resolve_quantization("none", "m.gguf", cuda) == "none"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--quantization {name} runs on the CPU only: on cuda the weights are dequantized to "
+        "the model's dtype as they load"
+        for name in ("gguf", "int8")
+    ]
