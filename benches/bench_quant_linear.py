@@ -1,7 +1,7 @@
 """Linear layers on GGUF blocks (`srt.layers.quant_kernels.QuantizedWeight`) beside PyTorch's
 `F.linear` in float32 and bfloat16 on the dequantized weight, on SmolLM2-135M's shapes.
 
-    python benches/bench_quant_linear.py [--rows 1 4 16 64 2048] [--json OUT]
+    python benches/bench_quant_linear.py [--rows 1 4 16 64 2048] [--threads N] [--json OUT]
 
 Weights are read cold, as in a decode step that streams every layer: each kernel cycles over
 enough copies of its weight to pass `--working-set` bytes, more than the last level cache. For
@@ -111,10 +111,14 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--working-set", type=int, default=256 << 20)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results: dict[str, Any] = {
         "quant_kernel": _rust.quant_kernel(),
+        "torch_threads": torch.get_num_threads(),
         "copy_GBps": round(copy_bandwidth(torch.device("cpu")) / 1e9, 1),
         "shapes": {},
     }

@@ -79,20 +79,15 @@ def test_linear_takes_either_path_by_the_measured_crossover() -> None:
     weight, reference = make("q4_1", 96, 128)
     crossover = weight.crossover()
     assert crossover in (*quant_kernels._PROBE_ROWS, 2 * quant_kernels._PROBE_ROWS[-1])
-    for rows in (1, crossover - 1, crossover):
-        if rows < 1:
-            continue
-        x = torch.randn(2, rows, 128)
-        want = F.linear(x, reference)
-        close(weight.linear(x), want, 2e-2)
+    for rows in (crossover - 1, crossover):
+        x = torch.randn(rows, 128)
+        path = weight._kernel if rows < crossover else weight._dense
+        assert torch.equal(weight.linear(x.view(1, rows, 128)), path(x, None).view(1, rows, 96))
+        close(weight.linear(x), F.linear(x, reference), 2e-2)
         out = weight.linear(x.to(torch.bfloat16))
         assert out.dtype == torch.bfloat16
-        assert out.shape == (2, rows, 96)
-        close(out, want, 5e-2)
-    # Few rows run the kernel: float32 accuracy.
-    x = torch.randn(1, 128)
-    if crossover > 1:
-        close(weight.linear(x), F.linear(x, reference), 1e-4)
+        assert out.shape == (rows, 96)
+        close(out, F.linear(x, reference), 5e-2)
 
 
 def test_select_rows_and_cat_compose_shards() -> None:

@@ -9,16 +9,17 @@ bfloat16 where the CPU multiplies bfloat16 natively (AVX512_BF16 or AMX, which o
 else in float32.
 
 Where the two paths cross is measured, not assumed: at the first call per (format, shape), both
-paths are timed at a few row counts (`_measure_crossover`) and the result is kept for the
-process. So a row's result can depend on how many rows share its call (one side of the
-crossover or the other); each path alone is batch invariant.
+paths are timed at a few row counts (`_measure_crossover`: 50 to 600 ms for each of SmolLM2's
+shapes on a 2-core machine) and the result is kept for the process;
+a model can call `crossover()` while it warms up. So a row's result can depend on how many
+rows share its call (one side of the crossover or the other); each path alone is batch
+invariant.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,11 +30,14 @@ from srt import _rust
 BLOCK_SIZE = 32
 BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 
-# Row counts at which the two paths are compared, in order; the first at which dense wins is
-# the crossover. Past the last, dense is assumed to win (the kernel's cost grows with rows at
-# the FMA rate, a matrix multiply's at its better-blocked rate).
+# Row counts at which the two paths are compared, in order (see `_measure_crossover`). Past the
+# last, dense is assumed to win (the kernel's cost grows with rows at the float32 FMA rate, a
+# matrix multiply's at its better-blocked, or bfloat16, rate).
 _PROBE_ROWS = (4, 8, 16, 32, 64, 128, 256)
 _PROBE_REPEATS = 3
+# Output rows the probes run on: both paths' costs grow in proportion to the output rows, so a
+# slice of a larger weight (a 49152-row lm_head) has its crossover, measured in a tenth the time.
+_PROBE_MAX_OUT = 4096
 # (fmt, out_features, in_features) -> the fewest rows that take the dense path.
 _crossovers: dict[tuple[str, int, int], int] = {}
 
@@ -112,7 +116,8 @@ class QuantizedWeight:
         key = (self.fmt, self.out_features, self.in_features)
         found = _crossovers.get(key)
         if found is None:
-            found = _crossovers[key] = _measure_crossover(self)
+            probe = self.select_rows(0, min(self.out_features, _PROBE_MAX_OUT))
+            found = _crossovers[key] = _measure_crossover(probe)
         return found
 
     def _kernel(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -184,25 +189,32 @@ class QuantizedWeight:
         return QuantizedWeight(torch.cat([w.blocks for w in weights]), fmt, in_features)
 
 
-def _best_seconds(fn: Callable[[], object]) -> float:
-    """The best of `_PROBE_REPEATS` timings of `fn`, after one warm-up call."""
-    fn()
-    best = float("inf")
+def _dense_wins(weight: QuantizedWeight, rows: int, generator: torch.Generator) -> bool:
+    """Whether the dense path beats the kernel at `rows` rows: the best of `_PROBE_REPEATS`
+    timings each, taken alternately so that a burst of load elsewhere hits both."""
+    x = torch.randn(rows, weight.in_features, generator=generator)
+    paths = (functools.partial(weight._kernel, x, None), functools.partial(weight._dense, x, None))
+    best = [float("inf"), float("inf")]
+    for path in paths:
+        path()
     for _ in range(_PROBE_REPEATS):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+        for index, path in enumerate(paths):
+            start = time.perf_counter()
+            path()
+            best[index] = min(best[index], time.perf_counter() - start)
+    return best[1] < best[0]
 
 
 def _measure_crossover(weight: QuantizedWeight) -> int:
-    """The first of `_PROBE_ROWS` at which the dense path is faster than the kernel on this
-    machine (twice the last when it never is)."""
+    """The first of `_PROBE_ROWS` from which the dense path wins at two probes in a row on this
+    machine (one win alone is taken for noise), or twice the last probe when it never does."""
     generator = torch.Generator().manual_seed(0)
+    won_at: int | None = None
     for rows in _PROBE_ROWS:
-        x = torch.randn(rows, weight.in_features, generator=generator)
-        kernel = _best_seconds(functools.partial(weight._kernel, x, None))
-        dense = _best_seconds(functools.partial(weight._dense, x, None))
-        if dense < kernel:
-            return rows
-    return 2 * _PROBE_ROWS[-1]
+        if not _dense_wins(weight, rows, generator):
+            won_at = None
+        elif won_at is None:
+            won_at = rows
+        else:
+            return won_at
+    return won_at if won_at is not None else 2 * _PROBE_ROWS[-1]
