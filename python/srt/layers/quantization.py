@@ -6,19 +6,19 @@ Two formats, both weight-only (activations stay in the model's dtype):
   blocks directly);
 - `int8`: a float linear weight quantized at load, per output channel and symmetric
   (`Int8Weight`): each row is its int8 values times one float scale, absmax / 127. Its product
-  is PyTorch's CPU weight-only kernel, `aten._weight_int8pack_mm` (the one gpt-fast and torchao
-  use on the CPU), always with bfloat16 activations: a float32 model's activations are rounded
-  to bfloat16 for it and its output widened back. Why: in torch 2.15 the kernel is vectorized
-  for bfloat16 only; with float32 activations it runs a scalar loop, 10x (one row) to 40x (16
-  rows) slower than float32 `F.linear` on the same shape, while in bfloat16 it is as fast as
-  float32 `F.linear` on a cached weight and reads a quarter of its bytes. The rounding costs
-  less than the int8 weights do (SmolLM2's 1536x576 projection, 128 random rows: 0.46% of the
-  largest output from the weights, 0.84% in all, relative to float32). fbgemm's dynamic int8
+  is PyTorch's CPU weight-only kernel, `aten._weight_int8pack_mm`, always with bfloat16
+  activations: a float32 model's activations are rounded to bfloat16 for it and its output
+  widened back. Why: in torch 2.15 the kernel is vectorized for bfloat16 only; with float32
+  activations it runs a scalar loop, 10x (one row) to 40x (16 rows) slower than float32
+  `F.linear` on the same shape, while in bfloat16 it is as fast as float32 `F.linear` on a
+  cached weight and reads a quarter of its bytes. The rounding costs less than the int8 weights
+  do (a random weight of SmolLM2's MLP shape, 1536x576, 128 rows: the int8 weights alone err by
+  0.46% of the largest output, with the rounding 0.84%, against float32). fbgemm's dynamic int8
   linear (`quantized.linear_dynamic`) was faster still, but it quantizes the activations per
-  tensor as well (1.3% on the same product) and rests on PyTorch's deprecated
-  quantized-tensor API. Its bfloat16 path also reads past the rows unless their length is a
-  multiple of 16 (it returned garbage or crashed on others), so `Int8Weight` pads shorter rows
-  with zero weights and the activations with zeros to match.
+  tensor too (1.3% on the same product) and rests on PyTorch's deprecated quantized-tensor API.
+  The kernel's bfloat16 path reads rows in steps of 16 values and returned garbage or crashed on
+  other lengths, so `Int8Weight` pads shorter rows with zero weights, and the activations with
+  zeros to match.
 
 Both run on the CPU; on CUDA, `model_config.resolve_quantization` turns them off (the weights are
 dequantized to the model's dtype as they load).
@@ -26,7 +26,6 @@ dequantized to the model's dtype as they load).
 
 from __future__ import annotations
 
-import logging
 from typing import Protocol
 
 import torch
@@ -35,8 +34,6 @@ from torch import nn
 
 from srt.layers.linear import Linear
 from srt.layers.quant_kernels import QuantizedWeight
-
-logger = logging.getLogger(__name__)
 
 INT8_MAX = 127
 # `_weight_int8pack_mm`'s bfloat16 path reads each row in steps of 16 (see the module doc).
