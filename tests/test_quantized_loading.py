@@ -11,12 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from runner_helpers import make_runner, runner_extend_and_decode_logits
+from transformers import AutoConfig
 
 from srt.layers.linear import Linear
-from srt.layers.quant_kernels import QuantizedWeight
+from srt.layers.quant_kernels import BLOCK_BYTES, QuantizedWeight
 from srt.layers.quantization import CheckpointTensor, Int8Weight, weight_bytes
 from srt.model_executor.model_config import resolve_quantization
 from srt.model_executor.model_runner import ModelRunner
@@ -223,3 +224,93 @@ def test_quantization_resolves_per_checkpoint_and_device(
         "the model's dtype as they load"
         for name in ("gguf", "int8")
     ]
+
+
+# The tiny llama's tensors under GGUF's names, and the type each is written in.
+GGUF_NAMES = {
+    "model.embed_tokens.weight": ("token_embd.weight", "q4_0"),
+    "lm_head.weight": ("output.weight", "q8_0"),
+    "model.norm.weight": ("output_norm.weight", None),
+}
+GGUF_LAYER_PARTS = {
+    "input_layernorm": ("attn_norm", None),
+    "post_attention_layernorm": ("ffn_norm", None),
+    "self_attn.q_proj": ("attn_q", "q4_1"),
+    "self_attn.k_proj": ("attn_k", "q8_0"),
+    "self_attn.v_proj": ("attn_v", "q8_0"),
+    "self_attn.o_proj": ("attn_output", "q4_0"),
+    "mlp.gate_proj": ("ffn_gate", "q8_0"),
+    "mlp.up_proj": ("ffn_up", "q8_0"),
+    "mlp.down_proj": ("ffn_down", "f16"),
+}
+
+
+def gguf_name(name: str) -> tuple[str, str | None]:
+    if name in GGUF_NAMES:
+        return GGUF_NAMES[name]
+    _, _, layer, rest = name.split(".", 3)
+    part, fmt = GGUF_LAYER_PARTS[rest.removesuffix(".weight")]
+    return f"blk.{layer}.{part}.weight", fmt
+
+
+def llama_cpp_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's conversion of q/k rows to its interleaved rotary layout."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
+        .transpose(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def test_a_gguf_file_keeps_its_blocks_unpermuted_and_dequantizes_other_types(
+    tiny_model_factory: Callable[[str], Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tiny_model_factory("llama")
+    hf_config = AutoConfig.from_pretrained(path)
+    floats = dict(iterate_weights(str(path), None, hf_config))
+    writer = GGUFWriter(tmp_path / "tiny.gguf", "llama")
+    expected: dict[str, torch.Tensor] = {}  # what each tensor holds once read back
+    for name, tensor in floats.items():
+        assert isinstance(tensor, torch.Tensor)
+        target, fmt = gguf_name(name)
+        stored = tensor
+        if name.endswith("q_proj.weight"):
+            stored = llama_cpp_permute(tensor, hf_config.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            stored = llama_cpp_permute(tensor, hf_config.num_key_value_heads)
+        values = stored.numpy()
+        if fmt is None:
+            writer.add_tensor(target, values)
+            expected[name] = tensor
+        elif fmt == "f16":
+            writer.add_tensor(target, values.astype(np.float16))
+            expected[name] = tensor.half().float()
+        else:
+            kind = GGMLQuantizationType[fmt.upper()]
+            writer.add_tensor(target, quantize(values, kind), raw_dtype=kind)
+            expected[name] = blocks_of(tensor, fmt).dequantize()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    with caplog.at_level(logging.INFO, logger="srt.model_executor.weight_loader"):
+        loaded = dict(iterate_weights(str(tmp_path), "tiny.gguf", hf_config, "gguf"))
+    assert loaded.keys() == expected.keys()
+    for name, tensor in loaded.items():
+        fmt = gguf_name(name)[1]
+        if fmt in BLOCK_BYTES:
+            assert isinstance(tensor, QuantizedWeight), name
+            assert tensor.fmt == fmt
+            tensor = tensor.dequantize()
+        assert isinstance(tensor, torch.Tensor), name
+        torch.testing.assert_close(tensor, expected[name], atol=0, rtol=0, msg=name)
+    assert [r.getMessage() for r in caplog.records] == [
+        "tiny.gguf: tensors of types srt does not multiply in blocks are dequantized: 2 F16"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="srt.model_executor.weight_loader"):
+        dense = dict(iterate_weights(str(tmp_path), "tiny.gguf", hf_config, "none"))
+    assert all(isinstance(t, torch.Tensor) for t in dense.values())
+    assert not caplog.records

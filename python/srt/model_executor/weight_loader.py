@@ -92,7 +92,7 @@ def _gguf_weights(
                 _permuted(blocks, name, permute_qk, hf_config), kind.lower(), shape[1]
             )
         else:
-            if kind not in ("F32",):
+            if kind != "F32":
                 dequantized[kind] += 1
             values = dequantize(tensor.data, tensor.tensor_type)
             weight = torch.from_numpy(np.array(values.reshape(shape), dtype=np.float32))
