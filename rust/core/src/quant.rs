@@ -12,13 +12,18 @@
 //! `d·q + m` (Q4_1, same nibbles), `d·q` (Q8_0, `q` the signed byte `j`).
 //!
 //! Arithmetic: the activations stay float32 and every block is expanded to float32 weights in
-//! registers, then multiplied and added in float32, as with the dequantized weight. Why not
-//! llama.cpp's way (activations quantized to int8 per block, integer dot products with VNNI):
-//! that rounds the activations to 8 bits, which changes the model's outputs beyond float
-//! rounding, while the float expansion already runs at the memory's rate for the 1 to 32 rows
-//! of decoding (see benches/bench_quant_linear.py); integer products would pay off only where
-//! the arithmetic, not the memory, is the bound: prefill, which dequantizes and uses a matrix
-//! multiply instead (python/srt/layers/quant_kernels.py).
+//! registers, then multiplied and added in float32, as with the dequantized weight, so results
+//! equal `F.linear` on the dequantized weight to float rounding and switching a model to these
+//! kernels changes none of its outputs beyond that. llama.cpp's way (activations rounded to
+//! int8 per block, integer dot products with VNNI) spends fewer instructions per weight, but
+//! rounds the activations to 8 bits. Measured on a busy 2-core AVX-512 (Zen 5) machine, one
+//! thread, weights cold (benches/bench_quant_linear.py): at 1 to 4 rows a call takes a half to a
+//! quarter of float32 `F.linear`'s time on the dequantized weight, and up to half of bfloat16's;
+//! it is then bound by the instructions that expand the blocks (2 to 4 GB/s of blocks per core),
+//! not by the memory. Past about 16 rows it is bound by float32 multiply-adds, and there the
+//! class dequantizes to bfloat16 for a matrix multiply instead (python/srt/layers/
+//! quant_kernels.py). So an int8 path would speed up 1 to 16 rows, at the cost of exact float32
+//! agreement: the next step if decode speed matters more than that.
 //!
 //! Kernels: AVX-512 F/BW (`avx512.rs`), AVX2 with FMA and F16C (`avx2.rs`), and plain Rust
 //! (`block.rs`), chosen at run time by the CPU's features (`Kernel::best`). Each decodes a
