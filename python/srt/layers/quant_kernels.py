@@ -9,11 +9,11 @@ bfloat16 where the CPU multiplies bfloat16 natively (AVX512_BF16 or AMX, which o
 else in float32.
 
 Where the two paths cross is measured, not assumed: at the first call per (format, shape), both
-paths are timed at a few row counts (`_measure_crossover`: 50 to 600 ms for each of SmolLM2's
-shapes on a 2-core machine) and the result is kept for the process;
-a model can call `crossover()` while it warms up. So a row's result can depend on how many
-rows share its call (one side of the crossover or the other); each path alone is batch
-invariant.
+paths are timed at a few row counts (`_measure_crossover`: 0.05 to 1 s for each of SmolLM2's
+projections on a busy 2-core machine, several for its 49152-row lm_head) and the result is kept
+for the process; a model can call `crossover()` while it warms up. So a row's result can depend
+on how many rows share its call (one side of the crossover or the other); each path alone is
+batch invariant.
 """
 
 from __future__ import annotations
@@ -35,9 +35,6 @@ BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 # matrix multiply's at its better-blocked, or bfloat16, rate).
 _PROBE_ROWS = (4, 8, 16, 32, 64, 128, 256)
 _PROBE_REPEATS = 3
-# Output rows the probes run on: both paths' costs grow in proportion to the output rows, so a
-# slice of a larger weight (a 49152-row lm_head) has its crossover, measured in a tenth the time.
-_PROBE_MAX_OUT = 4096
 # (fmt, out_features, in_features) -> the fewest rows that take the dense path.
 _crossovers: dict[tuple[str, int, int], int] = {}
 
@@ -116,8 +113,9 @@ class QuantizedWeight:
         key = (self.fmt, self.out_features, self.in_features)
         found = _crossovers.get(key)
         if found is None:
-            probe = self.select_rows(0, min(self.out_features, _PROBE_MAX_OUT))
-            found = _crossovers[key] = _measure_crossover(probe)
+            # The whole weight, not a slice: the dense path writes and reads back the dequantized
+            # weight, which stays in cache for a slice but not for a large lm_head.
+            found = _crossovers[key] = _measure_crossover(self)
         return found
 
     def _kernel(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -12,13 +12,18 @@
 //! `d·q + m` (Q4_1, same nibbles), `d·q` (Q8_0, `q` the signed byte `j`).
 //!
 //! Arithmetic: the activations stay float32 and every block is expanded to float32 weights in
-//! registers, then multiplied and added in float32, as with the dequantized weight. Why not
-//! llama.cpp's way (activations quantized to int8 per block, integer dot products with VNNI):
-//! that rounds the activations to 8 bits, which changes the model's outputs beyond float
-//! rounding, while the float expansion already runs at the memory's rate for the 1 to 32 rows
-//! of decoding (see benches/bench_quant_linear.py); integer products would pay off only where
-//! the arithmetic, not the memory, is the bound: prefill, which dequantizes and uses a matrix
-//! multiply instead (python/srt/layers/quant_kernels.py).
+//! registers, then multiplied and added in float32, as with the dequantized weight, so results
+//! equal `F.linear` on the dequantized weight to float rounding and switching a model to these
+//! kernels changes none of its outputs beyond that. llama.cpp's way (activations rounded to
+//! int8 per block, integer dot products with VNNI) spends fewer instructions per weight, but
+//! rounds the activations to 8 bits. Measured on a busy 2-core AVX-512 (Zen 5) machine, one
+//! thread, weights cold (benches/bench_quant_linear.py): at 1 to 4 rows a call takes a half to a
+//! quarter of float32 `F.linear`'s time on the dequantized weight, and up to half of bfloat16's;
+//! it is then bound by the instructions that expand the blocks (2 to 4 GB/s of blocks per core),
+//! not by the memory. Past about 16 rows it is bound by float32 multiply-adds, and there the
+//! class dequantizes to bfloat16 for a matrix multiply instead (python/srt/layers/
+//! quant_kernels.py). So an int8 path would speed up 1 to 16 rows, at the cost of exact float32
+//! agreement: the next step if decode speed matters more than that.
 //!
 //! Kernels: AVX-512 F/BW (`avx512.rs`), AVX2 with FMA and F16C (`avx2.rs`), and plain Rust
 //! (`block.rs`), chosen at run time by the CPU's features (`Kernel::best`). Each decodes a
@@ -36,6 +41,7 @@ use crate::parallel;
 use crate::{Error, Result};
 
 mod block;
+mod dequant;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -46,6 +52,7 @@ mod avx2;
 mod avx512;
 
 pub use block::{f16_to_f32, f32_to_bf16};
+pub use dequant::{dequantize, dequantize_bf16, dequantize_rows, dequantize_rows_bf16};
 
 /// Weights per block, in every format.
 pub const BLOCK: usize = 32;
@@ -332,123 +339,12 @@ unsafe fn run_avx512(job: &Job, columns: std::ops::Range<usize>) {
     unsafe { avx512::run(job, columns) }
 }
 
-/// # Safety
-/// As `avx512::decode_row`.
-#[cfg(all(target_arch = "x86_64", srt_avx512))]
-unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
-    // SAFETY: forwarded from the caller.
-    unsafe { avx512::decode_row(format, row.as_ptr(), out) }
-}
-
-/// Never called: `avx512_available` is false in this build.
-#[cfg(not(all(target_arch = "x86_64", srt_avx512)))]
-unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
-    block::decode_row(format, row, out)
-}
-
 /// Never called: `avx512_available` is false in this build.
 #[cfg(all(target_arch = "x86_64", not(srt_avx512)))]
 unsafe fn run_avx512(_job: &Job, _columns: std::ops::Range<usize>) {}
 
 fn check_floats(what: &str, len: usize, expected: usize) -> Result<()> {
     crate::error::check_len(what, len, expected)
-}
-
-/// Rows decoded per claim when dequantizing on several threads.
-const DEQUANT_ROWS: usize = 64;
-
-/// Decodes rows `ids` of `weight` into `out` (`ids.len()` rows of `in_features` values), each
-/// float converted to `T`, on several threads when there is enough of it.
-fn decode_rows<T: block::Element>(
-    weight: &QuantMatrix<'_>,
-    ids: &(dyn Fn(usize) -> usize + Sync),
-    count: usize,
-    out: &mut [T],
-) {
-    let k = weight.in_features;
-    let threads = if count.saturating_mul(k) >= PARALLEL_MIN_WORK / 4 {
-        parallel::max_threads()
-    } else {
-        1
-    };
-    let chunks: Vec<std::sync::Mutex<&mut [T]>> = out
-        .chunks_mut(DEQUANT_ROWS * k)
-        .map(std::sync::Mutex::new)
-        .collect();
-    let simd = Kernel::best() == Kernel::Avx512;
-    let next = AtomicUsize::new(0);
-    parallel::run(threads, &|_, _| loop {
-        let index = next.fetch_add(1, Ordering::Relaxed);
-        let Some(chunk) = chunks.get(index) else {
-            break;
-        };
-        // Each chunk is claimed by one thread only (the counter), so the lock never waits and
-        // is never poisoned: decoding does not panic on rows whose lengths `QuantMatrix` checked.
-        let mut rows = chunk
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (offset, values) in rows.chunks_exact_mut(k).enumerate() {
-            let row = weight.row(ids(index * DEQUANT_ROWS + offset));
-            if simd {
-                // SAFETY: the CPU has the kernel's features; `row` holds the row's blocks,
-                // `values` its `in_features` elements.
-                unsafe { decode_row_avx512(weight.format, row, values) };
-            } else {
-                block::decode_row(weight.format, row, values);
-            }
-        }
-    });
-}
-
-/// Every weight of `weight` as float32, `[out_features, in_features]` row-major in `out`;
-/// bit-identical to the `gguf` package's `dequantize`.
-pub fn dequantize(weight: &QuantMatrix<'_>, out: &mut [f32]) -> Result<()> {
-    let expected = elements("the output", &[weight.out_features, weight.in_features])?;
-    check_floats("the output", out.len(), expected)?;
-    decode_rows(weight, &|row| row, weight.out_features, out);
-    Ok(())
-}
-
-/// `dequantize` rounded to bfloat16 (bits, ties to even, as PyTorch rounds).
-pub fn dequantize_bf16(weight: &QuantMatrix<'_>, out: &mut [u16]) -> Result<()> {
-    let expected = elements("the output", &[weight.out_features, weight.in_features])?;
-    check_floats("the output", out.len(), expected)?;
-    decode_rows(weight, &|row| row, weight.out_features, out);
-    Ok(())
-}
-
-fn check_ids(weight: &QuantMatrix<'_>, ids: &[u32]) -> Result<()> {
-    match ids.iter().find(|&&id| id as usize >= weight.out_features) {
-        Some(bad) => Err(Error::InvalidArgument(format!(
-            "row {bad} is out of range for a weight of {} rows",
-            weight.out_features
-        ))),
-        None => Ok(()),
-    }
-}
-
-/// Rows `ids` of `weight` as float32 (an embedding lookup): `[ids.len(), in_features]` in `out`.
-pub fn dequantize_rows(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [f32]) -> Result<()> {
-    check_ids(weight, ids)?;
-    check_floats(
-        "the output",
-        out.len(),
-        elements("the output", &[ids.len(), weight.in_features])?,
-    )?;
-    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out);
-    Ok(())
-}
-
-/// `dequantize_rows` rounded to bfloat16 bits.
-pub fn dequantize_rows_bf16(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [u16]) -> Result<()> {
-    check_ids(weight, ids)?;
-    check_floats(
-        "the output",
-        out.len(),
-        elements("the output", &[ids.len(), weight.in_features])?,
-    )?;
-    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out);
-    Ok(())
 }
 
 #[cfg(test)]
