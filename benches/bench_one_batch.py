@@ -2,6 +2,7 @@
 
     python benches/bench_one_batch.py --model PATH --json OUT [--batch-sizes 1 8 32 64]
         [--input-len 32] [--output-len 8] [--dtype auto|float32|bfloat16] [--load-format dummy]
+        [--quantization auto|none|gguf|int8]
 
 SGLang's `bench_one_batch` shape: for each batch size, a prefill of `input-len` random tokens per
 sequence, then `output-len` decode steps. transformers runs the same shapes, in the same dtype,
@@ -16,6 +17,11 @@ bandwidth of a large tensor copy (`decode_step_floor_s`: the step at that bandwi
 useful FLOPs of prefill and decode over their time
 (`prefill_TFLOPs`) as a fraction of a large `torch.matmul`'s rate in the model's dtype. A table
 of them goes to stderr at the end.
+
+A quantized model (`--quantization`, `auto` for a GGUF file: its blocks) counts the bytes its
+quantized weights hold (`decode_weight_bytes`), so `decode_GBps` is the bandwidth it achieves
+on what it actually reads; transformers, which dequantizes a GGUF file to float as it loads,
+is set against its own float weights' bytes (`hf_decode_weight_bytes`).
 """
 
 from __future__ import annotations
@@ -126,9 +132,10 @@ def step_work(
     per_token, lm_head = linear_params(runner.model)
     # The median decode step's sequences hold the prompt and about half the output.
     context = input_len + output_len // 2
+    weights = decode_weight_bytes(runner.model, batch_size)
     return {
-        "decode_step_bytes": decode_weight_bytes(runner.model, batch_size)
-        + batch_size * context * kv_bytes_per_token(runner),
+        "decode_weight_bytes": weights,
+        "decode_step_bytes": weights + batch_size * context * kv_bytes_per_token(runner),
         "decode_step_flops": decode_flops(per_token, lm_head, *shape, batch_size, context),
         "prefill_flops": prefill_flops(per_token, lm_head, *shape, batch_size, input_len),
     }
@@ -159,7 +166,8 @@ def table(results: dict[str, Any]) -> str:
     limits = results["limits"]
     gemm = ", ".join(f"{d} {r:.3g}" for d, r in limits["gemm_TFLOPs"].items())
     lines = [
-        f"{results['model']} in {results['dtype']} on {machine['cpu_model']}"
+        f"{results['model']} in {results['dtype']} (quantization {results['quantization']},"
+        f" {results['weight_bytes'] / 2**20:.0f} MB of weights) on {machine['cpu_model']}"
         f" ({machine['torch_threads']} threads; {' '.join(machine['cpu_flags'])})",
         f"limits: copy {limits['copy_bandwidth_GBps']:.3g} GB/s; GEMM TFLOP/s: {gemm}",
         f"{'bs':>4} {'engine':<6} {'decode ms':>9} {'GB/s':>7} {'of copy':>7}"
@@ -193,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cpu-omp-threads-bind", default="auto", help="as srt-serve's flag (CPU only)"
     )
     parser.add_argument("--load-format", default="auto", help="dummy: random weights, no HF")
+    parser.add_argument(
+        "--quantization", default="auto", help="srt's weight format (as srt-serve's flag)"
+    )
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument(
         "--disable-cuda-graph", action="store_true", help="decode eagerly on CUDA too"
@@ -207,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         max_running_requests=max_bs,
         load_format=args.load_format,
         disable_cuda_graph=args.disable_cuda_graph,
+        quantization=args.quantization,
     )
     if resolve_device(args.device).type == "cpu":
         bind_cpu_threads(args.cpu_omp_threads_bind)
@@ -231,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": dtype,
         "torch_threads": torch.get_num_threads(),
         "cuda_graph": runner.cuda_graph_runner is not None,
+        "quantization": runner.model_config.quantization,
+        "weight_bytes": runner.weight_bytes,
         "input_len": args.input_len,
         "output_len": args.output_len,
         "copy_bandwidth_GBps": limits["copy_bandwidth_GBps"],
@@ -255,7 +269,14 @@ def main(argv: list[str] | None = None) -> int:
             "srt": against_limits(best(srt_runs), work, limits, dtype),
         }
         if hf is not None:
-            entry["hf"] = against_limits(best(hf_runs), work, limits, dtype)
+            hf_weights = decode_weight_bytes(hf, batch_size)
+            entry["hf_decode_weight_bytes"] = hf_weights
+            hf_work = work | {
+                "decode_step_bytes": work["decode_step_bytes"]
+                - work["decode_weight_bytes"]
+                + hf_weights
+            }
+            entry["hf"] = against_limits(best(hf_runs), hf_work, limits, dtype)
             entry["decode_speedup_vs_hf"] = (
                 entry["hf"]["decode_step_s"] / entry["srt"]["decode_step_s"]
             )

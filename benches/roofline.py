@@ -2,8 +2,9 @@
 bandwidth, dense GEMM rate), measured in the same run as the model, and what a step of the
 model must do (bytes of weights and KV cache it reads, useful FLOPs it computes).
 
-The work is counted from the model as loaded, so the bytes follow the dtype it runs in. What
-counts, and why:
+The work is counted from the model as loaded, so the bytes follow the dtype it runs in, and a
+quantized weight (a layer's `quant`: GGUF blocks, int8 rows) counts the bytes it holds
+(`nbytes`), which is what its product reads. What counts, and why:
 - every weight of a layer other than an embedding is read in full by every forward pass
   (projections, norms, the lm_head);
 - an embedding table is read one row per token, so at decode `batch` rows of it, unless the
@@ -70,19 +71,32 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+def _weights_of(module: nn.Module) -> list[tuple[int, int, int]]:
+    """(identity, bytes, rows) of each weight `module` holds itself: its parameters, and its
+    quantized weight (`quant`) if it has one."""
+    weights = [
+        (id(p), _nbytes(p), p.shape[0] if p.dim() else 1) for p in module.parameters(recurse=False)
+    ]
+    quant = getattr(module, "quant", None)
+    if quant is not None:
+        weights.append((id(quant), int(quant.nbytes), int(quant.out_features)))
+    return weights
+
+
 def decode_weight_bytes(model: nn.Module, batch_size: int) -> int:
     """Bytes of weights a decode step of `batch_size` sequences reads (see the module doc)."""
-    streamed: dict[int, torch.Tensor] = {}
-    gathered: dict[int, torch.Tensor] = {}
+    streamed: dict[int, int] = {}
+    gathered: dict[int, tuple[int, int]] = {}
     for module in model.modules():
-        kind = gathered if isinstance(module, nn.Embedding) else streamed
-        for param in module.parameters(recurse=False):
-            kind[id(param)] = param
-    total = sum(_nbytes(p) for p in streamed.values())
-    for key, table in gathered.items():
+        for key, nbytes, rows in _weights_of(module):
+            if isinstance(module, nn.Embedding):
+                gathered[key] = (nbytes, rows)
+            else:
+                streamed[key] = nbytes
+    total = sum(streamed.values())
+    for key, (nbytes, rows) in gathered.items():
         if key not in streamed:
-            rows = min(batch_size, table.shape[0])
-            total += rows * _nbytes(table) // table.shape[0]
+            total += min(batch_size, rows) * nbytes // rows
     return total
 
 
@@ -90,11 +104,13 @@ def linear_params(model: nn.Module) -> tuple[int, int]:
     """(weights of the projections every token goes through, weights of the lm_head)."""
     lm_head = getattr(model, "lm_head", None)
     per_token = sum(
-        module.weight.numel()
+        module.in_features * module.out_features
         for module in model.modules()
         if isinstance(module, nn.Linear) and module is not lm_head
     )
-    return per_token, (lm_head.weight.numel() if isinstance(lm_head, nn.Linear) else 0)
+    if not isinstance(lm_head, nn.Linear):
+        return per_token, 0
+    return per_token, lm_head.in_features * lm_head.out_features
 
 
 def attention_flops(

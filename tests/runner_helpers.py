@@ -49,6 +49,11 @@ def extend_and_decode_logits(path: Path, **overrides: object) -> list[torch.Tens
     """Logits (copied to the CPU) of: two prompts prefilled together, a third reusing the
     first's cached prefix, then three decode steps of all three, on TEST_DEVICE by default."""
     runner = make_runner(path, **{"max_total_tokens": 256, "device": TEST_DEVICE.type, **overrides})
+    return runner_extend_and_decode_logits(runner)
+
+
+def runner_extend_and_decode_logits(runner: ModelRunner) -> list[torch.Tensor]:
+    """`extend_and_decode_logits` on a runner made elsewhere (fresh: no slot or row in use)."""
     book = SlotBook(runner)
     rows = take_rows(runner, 3)
     prompts = [[5, 17, 42, 99, 7, 300, 12], [8, 9, 10]]

@@ -16,6 +16,9 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers import LlamaForCausalLM as HfLlama
 
+from srt.layers.linear import Linear
+from srt.layers.quant_kernels import QuantizedWeight
+from srt.layers.vocab_embedding import VocabEmbedding
 from srt.model_executor.model_runner import ModelRunner
 from srt.models.llama import LlamaForCausalLM
 from srt.server_args import ServerArgs
@@ -57,6 +60,22 @@ def test_decode_weight_bytes(dtype: torch.dtype, size: int, tied: bool) -> None:
         # A batch larger than the vocabulary reads the table at most once.
         assert decode_weight_bytes(model, 1000) == size * (streamed + (0 if tied else TABLE))
         assert linear_params(model) == (PROJECTIONS, TABLE)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_decode_weight_bytes_of_blocks(tied: bool) -> None:
+    # Every matrix in Q8_0 blocks (34 bytes per 32 weights); the norms stay float32.
+    model = LlamaForCausalLM(config(tied))
+    for module in model.modules():
+        if isinstance(module, Linear | VocabEmbedding) and module.quant is None:
+            out_features, in_features = module.weight.shape
+            blocks = torch.zeros(out_features, in_features // 32 * 34, dtype=torch.uint8)
+            module.set_quantized(QuantizedWeight(blocks, "q8_0", in_features))
+    if tied:
+        model.lm_head.set_quantized(model.model.embed_tokens.quant)  # type: ignore[arg-type]
+    streamed = (PROJECTIONS + TABLE) // 32 * 34 + 4 * NORMS
+    assert decode_weight_bytes(model, 3) == streamed + (0 if tied else 3 * HIDDEN // 32 * 34)
+    assert linear_params(model) == (PROJECTIONS, TABLE)
 
 
 def test_prefill_and_decode_flops() -> None:

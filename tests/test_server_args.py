@@ -65,6 +65,7 @@ def test_every_field_has_a_flag() -> None:
             "--max-stop-sequences", "2", "--max-stop-sequence-length", "9", "--max-logprobs", "1",
             "--max-logit-bias-entries", "7", "--allowed-hosts", "srt.example",
             "--cpu-omp-threads-bind", "0-1",
+            "--quantization", "int8",
         ]
     )  # fmt: skip
     expected = ServerArgs(
@@ -80,7 +81,7 @@ def test_every_field_has_a_flag() -> None:
         log_requests=True, max_queued_requests=5,
         max_n=4, max_client_batch_size=3, max_samples_per_request=6, max_stop_sequences=2,
         max_stop_sequence_length=9, max_logprobs=1, max_logit_bias_entries=7,
-        allowed_hosts=("srt.example",), cpu_omp_threads_bind="0-1",
+        allowed_hosts=("srt.example",), cpu_omp_threads_bind="0-1", quantization="int8",
     )  # fmt: skip
     assert args == expected
     # The command line above sets every field away from its default, so each flag is exercised.
@@ -180,7 +181,7 @@ def test_missing_model_is_one_line_before_any_stage_starts() -> None:
 def test_no_model_and_no_default_package_says_how_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(server, "smollm2_path", lambda: None)
+    monkeypatch.setattr(server, "smollm2_gguf_in_cache", lambda: None)
     with pytest.raises(SystemExit) as exit_info:
         server.with_model(ServerArgs())
     message = str(exit_info.value)
@@ -191,9 +192,10 @@ def test_no_model_and_no_default_package_says_how_to_install(
 def test_the_default_model_is_served_by_its_name(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(server, "smollm2_path", lambda: Path("/cache/SmolLM2-135M-Instruct"))
+    gguf = "/cache/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
+    monkeypatch.setattr(server, "smollm2_gguf_in_cache", lambda: Path(gguf))
     args = server.with_model(ServerArgs())
-    assert args.model_path == "/cache/SmolLM2-135M-Instruct"
+    assert args.model_path == gguf
     assert args.served_model_name == "SmolLM2-135M-Instruct"
     given = server.with_model(ServerArgs(model_path=str(tmp_path)))
     assert given.served_model_name == str(tmp_path)

@@ -34,7 +34,8 @@ def test_gguf_weights_equal_the_prepared_directory(smollm2: Path) -> None:
     from_dir = dict(iterate_weights(str(smollm2), None, config.hf_config))
     assert from_gguf.keys() == from_dir.keys()
     for name, tensor in from_dir.items():
-        assert torch.equal(from_gguf[name], tensor), name
+        assert isinstance(tensor, torch.Tensor)
+        assert torch.equal(from_gguf[name], tensor), name  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

@@ -241,3 +241,38 @@ def pin_threads(cpus: list[int]) -> int:
 
 def thread_cpus() -> list[int]:
     """The CPUs the calling thread may run on."""
+
+# --- GGUF quantized weights (rust/python/src/quant.rs) ------------------------------------------
+# Blocks: a C-contiguous uint8 buffer of `[n, k // 32]` blocks ("q4_0", "q4_1", "q8_0");
+# bfloat16 outputs are int16 buffers of the bits. Sizes are checked as for `linear`.
+_Bytes = Buffer | NDArray[np.uint8]
+
+def quant_block_bytes(fmt: str) -> int:
+    """Bytes per block of 32 weights of `fmt` (ValueError for an unknown format)."""
+
+def quant_kernel() -> str:
+    """The kernel `quant_linear` runs on this CPU: "avx512", "avx2" or "portable"."""
+
+def quant_linear(
+    fmt: str,
+    x: _Floats,
+    m: int,
+    blocks: _Bytes,
+    n: int,
+    k: int,
+    bias: _Floats | None,
+    out: _Floats,
+) -> None:
+    """`out[m, n] = x[m, k] · Wᵀ + bias`, W read from its blocks (GIL released, on PyTorch's
+    OpenMP threads)."""
+
+def quant_dequantize(
+    fmt: str,
+    blocks: _Bytes,
+    n: int,
+    k: int,
+    out: _Floats | NDArray[np.int16],
+    ids: _Ids | NDArray[np.int32] | None = None,
+) -> None:
+    """W (`[n, k]`), or its rows `ids`, as float32 (`out` float32) or bfloat16 bits (`out`
+    int16) (GIL released)."""

@@ -5,12 +5,13 @@ model the cheap way: `config.json` and `generation_config.json` for the context 
 vocabulary size and the EOS ids; `tokenizer.json`, `tokenizer_config.json` and
 `chat_template.jinja` for the tokenizer (`managers/hf_tokenizer.py`).
 
-A local Hugging Face directory holding a `tokenizer.json` is read in place. Anything else (a GGUF
-file, a hub id, a directory with only a slow tokenizer) is first written out as such a
-directory, once, by transformers in a child process (`python -m srt.model_info`), into the srt
-cache directory: the child imports torch, this process does not. Its key is the source's path
-and, for local files, their sizes and modification times, so a changed file is prepared again; a
-hub id is prepared once (remove the cache directory to refresh it).
+A local Hugging Face directory holding a `tokenizer.json` is read in place, and so is a GGUF file
+inside a directory srt prepared from it (marked `.srt-prepared`, as the default model's is).
+Anything else (a GGUF file, a hub id, a directory with only a slow tokenizer) is first written
+out as such a directory, once, by transformers in a child process (`python -m srt.model_info`),
+into the srt cache directory: the child imports torch, this process does not. Its key is the
+source's path and, for local files, their sizes and modification times, so a changed file is
+prepared again; a hub id is prepared once (remove the cache directory to refresh it).
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ _DONE_MARKER = ".srt-prepared"
 def local_files(path: str, need: str, trust_remote_code: bool = False) -> Path:
     """A local directory with the config and fast-tokenizer files of model or tokenizer `path`
     (a directory, a GGUF file or a hub id): `path` itself when it is a directory holding file
-    `need`, else prepared in a child process on first use. ValueError if `path` names a local
-    path that does not exist."""
+    `need` (the directory of a GGUF file that srt prepared it into), else prepared in a child
+    process on first use. ValueError if `path` names a local path that does not exist."""
     if path.startswith(("/", ".", "~")) and not Path(path).expanduser().exists():
         what = "tokenizer" if need == "tokenizer.json" else "model"
         raise ValueError(f"no {what} at {path}: the path does not exist")
     directory, gguf_file = split_gguf_path(path)
     local = Path(directory).expanduser()
-    if gguf_file is None and (local / need).is_file():
+    if (local / need).is_file() and (gguf_file is None or beside_hf_files(path)):
         return local
     target = envs.cache_dir() / "model-files" / _key(path)
     if (target / _DONE_MARKER).is_file():
@@ -56,6 +57,15 @@ def local_files(path: str, need: str, trust_remote_code: bool = False) -> Path:
         if not (target / _DONE_MARKER).is_file():
             _prepare_in_child(path, target, trust_remote_code)
     return target
+
+
+def beside_hf_files(path: str) -> bool:
+    """Whether `path` is a GGUF file in a directory srt prepared from it (`.srt-prepared`, as
+    the default model's is), whose Hugging Face files then stand for it: reading them is
+    quicker than the GGUF file's metadata (a vocabulary of tens of thousands of strings)."""
+    directory, gguf_file = split_gguf_path(path)
+    local = Path(directory).expanduser()
+    return gguf_file is not None and (local / _DONE_MARKER).is_file()
 
 
 def _prepare_in_child(path: str, target: Path, trust_remote_code: bool) -> None:

@@ -27,6 +27,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOAD_FORMATS = ("auto", "dummy")
+QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d+)?")
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
 
@@ -97,6 +98,17 @@ class ServerArgs:
     device: str = field(
         default="auto",
         metadata=_arg("device and precision", "Where the model runs.", choices=DEVICES),
+    )
+    quantization: str = field(
+        default="auto",
+        metadata=_arg(
+            "device and precision",
+            "Weight format. gguf: a GGUF file's Q4_0, Q4_1 and Q8_0 tensors stay in their "
+            "blocks (CPU; other types are dequantized); int8: linear weights quantized per "
+            "output channel at load (CPU, weight-only); none: every weight in --dtype; auto: "
+            "gguf for a GGUF file, else none. On CUDA weights are dequantized to --dtype.",
+            choices=QUANTIZATIONS,
+        ),
     )
     attention_backend: str | None = field(
         default=None,
@@ -333,6 +345,12 @@ class ServerArgs:
         fraction = self.mem_fraction_static
         if fraction is not None and not (math.isfinite(fraction) and 0 < fraction <= 1):
             raise ServerArgsError("mem_fraction_static", f"must be in (0, 1], got {fraction}")
+        if (
+            self.quantization == "gguf"
+            and self.model_path is not None
+            and split_gguf_path(self.model_path)[1] is None
+        ):
+            raise ServerArgsError("quantization", "gguf needs a GGUF file as --model-path")
         self._resolve_model_defaults()
 
     def _resolve_model_defaults(self) -> None:

@@ -1,6 +1,7 @@
 """The models' linear layers: `F.linear`, except float32 on an x86-64 CPU with AVX2 and FMA,
 where the product runs in srt's own kernel (`cpu_kernels.PackedLinear`, rust/core/src/gemm.rs)
-over a copy of the weight packed for it once after loading (`prepare_for_device`).
+over a copy of the weight packed for it once after loading (`prepare_for_device`), and except a
+layer whose weight is quantized (`set_quantized`, see quantization.py), which multiplies by it.
 
 Why: on the CPU the projections and the lm_head are most of a decode step, and the BLAS that
 PyTorch ships (MKL, and oneDNN's inner product on pre-packed weights) reaches a third to a half
@@ -22,18 +23,25 @@ requires grad takes `F.linear`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from srt.layers import cpu_kernels
 
+if TYPE_CHECKING:
+    from srt.layers.quantization import QuantWeight
+
 
 class Linear(nn.Linear):
-    """`nn.Linear`, with the weight packed for srt's CPU kernel where that applies."""
+    """`nn.Linear`, with the weight packed for srt's CPU kernel where that applies, or held
+    quantized (`quant`; then the float `weight` parameter is gone)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
+        self.quant: QuantWeight | None = None
         self._packed: cpu_kernels.PackedLinear | None = None
         # What the packed copy was made from: the weight's and bias's data_ptr and version.
         self._packed_from: tuple[int, ...] = ()
@@ -42,13 +50,26 @@ class Linear(nn.Linear):
     def packed(self) -> bool:
         return self._packed is not None
 
+    def set_quantized(self, quant: QuantWeight) -> None:
+        """Holds the weight as `quant` from now on and drops the float parameter (its memory is
+        freed unless another module shares it)."""
+        if (quant.out_features, quant.in_features) != (self.out_features, self.in_features):
+            raise ValueError(
+                f"a quantized [{quant.out_features}, {quant.in_features}] weight cannot serve a "
+                f"[{self.out_features}, {self.in_features}] linear layer"
+            )
+        self.quant = quant
+        self.register_parameter("weight", None)
+        self._packed = None
+
     def prepare_for_device(self) -> None:
         """Packs the weight when it is float32 on a CPU the kernel runs on; elsewhere (CUDA,
         half precision, other CPUs) the layer keeps running `F.linear`. Call once the weights
         are loaded."""
         weight = self.weight
         if (
-            weight.device.type != "cpu"
+            self.quant is not None
+            or weight.device.type != "cpu"
             or weight.dtype != torch.float32
             or not cpu_kernels.linear_supported()
         ):
@@ -62,6 +83,8 @@ class Linear(nn.Linear):
         return (self.weight.data_ptr(), self.weight._version, *bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            return self.quant.linear(x, self.bias)
         if self._packed is not None and self._packed_from != self._fingerprint():
             self.prepare_for_device()
         if self._packed is None or not cpu_kernels.runs_in_rust(x, dtypes=(torch.float32,)):

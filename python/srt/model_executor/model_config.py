@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,8 +10,11 @@ import torch
 from transformers import AutoConfig, GenerationConfig
 
 from srt.model_executor.resolve import default_dtype
+from srt.model_info import beside_hf_files
 from srt.models.llama import head_dim_of
 from srt.server_args import check_local_model_path, split_gguf_path
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -20,12 +24,32 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[default_dtype(device) if name == "auto" else name]
 
 
+def resolve_quantization(name: str, gguf_file: str | None, device: torch.device) -> str:
+    """The weight format of `--quantization name` (auto: gguf for a GGUF file, else none).
+    Quantized formats run on the CPU only: on another device they resolve to none (the weights
+    are dequantized to the model's dtype as they load), with a log line saying so."""
+    if name == "auto":
+        name = "gguf" if gguf_file is not None else "none"
+    if name == "gguf" and gguf_file is None:
+        raise ValueError("--quantization gguf needs a GGUF file as --model-path")
+    if name != "none" and device.type != "cpu":
+        logger.info(
+            "--quantization %s runs on the CPU only: on %s the weights are dequantized to the "
+            "model's dtype as they load",
+            name,
+            device.type,
+        )
+        return "none"
+    return name
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model_path: str  # a directory, hub id, or the directory of `gguf_file`
     gguf_file: str | None
     hf_config: Any
     dtype: torch.dtype
+    quantization: str  # resolved: none, gguf or int8
     context_length: int
     eos_token_ids: frozenset[int]
 
@@ -37,11 +61,15 @@ class ModelConfig:
         device: torch.device,
         context_length: int | None = None,
         trust_remote_code: bool = False,
+        quantization: str = "auto",
     ) -> ModelConfig:
         check_local_model_path(model_path)
         path, gguf_file = split_gguf_path(model_path)
+        # The config of a GGUF file that sits in the Hugging Face directory srt prepared from it
+        # is read from that directory's files (the same values, read faster).
+        config_file = None if beside_hf_files(model_path) else gguf_file
         hf_config = AutoConfig.from_pretrained(
-            path, gguf_file=gguf_file, trust_remote_code=trust_remote_code
+            path, gguf_file=config_file, trust_remote_code=trust_remote_code
         )
         model_max = _max_context(hf_config)
         if context_length is not None and context_length > model_max:
@@ -53,8 +81,9 @@ class ModelConfig:
             gguf_file=gguf_file,
             hf_config=hf_config,
             dtype=resolve_dtype(dtype, device),
+            quantization=resolve_quantization(quantization, gguf_file, device),
             context_length=context_length or model_max,
-            eos_token_ids=_eos_token_ids(path, gguf_file, hf_config),
+            eos_token_ids=_eos_token_ids(path, config_file, hf_config),
         )
 
     @property

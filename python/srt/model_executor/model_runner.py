@@ -19,6 +19,7 @@ from srt.forward_mode import ForwardMode
 from srt.layers.attention.registry import create_attention_backend
 from srt.layers.forward_batch import ForwardBatch
 from srt.layers.linear import prepare_for_device
+from srt.layers.quantization import quantize_int8, weight_bytes
 from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from srt.model_executor.model_config import ModelConfig
@@ -49,6 +50,7 @@ class ModelRunner:
             self.device,
             server_args.context_length,
             server_args.trust_remote_code,
+            server_args.quantization,
         )
         self.init_model()
         self.init_memory_pool()
@@ -85,10 +87,21 @@ class ModelRunner:
                 torch.set_default_dtype(default_dtype)
         if self.server_args.load_format != "dummy":  # dummy keeps the random initialization
             self.model.load_weights(  # type: ignore[operator]
-                iterate_weights(config.model_path, config.gguf_file, config.hf_config)
+                iterate_weights(
+                    config.model_path, config.gguf_file, config.hf_config, config.quantization
+                )
             )
+        if config.quantization == "int8":
+            quantize_int8(self.model)
         self.model.eval()
         prepare_for_device(self.model)
+        self.weight_bytes = weight_bytes(self.model)
+        logger.info(
+            "weights: %.1f MB (%s, quantization %s)",
+            self.weight_bytes / 2**20,
+            str(config.dtype).removeprefix("torch."),
+            config.quantization,
+        )
 
     def init_memory_pool(self) -> None:
         config = self.model_config

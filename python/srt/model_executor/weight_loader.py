@@ -1,13 +1,18 @@
 """Checkpoint tensors as (Hugging Face name, tensor) pairs: safetensors shards or a GGUF file.
 
-GGUF tensors are dequantized with the `gguf` package and renamed to Hugging Face's names; for the
-Llama architecture, llama.cpp's conversion permuted the rows of the q/k projections (to its
-interleaved rotary layout), which is undone here.
+GGUF tensors are renamed to Hugging Face's names and dequantized with the `gguf` package, except,
+with `--quantization gguf`, the types srt multiplies in their blocks (Q4_0, Q4_1, Q8_0), which
+come as `QuantizedWeight`s holding the file's bytes. For the Llama architecture, llama.cpp's
+conversion permuted the rows of the q/k projections (to its interleaved rotary layout), which is
+undone here; each row of blocks is one row of weights, so the same permutation of rows undoes it
+on blocks too.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import safe_open
+
+from srt.layers.quant_kernels import BLOCK_BYTES, QuantizedWeight
+from srt.layers.quantization import CheckpointTensor
+
+logger = logging.getLogger(__name__)
 
 _GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -38,9 +48,10 @@ _GGUF_LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
 def iterate_weights(
-    model_path: str, gguf_file: str | None, hf_config: Any
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of a local checkpoint, or of a hub id (downloaded when the user has network)."""
+    model_path: str, gguf_file: str | None, hf_config: Any, quantization: str = "none"
+) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Every tensor of a local checkpoint, or of a hub id (downloaded when the user has network).
+    With `quantization` "gguf", a GGUF file's Q4_0/Q4_1/Q8_0 matrices stay `QuantizedWeight`s."""
     directory = Path(model_path)
     if not directory.is_dir():
         from huggingface_hub import snapshot_download
@@ -48,7 +59,7 @@ def iterate_weights(
         patterns = [gguf_file] if gguf_file else ["*.safetensors", "*.json"]
         directory = Path(snapshot_download(model_path, allow_patterns=patterns))
     if gguf_file is not None:
-        yield from _gguf_weights(directory / gguf_file, hf_config)
+        yield from _gguf_weights(directory / gguf_file, hf_config, quantization == "gguf")
         return
     files = sorted(directory.glob("*.safetensors"))
     if not files:
@@ -59,23 +70,49 @@ def iterate_weights(
                 yield name, f.get_tensor(name)
 
 
-def _gguf_weights(path: Path, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def _gguf_weights(
+    path: Path, hf_config: Any, keep_blocks: bool
+) -> Iterator[tuple[str, CheckpointTensor]]:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
     reader = GGUFReader(path)
     permute_qk = hf_config.model_type == "llama"
+    dequantized: Counter[str] = Counter()
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
-        values = dequantize(tensor.data, tensor.tensor_type)
+        kind = tensor.tensor_type.name
         shape = tuple(reversed(tensor.shape.tolist()))
-        # A copy: the reader's arrays map the file read-only.
-        weight = torch.from_numpy(np.array(values.reshape(shape), dtype=np.float32))
-        if permute_qk and name.endswith("self_attn.q_proj.weight"):
-            weight = _unpermute(weight, hf_config.num_attention_heads)
-        elif permute_qk and name.endswith("self_attn.k_proj.weight"):
-            weight = _unpermute(weight, hf_config.num_key_value_heads)
+        weight: CheckpointTensor
+        if keep_blocks and kind.lower() in BLOCK_BYTES and len(shape) == 2:
+            # [rows, bytes per row] as the file holds them; a copy, since the reader's arrays
+            # map the file read-only.
+            blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
+            weight = QuantizedWeight(
+                _permuted(blocks, name, permute_qk, hf_config), kind.lower(), shape[1]
+            )
+        else:
+            if kind != "F32":
+                dequantized[kind] += 1
+            values = dequantize(tensor.data, tensor.tensor_type)
+            weight = torch.from_numpy(np.array(values.reshape(shape), dtype=np.float32))
+            weight = _permuted(weight, name, permute_qk, hf_config)
         yield name, weight
+    if keep_blocks and dequantized:
+        logger.info(
+            "%s: tensors of types srt does not multiply in blocks are dequantized: %s",
+            path.name,
+            ", ".join(f"{n} {kind}" for kind, n in sorted(dequantized.items())),
+        )
+
+
+def _permuted(weight: torch.Tensor, name: str, permute_qk: bool, hf_config: Any) -> torch.Tensor:
+    """`weight` (float rows or rows of blocks) with llama.cpp's q/k row order undone."""
+    if permute_qk and name.endswith("self_attn.q_proj.weight"):
+        return _unpermute(weight, hf_config.num_attention_heads)
+    if permute_qk and name.endswith("self_attn.k_proj.weight"):
+        return _unpermute(weight, hf_config.num_key_value_heads)
+    return weight
 
 
 def _hf_name(gguf_name: str) -> str:

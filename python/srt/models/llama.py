@@ -2,7 +2,8 @@
 Qwen families, which differ only in their attention projections (see qwen2.py, qwen3.py).
 
 Weights keep Hugging Face's names, except that q/k/v and gate/up projections are fused into one
-matrix each (`qkv_proj`, `gate_up_proj`): `load_weights` stacks the checkpoint's shards into them.
+matrix each (`qkv_proj`, `gate_up_proj`): `load_weights` stacks the checkpoint's shards into them,
+float tensors by copying, GGUF blocks by concatenating their rows (models/loading.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from srt.layers.forward_batch import ForwardBatch
 from srt.layers.layernorm import RMSNorm
 from srt.layers.linear import Linear
 from srt.layers.logits_processor import compute_logits
+from srt.layers.quant_kernels import QuantizedWeight
+from srt.layers.quantization import CheckpointTensor
 from srt.layers.radix_attention import RadixAttention
 from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary, rope_parameters
+from srt.layers.vocab_embedding import VocabEmbedding
+from srt.models.loading import QuantizedShards, copy_checked, copy_shard
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos and signed sin, see RotaryEmbedding.forward
 
@@ -107,7 +112,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: Any, attention_cls: type[LlamaAttention]) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, attention_cls) for i in range(config.num_hidden_layers)
         )
@@ -149,12 +154,15 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.model(input_ids, positions, forward_batch)
         return compute_logits(hidden, self.lm_head, forward_batch)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> None:
         """Copies checkpoint tensors (Hugging Face names) into the parameters; every parameter
-        must be filled exactly once, shards of fused parameters included."""
+        must be filled exactly once, shards of fused parameters included. GGUF blocks
+        (`QuantizedWeight`) of a linear or embedding weight are kept as blocks, in place of the
+        parameter; of any other parameter, dequantized into it."""
         params = dict(self.named_parameters())
         filled: dict[str, int] = dict.fromkeys(params, 0)
         expected = {name: self._shard_count(name) for name in params}
+        blocks = QuantizedShards(self, self._shard_sizes)
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
@@ -164,15 +172,24 @@ class LlamaForCausalLM(nn.Module):
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name} has no place in {type(self).__name__}")
             param = params[target]
-            with torch.no_grad():
-                if shard is None:
-                    _copy_checked(param, tensor, name)
-                else:
-                    _copy_shard(param, tensor, shard, self._shard_sizes(target), name)
+            if isinstance(tensor, QuantizedWeight) and blocks.can_hold(target):
+                blocks.add(target, shard, tensor, name)
+            else:
+                if isinstance(tensor, QuantizedWeight):
+                    tensor = tensor.dequantize(param.dtype)
+                with torch.no_grad():
+                    if shard is None:
+                        copy_checked(param, tensor, name)
+                    else:
+                        copy_shard(param, tensor, shard, self._shard_sizes(target), name)
             filled[target] += 1
         missing = [n for n, count in filled.items() if count != expected[n]]
         if missing:
             raise ValueError(f"checkpoint lacks weights for {', '.join(sorted(missing)[:8])}")
+        blocks.install(params)
+        embedding = self.model.embed_tokens
+        if self.tie_word_embeddings and embedding.quant is not None:
+            self.lm_head.set_quantized(embedding.quant)  # the same blocks, read by both
 
     def _target_of(self, name: str) -> tuple[str, int | None]:
         for part, (fused, shard) in STACKED_PARAMS.items():
@@ -195,18 +212,3 @@ class LlamaForCausalLM(nn.Module):
             kv_size = kv_heads * head_dim
             return [config.num_attention_heads * head_dim, kv_size, kv_size]
         return [config.intermediate_size] * 2
-
-
-def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
-    if param.shape != tensor.shape:
-        raise ValueError(
-            f"{name}: checkpoint shape {tuple(tensor.shape)}, model {tuple(param.shape)}"
-        )
-    param.copy_(tensor)
-
-
-def _copy_shard(
-    param: torch.Tensor, tensor: torch.Tensor, shard: int, sizes: list[int], name: str
-) -> None:
-    start = sum(sizes[:shard])
-    _copy_checked(param.narrow(0, start, sizes[shard]), tensor, name)

@@ -103,8 +103,9 @@ def spawn_server(model: Path | str | None, *flags: str, log_dir: Path) -> Server
 
 
 @contextlib.contextmanager
-def running_server(model: Path | str, *flags: str) -> Iterator[ServerProcess]:
-    """A healthy server for the duration of the block; stopped (SIGTERM) after it."""
+def running_server(model: Path | str | None, *flags: str) -> Iterator[ServerProcess]:
+    """A healthy server for the duration of the block (on srt-serve's default model when
+    `model` is None); stopped (SIGTERM) after it."""
     with tempfile.TemporaryDirectory(prefix="srt-serve-") as log_dir:
         server = spawn_server(model, *flags, log_dir=Path(log_dir))
         try:

@@ -5,11 +5,17 @@ llama.cpp, which srt does not need). transformers dequantizes it once into a pla
 directory (fp32 safetensors, tokenizer, chat template) under the srt cache directory, in a child
 process (`srt-serve` without `--model` calls this from its main process, which never loads
 torch); later calls return that directory at once.
+
+The directory also holds a copy of the GGUF file (`smollm2_gguf_in_cache`): the default model
+`srt-serve` serves, its Q4_1 blocks multiplied as they are, while its config and tokenizer are
+read from the directory's Hugging Face files (`model_info.local_files`). Tests that compare with
+transformers load the directory itself: float32 safetensors.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -43,6 +49,7 @@ def smollm2_path() -> Path | None:
         return None
     target = envs.cache_dir() / "SmolLM2-135M-Instruct"
     if (target / _DONE_MARKER).is_file():
+        _keep_gguf_copy(gguf, target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
@@ -52,12 +59,35 @@ def smollm2_path() -> Path | None:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"preparing {gguf.name} failed:\n{done.stderr}")
+        shutil.copyfile(gguf, staging / gguf.name)
         (staging / _DONE_MARKER).write_text(f"prepared from {gguf.name}\n")
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def smollm2_gguf_in_cache() -> Path | None:
+    """The copy of the GGUF file in the prepared directory (the default model `srt-serve`
+    serves), or None without the package."""
+    directory = smollm2_path()
+    return None if directory is None else directory / GGUF_FILE
+
+
+def _keep_gguf_copy(gguf: Path, target: Path) -> None:
+    """Adds the GGUF copy to a directory prepared before it held one (atomically: another
+    process may be reading the directory)."""
+    if (target / gguf.name).is_file():
+        return
+    fd, staging = tempfile.mkstemp(prefix=".gguf-", dir=target)
+    os.close(fd)
+    try:
+        shutil.copyfile(gguf, staging)
+        Path(staging).chmod(0o644)
+        os.replace(staging, target / gguf.name)
+    finally:
+        Path(staging).unlink(missing_ok=True)
 
 
 def _convert(gguf: Path, out: Path) -> None:

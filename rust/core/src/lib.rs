@@ -11,6 +11,7 @@ pub mod gemm;
 pub mod isa;
 pub mod ops;
 pub mod parallel;
+pub mod quant;
 pub mod radix;
 pub mod ring;
 #[cfg(test)]

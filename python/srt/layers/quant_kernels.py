@@ -1,0 +1,218 @@
+"""Weights kept in GGUF's quantized blocks (Q4_0, Q4_1, Q8_0) and the products computed from
+them: the Rust core's `quant` kernels (rust/core/src/quant.rs) as a tensor class.
+
+Why: decoding on the CPU is bound by the bytes of weights each step reads; blocks of 4.5 to 8.5
+bits per weight read 4 to 7 times fewer than float32. Decode-sized products (a few rows) run
+the in-register kernel on the blocks; prefill-sized ones (many rows) are bound by arithmetic
+instead, so they dequantize the weight for the call and run PyTorch's matrix multiply: in
+bfloat16 where the CPU multiplies bfloat16 natively (AVX512_BF16 or AMX, which oneDNN uses),
+else in float32.
+
+Where the two paths cross is measured, not assumed: at the first call per (format, shape), both
+paths are timed at a few row counts (`_measure_crossover`: 0.05 to 1 s for each of SmolLM2's
+projections on a busy 2-core machine, several for its 49152-row lm_head) and the result is kept
+for the process; a model can call `crossover()` while it warms up. So a row's result can depend
+on how many rows share its call (one side of the crossover or the other); each path alone is
+batch invariant.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from srt import _rust
+
+BLOCK_SIZE = 32
+BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+
+# Row counts at which the two paths are compared, in order (see `_measure_crossover`). Past the
+# last, dense is assumed to win (the kernel's cost grows with rows at the float32 FMA rate, a
+# matrix multiply's at its better-blocked, or bfloat16, rate).
+_PROBE_ROWS = (4, 8, 16, 32, 64, 128, 256)
+_PROBE_REPEATS = 3
+# (fmt, out_features, in_features) -> the fewest rows that take the dense path.
+_crossovers: dict[tuple[str, int, int], int] = {}
+
+
+@functools.cache
+def native_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512_BF16 or AMX-BF16): where oneDNN's
+    bfloat16 matmul outruns float32, and emulates it slower otherwise."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
+def dense_dtype() -> torch.dtype:
+    """The dtype prefill-sized products dequantize to (see the module docstring)."""
+    return torch.bfloat16 if native_bf16_matmul() else torch.float32
+
+
+class QuantizedWeight:
+    """A [out_features, in_features] weight kept in a GGUF block format (CPU uint8 tensor
+    blocks of shape [out_features, in_features // 32 * BLOCK_BYTES[fmt]], contiguous)."""
+
+    def __init__(self, blocks: torch.Tensor, fmt: str, in_features: int) -> None:
+        if fmt not in BLOCK_BYTES:
+            raise ValueError(f"unknown format {fmt!r}, expected one of {sorted(BLOCK_BYTES)}")
+        if in_features <= 0 or in_features % BLOCK_SIZE:
+            raise ValueError(f"in_features must be a positive multiple of 32, got {in_features}")
+        row_bytes = in_features // BLOCK_SIZE * BLOCK_BYTES[fmt]
+        if blocks.dtype != torch.uint8 or not blocks.is_cpu or blocks.dim() != 2:
+            raise ValueError(
+                f"blocks must be a 2-D uint8 CPU tensor, got {blocks.dtype} {tuple(blocks.shape)}"
+                f" on {blocks.device}"
+            )
+        if blocks.shape[1] != row_bytes or blocks.shape[0] == 0:
+            raise ValueError(
+                f"{fmt} blocks of {in_features} inputs are [out, {row_bytes}] bytes with out > 0,"
+                f" got {tuple(blocks.shape)}"
+            )
+        if not blocks.is_contiguous():
+            raise ValueError("blocks must be contiguous")
+        self.fmt = fmt
+        self.in_features = in_features
+        self.out_features = blocks.shape[0]
+        self.blocks = blocks
+        # The numpy view is made once: each costs microseconds, and a linear runs often.
+        self._blocks = blocks.numpy()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of blocks (what a product reads)."""
+        return self.blocks.numel()
+
+    def __repr__(self) -> str:
+        return f"QuantizedWeight({self.fmt}, [{self.out_features}, {self.in_features}])"
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`x · Wᵀ + bias` for x [..., in_features] (float32 or bfloat16, CPU), in x's dtype:
+        from the blocks for few rows, through a dequantized matmul for many."""
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"expected x[..., {self.in_features}], got {tuple(x.shape)}")
+        if x.dtype not in (torch.float32, torch.bfloat16) or not x.is_cpu:
+            raise ValueError(f"x must be float32 or bfloat16 on the CPU, got {x.dtype} {x.device}")
+        rows = x.detach().reshape(-1, self.in_features)
+        if rows.shape[0] >= self.crossover():
+            out = self._dense(rows, bias)
+        else:
+            out = self._kernel(rows, bias)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def crossover(self) -> int:
+        """The fewest rows for which `linear` dequantizes and multiplies (measured once per
+        format and shape in this process)."""
+        key = (self.fmt, self.out_features, self.in_features)
+        found = _crossovers.get(key)
+        if found is None:
+            # The whole weight, not a slice: the dense path writes and reads back the dequantized
+            # weight, which stays in cache for a slice but not for a large lm_head.
+            found = _crossovers[key] = _measure_crossover(self)
+        return found
+
+    def _kernel(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The product on the blocks (float32 inputs and outputs)."""
+        inputs = rows.to(torch.float32).contiguous()
+        out = torch.empty(inputs.shape[0], self.out_features)
+        if inputs.shape[0]:
+            _rust.quant_linear(
+                self.fmt,
+                inputs.numpy(),
+                inputs.shape[0],
+                self._blocks,
+                self.out_features,
+                self.in_features,
+                None if bias is None else bias.detach().to(torch.float32).contiguous().numpy(),
+                out.numpy(),
+            )
+        return out
+
+    def _dense(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The product through the dequantized weight and PyTorch's matmul."""
+        dtype = dense_dtype()
+        weight = self.dequantize(dtype)
+        return F.linear(rows.to(dtype), weight, None if bias is None else bias.detach().to(dtype))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight as a dense [out_features, in_features] tensor of `dtype`."""
+        if dtype == torch.bfloat16:
+            out = torch.empty(self.out_features, self.in_features, dtype=torch.bfloat16)
+            target = out.view(torch.int16).numpy()
+        else:
+            out = torch.empty(self.out_features, self.in_features)
+            target = out.numpy()
+        _rust.quant_dequantize(self.fmt, self._blocks, self.out_features, self.in_features, target)
+        return out.to(dtype)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows `ids` of the weight (an embedding lookup): [*ids.shape, in_features]."""
+        flat = ids.reshape(-1)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
+            raise ValueError(f"ids must lie in [0, {self.out_features})")
+        index = flat.to(torch.int32).contiguous().numpy()
+        shape = (flat.numel(), self.in_features)
+        if dtype == torch.bfloat16:
+            out = torch.empty(shape, dtype=torch.bfloat16)
+            target = out.view(torch.int16).numpy()
+        else:
+            out = torch.empty(shape)
+            target = out.numpy()
+        _rust.quant_dequantize(
+            self.fmt, self._blocks, self.out_features, self.in_features, target, index
+        )
+        return out.to(dtype).view(*ids.shape, self.in_features)
+
+    def select_rows(self, start: int, end: int) -> QuantizedWeight:
+        """Output rows `start:end` (a view of the same blocks), e.g. one shard of a layer."""
+        if not 0 <= start < end <= self.out_features:
+            raise ValueError(f"rows {start}:{end} are not a non-empty range of {self.out_features}")
+        return QuantizedWeight(self.blocks[start:end], self.fmt, self.in_features)
+
+    @staticmethod
+    def cat(weights: list[QuantizedWeight]) -> QuantizedWeight:
+        """The weights stacked along output rows (e.g. q, k and v into one qkv projection)."""
+        if not weights:
+            raise ValueError("cat needs at least one weight")
+        fmt, in_features = weights[0].fmt, weights[0].in_features
+        if any(w.fmt != fmt or w.in_features != in_features for w in weights):
+            raise ValueError("cat needs weights of one format and one in_features")
+        return QuantizedWeight(torch.cat([w.blocks for w in weights]), fmt, in_features)
+
+
+def _dense_wins(weight: QuantizedWeight, rows: int, generator: torch.Generator) -> bool:
+    """Whether the dense path beats the kernel at `rows` rows: the best of `_PROBE_REPEATS`
+    timings each, taken alternately so that a burst of load elsewhere hits both."""
+    x = torch.randn(rows, weight.in_features, generator=generator)
+    paths = (functools.partial(weight._kernel, x, None), functools.partial(weight._dense, x, None))
+    best = [float("inf"), float("inf")]
+    for path in paths:
+        path()
+    for _ in range(_PROBE_REPEATS):
+        for index, path in enumerate(paths):
+            start = time.perf_counter()
+            path()
+            best[index] = min(best[index], time.perf_counter() - start)
+    return best[1] < best[0]
+
+
+def _measure_crossover(weight: QuantizedWeight) -> int:
+    """The first of `_PROBE_ROWS` from which the dense path wins at two probes in a row on this
+    machine (one win alone is taken for noise), or twice the last probe when it never does."""
+    generator = torch.Generator().manual_seed(0)
+    won_at: int | None = None
+    for rows in _PROBE_ROWS:
+        if not _dense_wins(weight, rows, generator):
+            won_at = None
+        elif won_at is None:
+            won_at = rows
+        else:
+            return won_at
+    return won_at if won_at is not None else 2 * _PROBE_ROWS[-1]

@@ -1,0 +1,351 @@
+//! Linear layers and embedding lookups computed straight from GGUF's quantized blocks
+//! (Q4_0, Q4_1, Q8_0), so that a decode step reads 4.5 to 8.5 bits per weight instead of 32.
+//!
+//! Why: decoding on the CPU reads every weight once per step for a few rows of activations; it
+//! is bound by the bytes of weights it reads, not by arithmetic. Keeping the blocks as they are
+//! in the file and expanding them in registers cuts those bytes by 4 to 7 against float32.
+//!
+//! Blocks: 32 consecutive weights of a row along the input dimension; a `[out, in]` weight is
+//! `out` rows of `in / 32` blocks, each block `Format::block_bytes` bytes: a half-precision
+//! scale `d` (Q4_1: and an offset `m`) then the quantized values; weight `j` is `d·(q-8)`
+//! (Q4_0, `q` the low nibble of byte `j` for `j < 16`, the high nibble of byte `j-16` after),
+//! `d·q + m` (Q4_1, same nibbles), `d·q` (Q8_0, `q` the signed byte `j`).
+//!
+//! Arithmetic: the activations stay float32 and every block is expanded to float32 weights in
+//! registers, then multiplied and added in float32, as with the dequantized weight, so results
+//! equal `F.linear` on the dequantized weight to float rounding and switching a model to these
+//! kernels changes none of its outputs beyond that. llama.cpp's way (activations rounded to
+//! int8 per block, integer dot products with VNNI) spends fewer instructions per weight, but
+//! rounds the activations to 8 bits. Measured on a busy 2-core AVX-512 (Zen 5) machine, one
+//! thread, weights cold (benches/bench_quant_linear.py): at 1 to 4 rows a call takes a half to a
+//! quarter of float32 `F.linear`'s time on the dequantized weight, and up to half of bfloat16's;
+//! it is then bound by the instructions that expand the blocks (2 to 4 GB/s of blocks per core),
+//! not by the memory. Past about 16 rows it is bound by float32 multiply-adds, and there the
+//! class dequantizes to bfloat16 for a matrix multiply instead (python/srt/layers/
+//! quant_kernels.py). So an int8 path would speed up 1 to 16 rows, at the cost of exact float32
+//! agreement: the next step if decode speed matters more than that.
+//!
+//! Kernels: AVX-512 F/BW (`avx512.rs`), AVX2 with FMA and F16C (`avx2.rs`), and plain Rust
+//! (`block.rs`), chosen at run time by the CPU's features (`Kernel::best`). Each decodes a
+//! block once for several rows of activations (up to 12 with AVX-512), so batches of 8 to 32
+//! rows do not expand the weight again per row.
+//!
+//! What must stay true: a row's outputs are computed by the same operations in the same order
+//! whatever the other rows of the call and the threads (batch invariance within one kernel);
+//! every size is checked against the buffers before a kernel reads them.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::error::elements;
+use crate::parallel;
+use crate::{Error, Result};
+
+mod block;
+mod dequant;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+// AVX-512 intrinsics are stable since Rust 1.89; older compilers build without this kernel
+// (build.rs sets `srt_avx512`), so clippy checks it against 1.89, not the workspace's minimum.
+#[cfg(all(target_arch = "x86_64", srt_avx512))]
+#[clippy::msrv = "1.89"]
+mod avx512;
+
+pub use block::{f16_to_f32, f32_to_bf16};
+pub use dequant::{dequantize, dequantize_bf16, dequantize_rows, dequantize_rows_bf16};
+
+/// Weights per block, in every format.
+pub const BLOCK: usize = 32;
+
+/// Products with fewer multiply-adds than this (decoding counted as one row) run on the calling
+/// thread alone: starting a parallel region costs about as much as they do.
+const PARALLEL_MIN_WORK: usize = 1 << 20;
+
+/// A GGUF block format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// 4-bit values with a scale: 18 bytes per block.
+    Q4_0,
+    /// 4-bit values with a scale and an offset: 20 bytes per block.
+    Q4_1,
+    /// 8-bit values with a scale: 34 bytes per block.
+    Q8_0,
+}
+
+impl Format {
+    /// The format named `name` (`"q4_0"`, `"q4_1"`, `"q8_0"`).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "q4_0" => Ok(Format::Q4_0),
+            "q4_1" => Ok(Format::Q4_1),
+            "q8_0" => Ok(Format::Q8_0),
+            _ => Err(Error::InvalidArgument(format!(
+                "unknown quantization format {name:?} (expected q4_0, q4_1 or q8_0)"
+            ))),
+        }
+    }
+
+    /// Bytes per block of 32 weights.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            Format::Q4_0 => 18,
+            Format::Q4_1 => 20,
+            Format::Q8_0 => 34,
+        }
+    }
+}
+
+/// Which implementation of the kernels runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// x86-64 with AVX2, FMA and F16C.
+    Avx2,
+    /// x86-64 with AVX-512 F and BW (and F16C, FMA, which every such CPU has).
+    Avx512,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs.
+    pub fn best() -> Self {
+        [Kernel::Avx512, Kernel::Avx2]
+            .into_iter()
+            .find(|kernel| kernel.available())
+            .unwrap_or(Kernel::Portable)
+    }
+
+    /// Whether this CPU runs the kernel.
+    pub fn available(self) -> bool {
+        match self {
+            Kernel::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => avx512_available(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Avx2 | Kernel::Avx512 => false,
+        }
+    }
+
+    /// The kernel's name: `"portable"`, `"avx2"`, `"avx512"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Portable => "portable",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx512 => "avx512",
+        }
+    }
+}
+
+/// A quantized `[out_features, in_features]` weight: a borrowed buffer of blocks whose length
+/// was checked against its shape.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantMatrix<'a> {
+    format: Format,
+    blocks: &'a [u8],
+    out_features: usize,
+    in_features: usize,
+}
+
+impl<'a> QuantMatrix<'a> {
+    /// Checks that `blocks` holds `out_features` rows of `in_features / 32` blocks of `format`,
+    /// `in_features` a positive multiple of 32.
+    pub fn new(
+        format: Format,
+        blocks: &'a [u8],
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Self> {
+        if in_features == 0 || in_features % BLOCK != 0 || out_features == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a quantized weight needs at least one output and a positive multiple of {BLOCK} \
+                 input features, got [{out_features}, {in_features}]"
+            )));
+        }
+        let expected = elements(
+            "the quantized weight",
+            &[out_features, in_features / BLOCK, format.block_bytes()],
+        )?;
+        if blocks.len() != expected {
+            return Err(Error::InvalidArgument(format!(
+                "the quantized weight has {} bytes, expected {expected} for [{out_features}, \
+                 {in_features}] in {format:?}",
+                blocks.len()
+            )));
+        }
+        Ok(QuantMatrix {
+            format,
+            blocks,
+            out_features,
+            in_features,
+        })
+    }
+
+    /// The block format.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// Output features (rows of the weight).
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    /// Input features (weights per row).
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.in_features / BLOCK * self.format.block_bytes()
+    }
+
+    fn row(&self, index: usize) -> &'a [u8] {
+        let bytes = self.row_bytes();
+        &self.blocks[index * bytes..(index + 1) * bytes]
+    }
+}
+
+/// One product, shared read-only by the threads; each writes only the output columns it claims.
+pub(crate) struct Job {
+    pub(crate) format: Format,
+    pub(crate) x: *const f32,
+    pub(crate) weight: *const u8,
+    pub(crate) bias: *const f32,
+    pub(crate) out: *mut f32,
+    pub(crate) m: usize,
+    pub(crate) out_features: usize,
+    pub(crate) in_features: usize,
+}
+
+// SAFETY: the pointers come from slices that outlive the parallel region (`linear_with` returns
+// after it), the inputs are only read, and threads write disjoint column ranges of `out`, each
+// range claimed by exactly one thread through an atomic counter.
+unsafe impl Sync for Job {}
+
+/// Output columns claimed at a time are a multiple of this (the kernels' widest tile).
+const COLUMN_GROUP: usize = 8;
+
+/// `out[m, out] = x[m, in] · Wᵀ + bias` with the fastest kernel of this CPU, on the process's
+/// OpenMP threads (see `parallel`).
+pub fn linear(
+    weight: &QuantMatrix<'_>,
+    x: &[f32],
+    m: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<()> {
+    linear_with(Kernel::best(), weight, x, m, bias, out)
+}
+
+/// `linear` with a chosen kernel (`InvalidArgument` when this CPU does not run it).
+pub fn linear_with(
+    kernel: Kernel,
+    weight: &QuantMatrix<'_>,
+    x: &[f32],
+    m: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<()> {
+    let (n, k) = (weight.out_features, weight.in_features);
+    check_floats("the input", x.len(), elements("the input", &[m, k])?)?;
+    check_floats("the output", out.len(), elements("the output", &[m, n])?)?;
+    if let Some(bias) = bias {
+        check_floats("the bias", bias.len(), n)?;
+    }
+    if !kernel.available() {
+        return Err(Error::InvalidArgument(format!(
+            "this CPU does not run the {} quantized kernel",
+            kernel.name()
+        )));
+    }
+    if m == 0 {
+        return Ok(());
+    }
+    let job = Job {
+        format: weight.format,
+        x: x.as_ptr(),
+        weight: weight.blocks.as_ptr(),
+        bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
+        out: out.as_mut_ptr(),
+        m,
+        out_features: n,
+        in_features: k,
+    };
+    let work = (m + 1).saturating_mul(n).saturating_mul(k);
+    let threads = if work >= PARALLEL_MIN_WORK {
+        parallel::max_threads()
+    } else {
+        1
+    };
+    // Columns are claimed in chunks, so a thread slowed by a busy core takes fewer of them.
+    let chunk = n.div_ceil(threads * 8).next_multiple_of(COLUMN_GROUP);
+    let next = AtomicUsize::new(0);
+    parallel::run(threads, &|_, _| loop {
+        let start = next.fetch_add(chunk, Ordering::Relaxed);
+        if start >= n {
+            break;
+        }
+        let columns = start..(start + chunk).min(n);
+        // SAFETY: the kernel is available, every length was checked above, and this thread
+        // alone owns `columns`.
+        unsafe { run_kernel(kernel, &job, columns) };
+    });
+    Ok(())
+}
+
+/// # Safety
+/// As the kernels' `run`: `kernel` is available, `job` is checked, `columns` owned.
+unsafe fn run_kernel(kernel: Kernel, job: &Job, columns: std::ops::Range<usize>) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match kernel {
+            Kernel::Portable => block::run(job, columns),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => avx2::run(job, columns),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => run_avx512(job, columns),
+            // Not available off x86-64, so never asked for (`linear_with` checks): do nothing.
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Avx2 | Kernel::Avx512 => {}
+        }
+    }
+}
+
+/// Whether this CPU has AVX-512 F and BW (with FMA and F16C) and this build has the kernel.
+#[cfg(all(target_arch = "x86_64", srt_avx512))]
+fn avx512_available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+#[cfg(all(target_arch = "x86_64", not(srt_avx512)))]
+fn avx512_available() -> bool {
+    false
+}
+
+/// # Safety
+/// As `avx512::run`.
+#[cfg(all(target_arch = "x86_64", srt_avx512))]
+unsafe fn run_avx512(job: &Job, columns: std::ops::Range<usize>) {
+    // SAFETY: forwarded from the caller.
+    unsafe { avx512::run(job, columns) }
+}
+
+/// Never called: `avx512_available` is false in this build.
+#[cfg(all(target_arch = "x86_64", not(srt_avx512)))]
+unsafe fn run_avx512(_job: &Job, _columns: std::ops::Range<usize>) {}
+
+fn check_floats(what: &str, len: usize, expected: usize) -> Result<()> {
+    crate::error::check_len(what, len, expected)
+}
+
+#[cfg(test)]
+mod tests;

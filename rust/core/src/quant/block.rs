@@ -1,0 +1,160 @@
+//! One GGUF block at a time, in plain Rust: the decoding every path agrees with, the portable
+//! linear kernel, and the half/bfloat16 conversions.
+//!
+//! Decoding rounds as the `gguf` package's numpy reference does (`d * q + m` as a product then
+//! a sum, `d * (q - 8)` as one product), so that `dequantize` is bit-identical to it.
+
+use super::{Format, Job, BLOCK};
+
+/// The value of an IEEE half-precision number given by its bits (every half is a float exactly).
+pub fn f16_to_f32(bits: u16) -> f32 {
+    let sign = u32::from(bits & 0x8000) << 16;
+    let exponent = u32::from((bits >> 10) & 0x1f);
+    let mantissa = u32::from(bits & 0x3ff);
+    match exponent {
+        0 => {
+            // Zero or subnormal: mantissa · 2⁻²⁴, exact in a float.
+            let magnitude = mantissa as f32 * (1.0 / 16_777_216.0);
+            if sign == 0 {
+                magnitude
+            } else {
+                -magnitude
+            }
+        }
+        0x1f => f32::from_bits(sign | 0x7f80_0000 | (mantissa << 13)),
+        _ => f32::from_bits(sign | ((exponent + 112) << 23) | (mantissa << 13)),
+    }
+}
+
+/// The bits of the bfloat16 nearest to `value` (ties to even), as PyTorch rounds; NaNs stay
+/// (quiet) NaNs.
+pub fn f32_to_bf16(value: f32) -> u16 {
+    let bits = value.to_bits();
+    if value.is_nan() {
+        return ((bits >> 16) as u16) | 0x40;
+    }
+    // No overflow: the largest non-NaN pattern, 0xff80_0000, leaves room for the 0x8000 added.
+    let rounding = 0x7fff + ((bits >> 16) & 1);
+    ((bits + rounding) >> 16) as u16
+}
+
+fn half(block: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([block[at], block[at + 1]]))
+}
+
+/// The 32 weights of one block (`block` holds exactly `format.block_bytes()` bytes).
+pub(crate) fn decode(format: Format, block: &[u8]) -> [f32; BLOCK] {
+    let mut out = [0f32; BLOCK];
+    match format {
+        Format::Q4_0 => {
+            let d = half(block, 0);
+            for (j, &byte) in block[2..18].iter().enumerate() {
+                out[j] = d * (f32::from(byte & 0xf) - 8.0);
+                out[j + 16] = d * (f32::from(byte >> 4) - 8.0);
+            }
+        }
+        Format::Q4_1 => {
+            let (d, m) = (half(block, 0), half(block, 2));
+            for (j, &byte) in block[4..20].iter().enumerate() {
+                out[j] = d * f32::from(byte & 0xf) + m;
+                out[j + 16] = d * f32::from(byte >> 4) + m;
+            }
+        }
+        Format::Q8_0 => {
+            let d = half(block, 0);
+            for (value, &byte) in out.iter_mut().zip(&block[2..34]) {
+                *value = d * f32::from(byte as i8);
+            }
+        }
+    }
+    out
+}
+
+/// What dequantized weights are stored as: float32, or bfloat16 bits. Implemented for `f32`
+/// and `u16` only (`BF16` tells them apart, for the SIMD kernels' stores).
+pub(crate) trait Element: Copy + Send {
+    // Read only by the AVX-512 kernel, which older compilers and other CPUs build without.
+    #[cfg_attr(not(all(target_arch = "x86_64", srt_avx512)), allow(dead_code))]
+    const BF16: bool;
+    fn from_f32(value: f32) -> Self;
+}
+
+impl Element for f32 {
+    const BF16: bool = false;
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        value
+    }
+}
+
+impl Element for u16 {
+    const BF16: bool = true;
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        f32_to_bf16(value)
+    }
+}
+
+/// Decodes one output row (`in_features / 32` consecutive blocks) into `out`.
+pub(crate) fn decode_row<T: Element>(format: Format, row: &[u8], out: &mut [T]) {
+    for (block, values) in row
+        .chunks_exact(format.block_bytes())
+        .zip(out.chunks_exact_mut(BLOCK))
+    {
+        for (value, weight) in values.iter_mut().zip(decode(format, block)) {
+            *value = T::from_f32(weight);
+        }
+    }
+}
+
+/// Activation rows a pass of the portable kernel takes per decoded block.
+const ROWS: usize = 8;
+
+/// The portable kernel: output columns `outputs` of every row of `job`. Each block is decoded
+/// once per group of `ROWS` rows; each (row, column) sums in 8 lanes, added in a fixed order,
+/// so a row's result does not depend on the others.
+///
+/// # Safety
+/// `job`'s pointers hold what `Job` says (checked by `quant::linear`), and no other thread
+/// writes the columns `outputs`.
+pub(crate) unsafe fn run(job: &Job, outputs: std::ops::Range<usize>) {
+    let k = job.in_features;
+    let row_bytes = k / BLOCK * job.format.block_bytes();
+    // SAFETY: the caller guarantees the buffers' extents; these slices cover exactly them and
+    // are only read.
+    let (x, weight) = unsafe {
+        (
+            std::slice::from_raw_parts(job.x, job.m * k),
+            std::slice::from_raw_parts(job.weight, job.out_features * row_bytes),
+        )
+    };
+    for column in outputs {
+        let row = &weight[column * row_bytes..(column + 1) * row_bytes];
+        let bias = if job.bias.is_null() {
+            0.0
+        } else {
+            // SAFETY: the bias holds `out_features` floats and `column` is below that.
+            unsafe { *job.bias.add(column) }
+        };
+        for first in (0..job.m).step_by(ROWS) {
+            let rows = ROWS.min(job.m - first);
+            let mut lanes = [[0f32; 8]; ROWS];
+            for (b, block) in row.chunks_exact(job.format.block_bytes()).enumerate() {
+                let w = decode(job.format, block);
+                for (r, sums) in lanes.iter_mut().enumerate().take(rows) {
+                    let xs = &x[(first + r) * k + b * BLOCK..][..BLOCK];
+                    for (i, (&xv, &wv)) in xs.iter().zip(&w).enumerate() {
+                        sums[i % 8] += xv * wv;
+                    }
+                }
+            }
+            for (r, sums) in lanes.iter().enumerate().take(rows) {
+                let total = ((sums[0] + sums[4]) + (sums[1] + sums[5]))
+                    + ((sums[2] + sums[6]) + (sums[3] + sums[7]));
+                // SAFETY: (first + r, column) is inside the `m × out_features` output, and this
+                // thread alone writes column `column`.
+                unsafe { *job.out.add((first + r) * job.out_features + column) = total + bias };
+            }
+        }
+    }
+}

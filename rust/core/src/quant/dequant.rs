@@ -1,0 +1,121 @@
+//! `dequantize` and the embedding lookups of `quant`: blocks expanded to float32 or bfloat16
+//! rows, on several threads for whole matrices, with the AVX-512 decoder where the CPU has it
+//! (bit-identical to the scalar one, which rounds as the `gguf` package does).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{block, check_floats, Format, Kernel, QuantMatrix, PARALLEL_MIN_WORK};
+use crate::error::elements;
+use crate::parallel;
+use crate::{Error, Result};
+
+/// Rows decoded per claim when dequantizing on several threads.
+const DEQUANT_ROWS: usize = 64;
+
+/// Decodes rows `ids` of `weight` into `out` (`ids.len()` rows of `in_features` values), each
+/// float converted to `T`, on several threads when there is enough of it.
+fn decode_rows<T: block::Element>(
+    weight: &QuantMatrix<'_>,
+    ids: &(dyn Fn(usize) -> usize + Sync),
+    count: usize,
+    out: &mut [T],
+) {
+    let k = weight.in_features;
+    let threads = if count.saturating_mul(k) >= PARALLEL_MIN_WORK / 4 {
+        parallel::max_threads()
+    } else {
+        1
+    };
+    let chunks: Vec<std::sync::Mutex<&mut [T]>> = out
+        .chunks_mut(DEQUANT_ROWS * k)
+        .map(std::sync::Mutex::new)
+        .collect();
+    let simd = Kernel::best() == Kernel::Avx512;
+    let next = AtomicUsize::new(0);
+    parallel::run(threads, &|_, _| loop {
+        let index = next.fetch_add(1, Ordering::Relaxed);
+        let Some(chunk) = chunks.get(index) else {
+            break;
+        };
+        // Each chunk is claimed by one thread only (the counter), so the lock never waits and
+        // is never poisoned: decoding does not panic on rows whose lengths `QuantMatrix` checked.
+        let mut rows = chunk
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (offset, values) in rows.chunks_exact_mut(k).enumerate() {
+            let row = weight.row(ids(index * DEQUANT_ROWS + offset));
+            if simd {
+                // SAFETY: the CPU has the kernel's features; `row` holds the row's blocks,
+                // `values` its `in_features` elements.
+                unsafe { decode_row_avx512(weight.format, row, values) };
+            } else {
+                block::decode_row(weight.format, row, values);
+            }
+        }
+    });
+}
+
+/// Every weight of `weight` as float32, `[out_features, in_features]` row-major in `out`;
+/// bit-identical to the `gguf` package's `dequantize`.
+pub fn dequantize(weight: &QuantMatrix<'_>, out: &mut [f32]) -> Result<()> {
+    let expected = elements("the output", &[weight.out_features, weight.in_features])?;
+    check_floats("the output", out.len(), expected)?;
+    decode_rows(weight, &|row| row, weight.out_features, out);
+    Ok(())
+}
+
+/// `dequantize` rounded to bfloat16 (bits, ties to even, as PyTorch rounds).
+pub fn dequantize_bf16(weight: &QuantMatrix<'_>, out: &mut [u16]) -> Result<()> {
+    let expected = elements("the output", &[weight.out_features, weight.in_features])?;
+    check_floats("the output", out.len(), expected)?;
+    decode_rows(weight, &|row| row, weight.out_features, out);
+    Ok(())
+}
+
+fn check_ids(weight: &QuantMatrix<'_>, ids: &[u32]) -> Result<()> {
+    match ids.iter().find(|&&id| id as usize >= weight.out_features) {
+        Some(bad) => Err(Error::InvalidArgument(format!(
+            "row {bad} is out of range for a weight of {} rows",
+            weight.out_features
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Rows `ids` of `weight` as float32 (an embedding lookup): `[ids.len(), in_features]` in `out`.
+pub fn dequantize_rows(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [f32]) -> Result<()> {
+    check_ids(weight, ids)?;
+    check_floats(
+        "the output",
+        out.len(),
+        elements("the output", &[ids.len(), weight.in_features])?,
+    )?;
+    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out);
+    Ok(())
+}
+
+/// `dequantize_rows` rounded to bfloat16 bits.
+pub fn dequantize_rows_bf16(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [u16]) -> Result<()> {
+    check_ids(weight, ids)?;
+    check_floats(
+        "the output",
+        out.len(),
+        elements("the output", &[ids.len(), weight.in_features])?,
+    )?;
+    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out);
+    Ok(())
+}
+
+/// # Safety
+/// As `avx512::decode_row`.
+#[cfg(all(target_arch = "x86_64", srt_avx512))]
+unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
+    // SAFETY: forwarded from the caller.
+    unsafe { super::avx512::decode_row(format, row.as_ptr(), out) }
+}
+
+/// Never called: `avx512_available` is false in this build.
+#[cfg(not(all(target_arch = "x86_64", srt_avx512)))]
+unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
+    block::decode_row(format, row, out)
+}

@@ -1,0 +1,290 @@
+//! Unit tests of `quant.rs`: decoding against hand-made blocks, the kernels against a float64
+//! product with the decoded weight, and every kernel of this CPU against the portable one.
+
+use super::*;
+use crate::test_values::values;
+
+const FORMATS: [Format; 3] = [Format::Q4_0, Format::Q4_1, Format::Q8_0];
+
+/// Half-precision bits of small exact values used as scales.
+const HALF_ONE_EIGHTH: u16 = 0x3000; // 0.125
+const HALF_MINUS_TWO: u16 = 0xc000; // -2.0
+
+/// Deterministic random blocks: every byte random, with scales drawn from a few halves of
+/// moderate size (random bits could make infinities).
+fn blocks(format: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    let count = n * k / BLOCK;
+    let noise = values(count * format.block_bytes(), seed);
+    let scales = values(count * 2, seed + 1);
+    let mut out: Vec<u8> = noise.iter().map(|v| ((v + 1.0) * 127.99) as u8).collect();
+    for (b, block) in out.chunks_exact_mut(format.block_bytes()).enumerate() {
+        // A half in about ±[0.001, 0.06]: sign, exponent 5..=10, random mantissa.
+        let half = |v: f32| {
+            let bits = (v.abs() * 1023.0) as u16 | ((5 + (v.abs() * 5.99) as u16) << 10);
+            if v < 0.0 {
+                bits | 0x8000
+            } else {
+                bits
+            }
+        };
+        block[..2].copy_from_slice(&half(scales[2 * b].abs()).to_le_bytes());
+        if format == Format::Q4_1 {
+            block[2..4].copy_from_slice(&half(scales[2 * b + 1]).to_le_bytes());
+        }
+    }
+    out
+}
+
+fn dequantized(weight: &QuantMatrix<'_>) -> Vec<f32> {
+    let mut out = vec![f32::NAN; weight.out_features() * weight.in_features()];
+    dequantize(weight, &mut out).unwrap();
+    out
+}
+
+fn reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut out = vec![0f64; m * n];
+    for row in 0..m {
+        for col in 0..n {
+            let dot: f64 = (0..k)
+                .map(|i| f64::from(x[row * k + i]) * f64::from(w[col * k + i]))
+                .sum();
+            out[row * n + col] = dot + bias.map_or(0.0, |b| f64::from(b[col]));
+        }
+    }
+    out
+}
+
+fn kernels() -> Vec<Kernel> {
+    [Kernel::Portable, Kernel::Avx2, Kernel::Avx512]
+        .into_iter()
+        .filter(|k| k.available())
+        .collect()
+}
+
+#[test]
+fn halves_and_bfloat16_convert_exactly() {
+    assert_eq!(f16_to_f32(0x3c00), 1.0);
+    assert_eq!(f16_to_f32(HALF_MINUS_TWO), -2.0);
+    assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+    assert_eq!(f16_to_f32(0x83ff), -1023.0 * 2f32.powi(-24));
+    assert_eq!(f16_to_f32(0x7bff), 65504.0);
+    assert_eq!(f16_to_f32(0xfc00), f32::NEG_INFINITY);
+    assert!(f16_to_f32(0x7e00).is_nan());
+    // bfloat16: 1 + 2⁻⁸ is a tie between 1 and 1 + 2⁻⁷ and goes to the even 1; just above it
+    // rounds up; the largest float rounds to infinity.
+    assert_eq!(f32_to_bf16(1.0 + 2f32.powi(-8)), 0x3f80);
+    assert_eq!(f32_to_bf16(1.0 + 2f32.powi(-8) + 2f32.powi(-20)), 0x3f81);
+    assert_eq!(f32_to_bf16(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
+    assert_eq!(f32_to_bf16(f32::MAX), 0x7f80);
+    assert_eq!(f32_to_bf16(-0.0), 0x8000);
+    assert_eq!(f32_to_bf16(f32::NAN) & 0x7fc0, 0x7fc0);
+}
+
+#[test]
+fn blocks_decode_as_ggml_defines_them() {
+    let mut q4_0 = vec![0u8; 18];
+    q4_0[..2].copy_from_slice(&HALF_ONE_EIGHTH.to_le_bytes());
+    q4_0[2] = 0xf0; // weight 0: nibble 0 → -1; weight 16: nibble 15 → 0.875
+    q4_0[17] = 0x29; // weight 15: 9 → 0.125; weight 31: 2 → -0.75
+    let w = block::decode(Format::Q4_0, &q4_0);
+    assert_eq!(
+        (w[0], w[16], w[15], w[31], w[1]),
+        (-1.0, 0.875, 0.125, -0.75, -1.0)
+    );
+
+    let mut q4_1 = vec![0u8; 20];
+    q4_1[..2].copy_from_slice(&HALF_ONE_EIGHTH.to_le_bytes());
+    q4_1[2..4].copy_from_slice(&HALF_MINUS_TWO.to_le_bytes());
+    q4_1[4] = 0x3c; // weight 0: 12 → -0.5; weight 16: 3 → -1.625
+    let w = block::decode(Format::Q4_1, &q4_1);
+    assert_eq!((w[0], w[16], w[1]), (-0.5, -1.625, -2.0));
+
+    let mut q8_0 = vec![0u8; 34];
+    q8_0[..2].copy_from_slice(&HALF_MINUS_TWO.to_le_bytes());
+    q8_0[2] = 0x80; // -128 → 256
+    q8_0[33] = 0x7f; // 127 → -254
+    let w = block::decode(Format::Q8_0, &q8_0);
+    assert_eq!((w[0], w[31], w[5]), (256.0, -254.0, -0.0));
+}
+
+#[test]
+fn matrices_and_buffers_are_checked() {
+    let data = vec![0u8; 2 * 20 * 2];
+    assert!(QuantMatrix::new(Format::Q4_1, &data, 2, 64).is_ok());
+    for (n, k) in [(2, 63), (2, 0), (0, 64), (3, 64), (2, 32), (usize::MAX, 64)] {
+        let err = QuantMatrix::new(Format::Q4_1, &data, n, k).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "[{n}, {k}]");
+    }
+    assert!(Format::parse("q5_0").is_err());
+    assert_eq!(Format::parse("q8_0"), Ok(Format::Q8_0));
+
+    let weight = QuantMatrix::new(Format::Q4_1, &data, 2, 64).unwrap();
+    let x = vec![0f32; 3 * 64];
+    let mut out = vec![0f32; 3 * 2];
+    assert!(linear(&weight, &x, 3, None, &mut out).is_ok());
+    assert!(linear(&weight, &x, 2, None, &mut out).is_err());
+    assert!(linear(&weight, &x[1..], 3, None, &mut out).is_err());
+    assert!(linear(&weight, &x, 3, Some(&[0.0]), &mut out).is_err());
+    assert!(linear(&weight, &x, usize::MAX, None, &mut out).is_err());
+    assert!(dequantize(&weight, &mut out).is_err());
+    assert!(dequantize_rows(&weight, &[0, 2], &mut vec![0f32; 128]).is_err());
+    assert!(dequantize_rows(&weight, &[1], &mut vec![0f32; 128]).is_err());
+    assert!(dequantize_rows_bf16(&weight, &[1, 0], &mut vec![0u16; 128]).is_ok());
+}
+
+#[test]
+fn every_kernel_equals_a_float64_reference() {
+    // Rows 1..=13 and 33 meet every tile shape and uneven row splits; 1, 7, 37 and 300
+    // columns end inside a column group; 32 inputs is a single block.
+    let shapes = [
+        (1, 37, 64),
+        (2, 1, 32),
+        (3, 300, 96),
+        (7, 19, 128),
+        (13, 40, 32),
+        (33, 9, 160),
+    ];
+    for format in FORMATS {
+        for (m, n, k) in shapes {
+            let data = blocks(format, n, k, 7);
+            let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+            let w = dequantized(&weight);
+            let x = values(m * k, 1);
+            let bias = values(n, 3);
+            let expected = reference(&x, &w, Some(&bias), m, n, k);
+            for kernel in kernels() {
+                let mut out = vec![f32::NAN; m * n];
+                linear_with(kernel, &weight, &x, m, Some(&bias), &mut out).unwrap();
+                let scale = w.iter().fold(0f64, |a, &v| a.max(f64::from(v.abs())));
+                for (index, (&got, &want)) in out.iter().zip(&expected).enumerate() {
+                    let tolerance = 1e-6 * (k as f64) * scale + 1e-6 * want.abs();
+                    assert!(
+                        (f64::from(got) - want).abs() <= tolerance,
+                        "{kernel:?} {format:?} ({m}, {n}, {k}) element {index}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_kernels_agree_with_the_portable_one() {
+    let (n, k) = (61, 288);
+    for format in FORMATS {
+        let data = blocks(format, n, k, 23);
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        for m in [1, 3, 8, 21] {
+            let x = values(m * k, 29);
+            let mut portable = vec![0f32; m * n];
+            linear_with(Kernel::Portable, &weight, &x, m, None, &mut portable).unwrap();
+            for kernel in kernels() {
+                let mut out = vec![0f32; m * n];
+                linear_with(kernel, &weight, &x, m, None, &mut out).unwrap();
+                for (index, (&got, &want)) in out.iter().zip(&portable).enumerate() {
+                    // Both sum k products in float32, in different orders.
+                    let tolerance = 1e-5 * (1.0 + want.abs()) * (k as f32).sqrt();
+                    assert!(
+                        (got - want).abs() <= tolerance,
+                        "{kernel:?} {format:?} rows {m} element {index}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rows_result_does_not_depend_on_the_batch() {
+    let (n, k) = (45, 96);
+    for format in FORMATS {
+        let data = blocks(format, n, k, 11);
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        let x = values(33 * k, 5);
+        for kernel in kernels() {
+            let mut alone = vec![0f32; n];
+            linear_with(kernel, &weight, &x[..k], 1, None, &mut alone).unwrap();
+            for m in 1..=33 {
+                let mut out = vec![0f32; m * n];
+                linear_with(kernel, &weight, &x[..m * k], m, None, &mut out).unwrap();
+                assert_eq!(out[..n], alone[..], "{kernel:?} {format:?} rows {m}");
+            }
+        }
+    }
+}
+
+#[test]
+fn large_products_split_over_threads_equal_the_single_thread_result() {
+    // 2 rows × 4100 columns × 256 inputs passes the parallel threshold; 4100 is no multiple of
+    // the column group.
+    let (m, n, k) = (2, 4100, 256);
+    let data = blocks(Format::Q8_0, n, k, 13);
+    let weight = QuantMatrix::new(Format::Q8_0, &data, n, k).unwrap();
+    let x = values(m * k, 17);
+    let w = dequantized(&weight);
+    let mut out = vec![0f32; m * n];
+    linear(&weight, &x, m, None, &mut out).unwrap();
+    for (index, (&got, want)) in out.iter().zip(reference(&x, &w, None, m, n, k)).enumerate() {
+        assert!(
+            (f64::from(got) - want).abs() <= 1e-4,
+            "element {index}: {got} vs {want}"
+        );
+    }
+}
+
+#[test]
+fn row_lookups_and_bfloat16_equal_the_full_dequantization() {
+    let (n, k) = (70, 96);
+    for format in FORMATS {
+        let data = blocks(format, n, k, 19);
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        let all = dequantized(&weight);
+        let ids = [69u32, 0, 5, 5, 33];
+        let mut rows = vec![f32::NAN; ids.len() * k];
+        dequantize_rows(&weight, &ids, &mut rows).unwrap();
+        let mut halves = vec![0u16; ids.len() * k];
+        dequantize_rows_bf16(&weight, &ids, &mut halves).unwrap();
+        for (i, &id) in ids.iter().enumerate() {
+            let want = &all[id as usize * k..][..k];
+            assert_eq!(&rows[i * k..][..k], want, "{format:?} row {id}");
+            let rounded: Vec<u16> = want.iter().map(|&v| f32_to_bf16(v)).collect();
+            assert_eq!(&halves[i * k..][..k], &rounded[..], "{format:?} row {id}");
+        }
+        let mut full = vec![0u16; n * k];
+        dequantize_bf16(&weight, &mut full).unwrap();
+        assert!(full.iter().zip(&all).all(|(&h, &v)| h == f32_to_bf16(v)));
+    }
+}
+
+#[test]
+fn dequantizing_equals_the_scalar_decoding_bit_for_bit() {
+    let (n, k) = (67, 160);
+    for format in FORMATS {
+        let mut data = blocks(format, n, k, 31);
+        // Scales at the edges of half precision: subnormal, largest, infinite, NaN.
+        for (row, half) in [0x0001u16, 0x7bff, 0x7c00, 0x7e00, 0xfc00]
+            .iter()
+            .enumerate()
+        {
+            data[row * k / BLOCK * format.block_bytes()..][..2]
+                .copy_from_slice(&half.to_le_bytes());
+        }
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        let mut expected = vec![0f32; n * k];
+        for (row, values) in expected.chunks_exact_mut(k).enumerate() {
+            block::decode_row(format, weight.row(row), values);
+        }
+        let got = dequantized(&weight);
+        assert!(
+            got.iter()
+                .zip(&expected)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{format:?}"
+        );
+        let mut halves = vec![0u16; n * k];
+        dequantize_bf16(&weight, &mut halves).unwrap();
+        for (index, (&h, &v)) in halves.iter().zip(&expected).enumerate() {
+            assert_eq!(h, f32_to_bf16(v), "{format:?} element {index} ({v})");
+        }
+    }
+}

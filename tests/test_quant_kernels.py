@@ -1,0 +1,126 @@
+"""`srt.layers.quant_kernels` against the `gguf` package: blocks made by
+`gguf.quants.quantize`, dequantized by `gguf.quants.dequantize` (the reference), and products
+against `F.linear` with the dequantized weight.
+
+Tolerances: the kernel accumulates in float32 like the reference, so results agree to float
+rounding over the inner dimension (1e-4 relative to the output scale); the dense path in
+bfloat16 rounds inputs to 8 bits of mantissa (2e-2 relative).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from srt import _rust
+from srt.layers import quant_kernels
+from srt.layers.quant_kernels import BLOCK_BYTES, QuantizedWeight
+
+FORMATS = {
+    "q4_0": GGMLQuantizationType.Q4_0,
+    "q4_1": GGMLQuantizationType.Q4_1,
+    "q8_0": GGMLQuantizationType.Q8_0,
+}
+
+
+def make(fmt: str, out: int, inp: int, seed: int = 0) -> tuple[QuantizedWeight, torch.Tensor]:
+    """A random weight quantized by gguf, and gguf's dequantization of it (float32)."""
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((out, inp)).astype(np.float32) * 0.1
+    blocks = quantize(dense, FORMATS[fmt])
+    reference = torch.from_numpy(dequantize(blocks, FORMATS[fmt]).astype(np.float32))
+    return QuantizedWeight(torch.from_numpy(blocks), fmt, inp), reference
+
+
+def close(got: torch.Tensor, want: torch.Tensor, rtol: float) -> None:
+    """`got` equals `want` within `rtol` of the largest magnitude of `want`."""
+    scale = float(want.abs().max()) + 1e-6
+    err = float((got.float() - want.float()).abs().max())
+    assert err <= rtol * scale, f"max error {err} vs scale {scale}"
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_layout_and_dequantize_match_gguf(fmt: str) -> None:
+    weight, reference = make(fmt, 37, 96)
+    assert BLOCK_BYTES[fmt] == _rust.quant_block_bytes(fmt)
+    assert weight.blocks.shape == (37, 96 // 32 * BLOCK_BYTES[fmt])
+    assert weight.nbytes == weight.blocks.numel()
+    assert torch.equal(weight.dequantize(), reference)
+    assert torch.equal(weight.dequantize(torch.bfloat16), reference.to(torch.bfloat16))
+    ids = torch.tensor([[36, 0], [5, 5]])
+    assert torch.equal(weight.rows(ids), reference[ids])
+    assert torch.equal(weight.rows(ids, torch.bfloat16), reference[ids].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 13, 32, 33])
+def test_kernel_matches_the_dequantized_reference(fmt: str, rows: int) -> None:
+    weight, reference = make(fmt, 45, 160, seed=rows)
+    x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows))
+    bias = torch.randn(45)
+    close(weight._kernel(x, bias), F.linear(x, reference, bias), 1e-4)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_dense_path_matches_the_dequantized_reference(fmt: str) -> None:
+    weight, reference = make(fmt, 70, 64, seed=3)
+    x = torch.randn(300, 64)
+    tolerance = 2e-2 if quant_kernels.dense_dtype() == torch.bfloat16 else 1e-4
+    close(weight._dense(x, None), F.linear(x, reference), tolerance)
+
+
+def test_linear_takes_either_path_by_the_measured_crossover() -> None:
+    weight, reference = make("q4_1", 96, 128)
+    crossover = weight.crossover()
+    assert crossover in (*quant_kernels._PROBE_ROWS, 2 * quant_kernels._PROBE_ROWS[-1])
+    for rows in (crossover - 1, crossover):
+        x = torch.randn(rows, 128)
+        path = weight._kernel if rows < crossover else weight._dense
+        assert torch.equal(weight.linear(x.view(1, rows, 128)), path(x, None).view(1, rows, 96))
+        close(weight.linear(x), F.linear(x, reference), 2e-2)
+        out = weight.linear(x.to(torch.bfloat16))
+        assert out.dtype == torch.bfloat16
+        assert out.shape == (rows, 96)
+        close(out, F.linear(x, reference), 5e-2)
+
+
+def test_select_rows_and_cat_compose_shards() -> None:
+    q, q_ref = make("q8_0", 40, 64, seed=1)
+    k, k_ref = make("q8_0", 24, 64, seed=2)
+    both = QuantizedWeight.cat([q, k])
+    assert both.out_features == 64
+    assert torch.equal(both.dequantize(), torch.cat([q_ref, k_ref]))
+    shard = both.select_rows(30, 50)
+    assert torch.equal(shard.dequantize(), torch.cat([q_ref, k_ref])[30:50])
+    x = torch.randn(3, 64)
+    close(shard.linear(x), F.linear(x, torch.cat([q_ref, k_ref])[30:50]), 1e-4)
+
+
+def test_bad_arguments_raise_value_error() -> None:
+    weight, _ = make("q4_0", 8, 64)
+    blocks = weight.blocks
+    out = np.empty((8, 64), dtype=np.float32)
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: QuantizedWeight(blocks, "q5_0", 64), "unknown format"),
+        (lambda: QuantizedWeight(blocks, "q4_0", 96), r"\[out, 54\]"),
+        (lambda: QuantizedWeight(blocks, "q4_0", 48), "multiple of 32"),
+        (lambda: QuantizedWeight(blocks[:, :-1], "q4_0", 64), r"\[out, 36\]"),
+        (lambda: QuantizedWeight(blocks.to(torch.int16), "q4_0", 64), "uint8"),
+        (lambda: weight.linear(torch.randn(2, 32)), "expected x"),
+        (lambda: weight.rows(torch.tensor([8])), "ids must lie"),
+        (lambda: weight.rows(torch.tensor([-1])), "ids must lie"),
+        (lambda: weight.select_rows(4, 4), "non-empty range"),
+        (lambda: QuantizedWeight.cat([weight, make("q8_0", 8, 64)[0]]), "one format"),
+        (lambda: _rust.quant_dequantize("q4_0", blocks.numpy(), 8, 96, out), "bytes, expected"),
+        (lambda: _rust.quant_dequantize("q4_0", blocks.numpy(), 8, 64, out[:1]), "floats"),
+        (lambda: _rust.quant_linear("q4_0", out, 1, blocks.numpy(), 8, 64, None, out), "input"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
