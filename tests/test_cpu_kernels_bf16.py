@@ -174,13 +174,15 @@ def test_an_unknown_tier_is_refused() -> None:
 
 @pytest.mark.skipif(BEST == "scalar", reason="the CPU has no AVX2 tier to force")
 def test_srt_cpu_isa_caps_the_kernels_and_the_default_dtype() -> None:
-    """In a fresh process, as a server starts: the cap applies before any kernel runs."""
+    """In a fresh process, as a server starts: the cap applies before any kernel runs, to the
+    quantized-weight kernels too."""
     script = (
         "import torch\n"
+        "from srt import _rust\n"
         "from srt.layers import cpu_kernels\n"
         "from srt.model_executor.resolve import default_dtype_and_reason\n"
         "print(cpu_kernels.isa()[0], cpu_kernels.linear_supported(),\n"
-        "      default_dtype_and_reason(torch.device('cpu'))[0])\n"
+        "      default_dtype_and_reason(torch.device('cpu'))[0], _rust.quant_kernel())\n"
     )
 
     def run(tier: str) -> list[str]:
@@ -190,5 +192,5 @@ def test_srt_cpu_isa_caps_the_kernels_and_the_default_dtype() -> None:
         )
         return done.stdout.split()
 
-    assert run("avx2") == ["avx2", "True", "float32"]
-    assert run("scalar") == ["scalar", "False", "float32"]
+    assert run("avx2") == ["avx2", "True", "float32", "avx2"]
+    assert run("scalar") == ["scalar", "False", "float32", "portable"]

@@ -71,8 +71,10 @@ def test_kernel_matches_the_dequantized_reference(fmt: str, rows: int) -> None:
 def test_dense_path_matches_the_dequantized_reference(fmt: str) -> None:
     weight, reference = make(fmt, 70, 64, seed=3)
     x = torch.randn(300, 64)
-    tolerance = 2e-2 if quant_kernels.dense_dtype() == torch.bfloat16 else 1e-4
-    close(weight._dense(x, None), F.linear(x, reference), tolerance)
+    close(weight._dense(x, None), F.linear(x, reference), 1e-4)
+    bf16 = weight._dense(x.to(torch.bfloat16), None)
+    assert bf16.dtype == torch.bfloat16
+    close(bf16.float(), F.linear(x, reference), 2e-2)
 
 
 def test_linear_takes_either_path_by_the_measured_crossover() -> None:

@@ -4,9 +4,9 @@ them: the Rust core's `quant` kernels (rust/core/src/quant.rs) as a tensor class
 Why: decoding on the CPU is bound by the bytes of weights each step reads; blocks of 4.5 to 8.5
 bits per weight read 4 to 7 times fewer than float32. Decode-sized products (a few rows) run
 the in-register kernel on the blocks; prefill-sized ones (many rows) are bound by arithmetic
-instead, so they dequantize the weight for the call and run PyTorch's matrix multiply: in
-bfloat16 where the CPU multiplies bfloat16 natively (AVX512_BF16 or AMX, which oneDNN uses),
-else in float32.
+instead, so they dequantize the weight for the call and run PyTorch's matrix multiply in the
+activations' dtype (oneDNN's bf16 products where `--dtype auto` chose bf16; a float32 model keeps
+float32's results, which a bf16 prefill would round to 8 significant bits).
 
 Where the two paths cross is measured, not assumed: at the first call per (format, shape), both
 paths are timed at a few row counts (`_measure_crossover`: 0.05 to 1 s for each of SmolLM2's
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -35,25 +34,9 @@ BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 # matrix multiply's at its better-blocked, or bfloat16, rate).
 _PROBE_ROWS = (4, 8, 16, 32, 64, 128, 256)
 _PROBE_REPEATS = 3
-# (fmt, out_features, in_features) -> the fewest rows that take the dense path.
-_crossovers: dict[tuple[str, int, int], int] = {}
-
-
-@functools.cache
-def native_bf16_matmul() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512_BF16 or AMX-BF16): where oneDNN's
-    bfloat16 matmul outruns float32, and emulates it slower otherwise."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
-
-
-def dense_dtype() -> torch.dtype:
-    """The dtype prefill-sized products dequantize to (see the module docstring)."""
-    return torch.bfloat16 if native_bf16_matmul() else torch.float32
+# (fmt, out_features, in_features, activations' dtype) -> the fewest rows that take the dense
+# path.
+_crossovers: dict[tuple[str, int, int, torch.dtype], int] = {}
 
 
 class QuantizedWeight:
@@ -101,21 +84,21 @@ class QuantizedWeight:
         if x.dtype not in (torch.float32, torch.bfloat16) or not x.is_cpu:
             raise ValueError(f"x must be float32 or bfloat16 on the CPU, got {x.dtype} {x.device}")
         rows = x.detach().reshape(-1, self.in_features)
-        if rows.shape[0] >= self.crossover():
+        if rows.shape[0] >= self.crossover(rows.dtype):
             out = self._dense(rows, bias)
         else:
             out = self._kernel(rows, bias)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
-    def crossover(self) -> int:
-        """The fewest rows for which `linear` dequantizes and multiplies (measured once per
-        format and shape in this process)."""
-        key = (self.fmt, self.out_features, self.in_features)
+    def crossover(self, dtype: torch.dtype = torch.float32) -> int:
+        """The fewest rows of `dtype` for which `linear` dequantizes and multiplies (measured
+        once per format, shape and dtype in this process)."""
+        key = (self.fmt, self.out_features, self.in_features, dtype)
         found = _crossovers.get(key)
         if found is None:
             # The whole weight, not a slice: the dense path writes and reads back the dequantized
             # weight, which stays in cache for a slice but not for a large lm_head.
-            found = _crossovers[key] = _measure_crossover(self)
+            found = _crossovers[key] = _measure_crossover(self, dtype)
         return found
 
     def _kernel(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -137,9 +120,9 @@ class QuantizedWeight:
 
     def _dense(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The product through the dequantized weight and PyTorch's matmul."""
-        dtype = dense_dtype()
+        dtype = rows.dtype
         weight = self.dequantize(dtype)
-        return F.linear(rows.to(dtype), weight, None if bias is None else bias.detach().to(dtype))
+        return F.linear(rows, weight, None if bias is None else bias.detach().to(dtype))
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight as a dense [out_features, in_features] tensor of `dtype`."""
@@ -187,10 +170,13 @@ class QuantizedWeight:
         return QuantizedWeight(torch.cat([w.blocks for w in weights]), fmt, in_features)
 
 
-def _dense_wins(weight: QuantizedWeight, rows: int, generator: torch.Generator) -> bool:
-    """Whether the dense path beats the kernel at `rows` rows: the best of `_PROBE_REPEATS`
-    timings each, taken alternately so that a burst of load elsewhere hits both."""
-    x = torch.randn(rows, weight.in_features, generator=generator)
+def _dense_wins(
+    weight: QuantizedWeight, rows: int, dtype: torch.dtype, generator: torch.Generator
+) -> bool:
+    """Whether the dense path beats the kernel at `rows` rows of `dtype`: the best of
+    `_PROBE_REPEATS` timings each, taken alternately so that a burst of load elsewhere hits
+    both."""
+    x = torch.randn(rows, weight.in_features, generator=generator).to(dtype)
     paths = (functools.partial(weight._kernel, x, None), functools.partial(weight._dense, x, None))
     best = [float("inf"), float("inf")]
     for path in paths:
@@ -203,13 +189,13 @@ def _dense_wins(weight: QuantizedWeight, rows: int, generator: torch.Generator) 
     return best[1] < best[0]
 
 
-def _measure_crossover(weight: QuantizedWeight) -> int:
+def _measure_crossover(weight: QuantizedWeight, dtype: torch.dtype) -> int:
     """The first of `_PROBE_ROWS` from which the dense path wins at two probes in a row on this
     machine (one win alone is taken for noise), or twice the last probe when it never does."""
     generator = torch.Generator().manual_seed(0)
     won_at: int | None = None
     for rows in _PROBE_ROWS:
-        if not _dense_wins(weight, rows, generator):
+        if not _dense_wins(weight, rows, dtype, generator):
             won_at = None
         elif won_at is None:
             won_at = rows

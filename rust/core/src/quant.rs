@@ -37,6 +37,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::elements;
+use crate::isa::Isa;
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -45,10 +46,7 @@ mod dequant;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
-// AVX-512 intrinsics are stable since Rust 1.89; older compilers build without this kernel
-// (build.rs sets `srt_avx512`), so clippy checks it against 1.89, not the workspace's minimum.
-#[cfg(all(target_arch = "x86_64", srt_avx512))]
-#[clippy::msrv = "1.89"]
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
 pub use block::{f16_to_f32, f32_to_bf16};
@@ -107,12 +105,14 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The fastest kernel this CPU runs.
+    /// The fastest kernel this CPU runs within the kernels' instruction-set ceiling
+    /// ([`crate::isa::active`], which `SRT_CPU_ISA` lowers).
     pub fn best() -> Self {
-        [Kernel::Avx512, Kernel::Avx2]
+        let active = crate::isa::active();
+        [(Kernel::Avx512, Isa::Avx512), (Kernel::Avx2, Isa::Avx2)]
             .into_iter()
-            .find(|kernel| kernel.available())
-            .unwrap_or(Kernel::Portable)
+            .find(|&(kernel, tier)| tier <= active && kernel.available())
+            .map_or(Kernel::Portable, |(kernel, _)| kernel)
     }
 
     /// Whether this CPU runs the kernel.
@@ -317,8 +317,8 @@ unsafe fn run_kernel(kernel: Kernel, job: &Job, columns: std::ops::Range<usize>)
     }
 }
 
-/// Whether this CPU has AVX-512 F and BW (with FMA and F16C) and this build has the kernel.
-#[cfg(all(target_arch = "x86_64", srt_avx512))]
+/// Whether this CPU has AVX-512 F and BW (with FMA and F16C).
+#[cfg(target_arch = "x86_64")]
 fn avx512_available() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
@@ -326,22 +326,13 @@ fn avx512_available() -> bool {
         && std::arch::is_x86_feature_detected!("f16c")
 }
 
-#[cfg(all(target_arch = "x86_64", not(srt_avx512)))]
-fn avx512_available() -> bool {
-    false
-}
-
 /// # Safety
 /// As `avx512::run`.
-#[cfg(all(target_arch = "x86_64", srt_avx512))]
+#[cfg(target_arch = "x86_64")]
 unsafe fn run_avx512(job: &Job, columns: std::ops::Range<usize>) {
     // SAFETY: forwarded from the caller.
     unsafe { avx512::run(job, columns) }
 }
-
-/// Never called: `avx512_available` is false in this build.
-#[cfg(all(target_arch = "x86_64", not(srt_avx512)))]
-unsafe fn run_avx512(_job: &Job, _columns: std::ops::Range<usize>) {}
 
 fn check_floats(what: &str, len: usize, expected: usize) -> Result<()> {
     crate::error::check_len(what, len, expected)

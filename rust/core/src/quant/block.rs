@@ -73,8 +73,8 @@ pub(crate) fn decode(format: Format, block: &[u8]) -> [f32; BLOCK] {
 /// What dequantized weights are stored as: float32, or bfloat16 bits. Implemented for `f32`
 /// and `u16` only (`BF16` tells them apart, for the SIMD kernels' stores).
 pub(crate) trait Element: Copy + Send {
-    // Read only by the AVX-512 kernel, which older compilers and other CPUs build without.
-    #[cfg_attr(not(all(target_arch = "x86_64", srt_avx512)), allow(dead_code))]
+    // Read only by the AVX-512 kernel, which other architectures build without.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const BF16: bool;
     fn from_f32(value: f32) -> Self;
 }

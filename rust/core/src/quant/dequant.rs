@@ -108,14 +108,14 @@ pub fn dequantize_rows_bf16(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [u1
 
 /// # Safety
 /// As `avx512::decode_row`.
-#[cfg(all(target_arch = "x86_64", srt_avx512))]
+#[cfg(target_arch = "x86_64")]
 unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
     // SAFETY: forwarded from the caller.
     unsafe { super::avx512::decode_row(format, row.as_ptr(), out) }
 }
 
-/// Never called: `avx512_available` is false in this build.
-#[cfg(not(all(target_arch = "x86_64", srt_avx512)))]
+/// Never called: `avx512_available` is false off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
 unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
     block::decode_row(format, row, out)
 }
