@@ -68,7 +68,7 @@ impl TokenAllocator {
     /// `n` slots (a whole number of pages, page by page in slot order) or `None` when fewer
     /// are free; a shortfall takes nothing.
     pub fn alloc(&mut self, n: usize) -> Result<Option<Vec<u32>>> {
-        if n % self.page_size != 0 {
+        if !n.is_multiple_of(self.page_size) {
             return Err(Error::InvalidArgument(format!(
                 "alloc of {n} slots is not a whole number of pages of {}",
                 self.page_size

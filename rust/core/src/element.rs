@@ -86,7 +86,7 @@ mod tests {
         let (low, high) = (f64::from(Bf16(down).to_f32()), f64::from(Bf16(up).to_f32()));
         let exact = f64::from(value);
         let (to_low, to_high) = ((exact - low).abs(), (high - exact).abs());
-        if to_low < to_high || (to_low == to_high && down % 2 == 0) {
+        if to_low < to_high || (to_low == to_high && down.is_multiple_of(2)) {
             down
         } else {
             up

@@ -90,7 +90,7 @@ pub fn rms_norm_on<T: Element>(
 ) -> Result<()> {
     let isa = isa.min(isa::detected());
     let dim = weight.len();
-    if dim == 0 || x.len() % dim != 0 {
+    if dim == 0 || !x.len().is_multiple_of(dim) {
         return Err(Error::InvalidArgument(format!(
             "rows of {dim} floats cannot hold an input of {} floats",
             x.len()
@@ -135,7 +135,7 @@ pub fn silu_and_mul_on<T: Element>(
 ) -> Result<()> {
     let isa = isa.min(isa::detected());
     let row = elements("a row of the input", &[2, dim])?;
-    if dim == 0 || gate_up.len() % row != 0 {
+    if dim == 0 || !gate_up.len().is_multiple_of(row) {
         return Err(Error::InvalidArgument(format!(
             "rows of 2 × {dim} floats cannot hold an input of {} floats",
             gate_up.len()
@@ -177,7 +177,7 @@ pub fn rotary_on<T: Element>(
     out: &mut [T],
 ) -> Result<()> {
     let isa = isa.min(isa::detected());
-    if head_dim == 0 || head_dim % 2 != 0 || cos.len() % head_dim != 0 {
+    if head_dim == 0 || !head_dim.is_multiple_of(2) || !cos.len().is_multiple_of(head_dim) {
         return Err(Error::InvalidArgument(format!(
             "rotary tables of {} floats do not hold rows of an even head size {head_dim}",
             cos.len()
@@ -186,7 +186,7 @@ pub fn rotary_on<T: Element>(
     let tokens = cos.len() / head_dim;
     check_len("the sine table", sin.len(), cos.len())?;
     check_len("the output", out.len(), x.len())?;
-    if tokens == 0 || x.len() % (tokens * head_dim) != 0 {
+    if tokens == 0 || !x.len().is_multiple_of(tokens * head_dim) {
         return Err(Error::InvalidArgument(format!(
             "{} floats are not whole heads of {head_dim} for {tokens} tokens",
             x.len()

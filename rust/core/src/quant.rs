@@ -161,7 +161,7 @@ impl<'a> QuantMatrix<'a> {
         out_features: usize,
         in_features: usize,
     ) -> Result<Self> {
-        if in_features == 0 || in_features % BLOCK != 0 || out_features == 0 {
+        if in_features == 0 || !in_features.is_multiple_of(BLOCK) || out_features == 0 {
             return Err(Error::InvalidArgument(format!(
                 "a quantized weight needs at least one output and a positive multiple of {BLOCK} \
                  input features, got [{out_features}, {in_features}]"

@@ -355,7 +355,7 @@ impl ShmRing {
     }
 
     fn check_positions(&self, head: u64, tail: u64) -> Result<()> {
-        if tail > head || head - tail > self.capacity as u64 || (head | tail) % 8 != 0 {
+        if tail > head || head - tail > self.capacity as u64 || !(head | tail).is_multiple_of(8) {
             return Err(self.corrupt(format!("head {head} and tail {tail} are inconsistent")));
         }
         Ok(())

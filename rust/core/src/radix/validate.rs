@@ -18,7 +18,7 @@ impl RadixTree {
             }
             for child in node.children.values() {
                 let c = &self.nodes[child as usize];
-                let whole = !c.key.is_empty() && c.key.len() % self.page_size == 0;
+                let whole = !c.key.is_empty() && c.key.len().is_multiple_of(self.page_size);
                 if c.parent != index || !whole || c.key.len() != c.value.len() {
                     return broken(format!("radix node {child} has a bad key or parent"));
                 }
