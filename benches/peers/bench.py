@@ -206,7 +206,9 @@ def server_command(
     # No engine may reach a model hub or report usage: the model is local.
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if engine.kind == "srt":
-        argv = [str(paths.srt_serve), "--model-path", str(paths.models.hf_dir), *common]
+        # No --model-path: srt-serve's own default, SmolLM2's Q4_1 GGUF as the package ships it
+        # (the blocks llama-server Q4_1 reads), with the config and tokenizer of `hf_dir`.
+        argv = [str(paths.srt_serve), *common]
         return [*argv, "--served-model-name", SMOLLM2_NAME, *engine.flags], env
     if engine.kind == "vllm":
         if paths.vllm_venv is None:
