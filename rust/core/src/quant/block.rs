@@ -27,15 +27,10 @@ pub fn f16_to_f32(bits: u16) -> f32 {
 }
 
 /// The bits of the bfloat16 nearest to `value` (ties to even), as PyTorch rounds; NaNs stay
-/// (quiet) NaNs.
+/// (quiet) NaNs. The bits of [`crate::element::Bf16::from_f32`], as dequantized blocks store them.
+#[inline(always)]
 pub fn f32_to_bf16(value: f32) -> u16 {
-    let bits = value.to_bits();
-    if value.is_nan() {
-        return ((bits >> 16) as u16) | 0x40;
-    }
-    // No overflow: the largest non-NaN pattern, 0xff80_0000, leaves room for the 0x8000 added.
-    let rounding = 0x7fff + ((bits >> 16) & 1);
-    ((bits + rounding) >> 16) as u16
+    crate::element::Bf16::from_f32(value).0
 }
 
 fn half(block: &[u8], at: usize) -> f32 {
