@@ -49,8 +49,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-pub use block::{f16_to_f32, f32_to_bf16};
-pub use dequant::{dequantize, dequantize_bf16, dequantize_rows, dequantize_rows_bf16};
+pub use block::f16_to_f32;
+pub use dequant::{dequantize, dequantize_rows};
 
 /// Weights per block, in every format.
 pub const BLOCK: usize = 32;

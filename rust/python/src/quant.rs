@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use srt_core::quant::{self, Format, Kernel, QuantMatrix};
 
-use crate::boundary::{contiguous, overlap, Ids};
+use crate::boundary::{bf16_bits, contiguous, overlap, Ids};
 use crate::to_py_err;
 
 /// Bytes per block of 32 weights of the format named `fmt`.
@@ -106,19 +106,13 @@ fn quant_dequantize(
     if overlap(weight, output) {
         return Err(PyValueError::new_err("the output overlaps the blocks"));
     }
-    // SAFETY: both buffers stay acquired until this function returns and do not overlap; i16
-    // and u16 have the same size and alignment, and every bit pattern is valid in both.
-    let (weight, output) = unsafe {
-        let bits = &mut *output.as_ptr();
-        (
-            weight.as_ref(),
-            std::slice::from_raw_parts_mut(bits.as_mut_ptr().cast::<u16>(), bits.len()),
-        )
-    };
+    // SAFETY: both buffers stay acquired until this function returns and do not overlap;
+    // `bf16_bits` views the same 16-bit elements as `Bf16`, valid for every bit pattern.
+    let (weight, output) = unsafe { (weight.as_ref(), &mut *bf16_bits(output).as_ptr()) };
     let matrix = QuantMatrix::new(format, weight, n, k).map_err(to_py_err)?;
     py.detach(|| match &ids {
-        None => quant::dequantize_bf16(&matrix, output),
-        Some(ids) => quant::dequantize_rows_bf16(&matrix, &ids.0, output),
+        None => quant::dequantize(&matrix, output),
+        Some(ids) => quant::dequantize_rows(&matrix, &ids.0, output),
     })
     .map_err(to_py_err)
 }

@@ -11,8 +11,8 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::block::Element;
 use super::{Format, Job, BLOCK, COLUMN_GROUP};
+use crate::element::Element;
 
 /// The most rows in a tile.
 const TILE_ROWS: usize = 12;
@@ -147,11 +147,11 @@ pub(super) unsafe fn decode_row<T: Element>(format: Format, row: *const u8, out:
 unsafe fn decode_row_as<D: Decode, T: Element>(row: *const u8, out: &mut [T]) {
     for (b, values) in out.chunks_exact_mut(BLOCK).enumerate() {
         // SAFETY: block `b` of the row is readable (the caller's word); `values` holds 32
-        // elements, which are `f32` or, when `T::BF16`, `u16` (the only `Element`s), so the
-        // stores write exactly its 128 or 64 bytes.
+        // elements, which are `f32` or, when `T::REDUCED`, `Bf16` (16 bits: the only
+        // `Element`s), so the stores write exactly its 128 or 64 bytes.
         unsafe {
             let w = D::decode_exact(row.add(b * D::BYTES));
-            if T::BF16 {
+            if T::REDUCED {
                 let target = values.as_mut_ptr().cast::<__m256i>();
                 _mm256_storeu_si256(target, bf16(w[0]));
                 _mm256_storeu_si256(target.add(1), bf16(w[1]));
@@ -164,7 +164,7 @@ unsafe fn decode_row_as<D: Decode, T: Element>(row: *const u8, out: &mut [T]) {
     }
 }
 
-/// 16 floats rounded to bfloat16 bits as `block::f32_to_bf16` rounds (ties to even, NaNs
+/// 16 floats rounded to bfloat16 bits as `Bf16::from_f32` rounds (ties to even, NaNs
 /// kept quiet).
 #[inline(always)]
 unsafe fn bf16(v: __m512) -> __m256i {

@@ -5,6 +5,7 @@
 //! a sum, `d * (q - 8)` as one product), so that `dequantize` is bit-identical to it.
 
 use super::{Format, Job, BLOCK};
+use crate::element::Element;
 
 /// The value of an IEEE half-precision number given by its bits (every half is a float exactly).
 pub fn f16_to_f32(bits: u16) -> f32 {
@@ -24,13 +25,6 @@ pub fn f16_to_f32(bits: u16) -> f32 {
         0x1f => f32::from_bits(sign | 0x7f80_0000 | (mantissa << 13)),
         _ => f32::from_bits(sign | ((exponent + 112) << 23) | (mantissa << 13)),
     }
-}
-
-/// The bits of the bfloat16 nearest to `value` (ties to even), as PyTorch rounds; NaNs stay
-/// (quiet) NaNs. The bits of [`crate::element::Bf16::from_f32`], as dequantized blocks store them.
-#[inline(always)]
-pub fn f32_to_bf16(value: f32) -> u16 {
-    crate::element::Bf16::from_f32(value).0
 }
 
 fn half(block: &[u8], at: usize) -> f32 {
@@ -65,31 +59,6 @@ pub(crate) fn decode(format: Format, block: &[u8]) -> [f32; BLOCK] {
     out
 }
 
-/// What dequantized weights are stored as: float32, or bfloat16 bits. Implemented for `f32`
-/// and `u16` only (`BF16` tells them apart, for the SIMD kernels' stores).
-pub(crate) trait Element: Copy + Send {
-    // Read only by the AVX-512 kernel, which other architectures build without.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    const BF16: bool;
-    fn from_f32(value: f32) -> Self;
-}
-
-impl Element for f32 {
-    const BF16: bool = false;
-    #[inline(always)]
-    fn from_f32(value: f32) -> Self {
-        value
-    }
-}
-
-impl Element for u16 {
-    const BF16: bool = true;
-    #[inline(always)]
-    fn from_f32(value: f32) -> Self {
-        f32_to_bf16(value)
-    }
-}
-
 /// Decodes one output row (`in_features / 32` consecutive blocks) into `out`.
 pub(crate) fn decode_row<T: Element>(format: Format, row: &[u8], out: &mut [T]) {
     for (block, values) in row
@@ -97,7 +66,7 @@ pub(crate) fn decode_row<T: Element>(format: Format, row: &[u8], out: &mut [T]) 
         .zip(out.chunks_exact_mut(BLOCK))
     {
         for (value, weight) in values.iter_mut().zip(decode(format, block)) {
-            *value = T::from_f32(weight);
+            *value = T::store(weight);
         }
     }
 }

@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{block, check_floats, Format, Kernel, QuantMatrix, PARALLEL_MIN_WORK};
+use crate::element::Element;
 use crate::error::elements;
 use crate::parallel;
 use crate::{Error, Result};
@@ -14,7 +15,7 @@ const DEQUANT_ROWS: usize = 64;
 
 /// Decodes rows `ids` of `weight` into `out` (`ids.len()` rows of `in_features` values), each
 /// float converted to `T`, on several threads when there is enough of it.
-fn decode_rows<T: block::Element>(
+fn decode_rows<T: Element>(
     weight: &QuantMatrix<'_>,
     ids: &(dyn Fn(usize) -> usize + Sync),
     count: usize,
@@ -55,17 +56,10 @@ fn decode_rows<T: block::Element>(
     });
 }
 
-/// Every weight of `weight` as float32, `[out_features, in_features]` row-major in `out`;
-/// bit-identical to the `gguf` package's `dequantize`.
-pub fn dequantize(weight: &QuantMatrix<'_>, out: &mut [f32]) -> Result<()> {
-    let expected = elements("the output", &[weight.out_features, weight.in_features])?;
-    check_floats("the output", out.len(), expected)?;
-    decode_rows(weight, &|row| row, weight.out_features, out);
-    Ok(())
-}
-
-/// `dequantize` rounded to bfloat16 (bits, ties to even, as PyTorch rounds).
-pub fn dequantize_bf16(weight: &QuantMatrix<'_>, out: &mut [u16]) -> Result<()> {
+/// Every weight of `weight` as float32 or bf16 (rounded once, as PyTorch rounds),
+/// `[out_features, in_features]` row-major in `out`; in float32, bit-identical to the `gguf`
+/// package's `dequantize`.
+pub fn dequantize<T: Element>(weight: &QuantMatrix<'_>, out: &mut [T]) -> Result<()> {
     let expected = elements("the output", &[weight.out_features, weight.in_features])?;
     check_floats("the output", out.len(), expected)?;
     decode_rows(weight, &|row| row, weight.out_features, out);
@@ -82,20 +76,13 @@ fn check_ids(weight: &QuantMatrix<'_>, ids: &[u32]) -> Result<()> {
     }
 }
 
-/// Rows `ids` of `weight` as float32 (an embedding lookup): `[ids.len(), in_features]` in `out`.
-pub fn dequantize_rows(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [f32]) -> Result<()> {
-    check_ids(weight, ids)?;
-    check_floats(
-        "the output",
-        out.len(),
-        elements("the output", &[ids.len(), weight.in_features])?,
-    )?;
-    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out);
-    Ok(())
-}
-
-/// `dequantize_rows` rounded to bfloat16 bits.
-pub fn dequantize_rows_bf16(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [u16]) -> Result<()> {
+/// Rows `ids` of `weight` as float32 or bf16 (an embedding lookup): `[ids.len(), in_features]`
+/// in `out`.
+pub fn dequantize_rows<T: Element>(
+    weight: &QuantMatrix<'_>,
+    ids: &[u32],
+    out: &mut [T],
+) -> Result<()> {
     check_ids(weight, ids)?;
     check_floats(
         "the output",
@@ -109,13 +96,13 @@ pub fn dequantize_rows_bf16(weight: &QuantMatrix<'_>, ids: &[u32], out: &mut [u1
 /// # Safety
 /// As `avx512::decode_row`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
+unsafe fn decode_row_avx512<T: Element>(format: Format, row: &[u8], out: &mut [T]) {
     // SAFETY: forwarded from the caller.
     unsafe { super::avx512::decode_row(format, row.as_ptr(), out) }
 }
 
 /// Never called: `avx512_available` is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn decode_row_avx512<T: block::Element>(format: Format, row: &[u8], out: &mut [T]) {
+unsafe fn decode_row_avx512<T: Element>(format: Format, row: &[u8], out: &mut [T]) {
     block::decode_row(format, row, out)
 }

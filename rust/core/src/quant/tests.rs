@@ -2,6 +2,7 @@
 //! product with the decoded weight, and every kernel of this CPU against the portable one.
 
 use super::*;
+use crate::element::Bf16;
 use crate::test_values::values;
 
 const FORMATS: [Format; 3] = [Format::Q4_0, Format::Q4_1, Format::Q8_0];
@@ -70,14 +71,16 @@ fn halves_and_bfloat16_convert_exactly() {
     assert_eq!(f16_to_f32(0x7bff), 65504.0);
     assert_eq!(f16_to_f32(0xfc00), f32::NEG_INFINITY);
     assert!(f16_to_f32(0x7e00).is_nan());
-    // bfloat16: 1 + 2⁻⁸ is a tie between 1 and 1 + 2⁻⁷ and goes to the even 1; just above it
-    // rounds up; the largest float rounds to infinity.
-    assert_eq!(f32_to_bf16(1.0 + 2f32.powi(-8)), 0x3f80);
-    assert_eq!(f32_to_bf16(1.0 + 2f32.powi(-8) + 2f32.powi(-20)), 0x3f81);
-    assert_eq!(f32_to_bf16(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
-    assert_eq!(f32_to_bf16(f32::MAX), 0x7f80);
-    assert_eq!(f32_to_bf16(-0.0), 0x8000);
-    assert_eq!(f32_to_bf16(f32::NAN) & 0x7fc0, 0x7fc0);
+    // bfloat16 (the rounding dequantized blocks are stored with): 1 + 2⁻⁸ is a tie between 1
+    // and 1 + 2⁻⁷ and goes to the even 1; just above it rounds up; the largest float rounds to
+    // infinity.
+    let bits = |value: f32| Bf16::from_f32(value).0;
+    assert_eq!(bits(1.0 + 2f32.powi(-8)), 0x3f80);
+    assert_eq!(bits(1.0 + 2f32.powi(-8) + 2f32.powi(-20)), 0x3f81);
+    assert_eq!(bits(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
+    assert_eq!(bits(f32::MAX), 0x7f80);
+    assert_eq!(bits(-0.0), 0x8000);
+    assert_eq!(bits(f32::NAN) & 0x7fc0, 0x7fc0);
 }
 
 #[test]
@@ -129,7 +132,7 @@ fn matrices_and_buffers_are_checked() {
     assert!(dequantize(&weight, &mut out).is_err());
     assert!(dequantize_rows(&weight, &[0, 2], &mut vec![0f32; 128]).is_err());
     assert!(dequantize_rows(&weight, &[1], &mut vec![0f32; 128]).is_err());
-    assert!(dequantize_rows_bf16(&weight, &[1, 0], &mut vec![0u16; 128]).is_ok());
+    assert!(dequantize_rows(&weight, &[1, 0], &mut vec![Bf16::default(); 128]).is_ok());
 }
 
 #[test]
@@ -242,17 +245,17 @@ fn row_lookups_and_bfloat16_equal_the_full_dequantization() {
         let ids = [69u32, 0, 5, 5, 33];
         let mut rows = vec![f32::NAN; ids.len() * k];
         dequantize_rows(&weight, &ids, &mut rows).unwrap();
-        let mut halves = vec![0u16; ids.len() * k];
-        dequantize_rows_bf16(&weight, &ids, &mut halves).unwrap();
+        let mut halves = vec![Bf16::default(); ids.len() * k];
+        dequantize_rows(&weight, &ids, &mut halves).unwrap();
         for (i, &id) in ids.iter().enumerate() {
             let want = &all[id as usize * k..][..k];
             assert_eq!(&rows[i * k..][..k], want, "{format:?} row {id}");
-            let rounded: Vec<u16> = want.iter().map(|&v| f32_to_bf16(v)).collect();
+            let rounded: Vec<Bf16> = want.iter().map(|&v| Bf16::from_f32(v)).collect();
             assert_eq!(&halves[i * k..][..k], &rounded[..], "{format:?} row {id}");
         }
-        let mut full = vec![0u16; n * k];
-        dequantize_bf16(&weight, &mut full).unwrap();
-        assert!(full.iter().zip(&all).all(|(&h, &v)| h == f32_to_bf16(v)));
+        let mut full = vec![Bf16::default(); n * k];
+        dequantize(&weight, &mut full).unwrap();
+        assert!(full.iter().zip(&all).all(|(&h, &v)| h == Bf16::from_f32(v)));
     }
 }
 
@@ -281,10 +284,10 @@ fn dequantizing_equals_the_scalar_decoding_bit_for_bit() {
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{format:?}"
         );
-        let mut halves = vec![0u16; n * k];
-        dequantize_bf16(&weight, &mut halves).unwrap();
+        let mut halves = vec![Bf16::default(); n * k];
+        dequantize(&weight, &mut halves).unwrap();
         for (index, (&h, &v)) in halves.iter().zip(&expected).enumerate() {
-            assert_eq!(h, f32_to_bf16(v), "{format:?} element {index} ({v})");
+            assert_eq!(h, Bf16::from_f32(v), "{format:?} element {index} ({v})");
         }
     }
 }
