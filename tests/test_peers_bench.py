@@ -8,11 +8,8 @@ from typing import Any
 
 import pytest
 from peers.bench import (
-    ROWS,
     WORKLOADS,
     Paths,
-    markdown_table,
-    medians,
     peer_engines,
     schedule,
     select_engines,
@@ -20,6 +17,7 @@ from peers.bench import (
     srt_engines,
 )
 from peers.install import Models, vllm_requirements
+from peers.report import ROWS, markdown_table, medians
 
 
 def engines_for(names: str) -> list[Any]:
