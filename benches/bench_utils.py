@@ -47,6 +47,11 @@ def parse_cpuinfo(text: str) -> dict[str, Any]:
     return {"cpu_model": model, "cpu_flags": [f for f in RELEVANT_FLAGS if f in flags]}
 
 
+# Read at import, before a bench pins its threads (`--cpu-omp-threads-bind` pins the calling
+# thread too, and the affinity Linux reports is the calling thread's).
+_USABLE_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def machine_info() -> dict[str, Any]:
     """The CPU (model, cores, relevant flags) and the PyTorch build the numbers came from.
 
@@ -63,7 +68,7 @@ def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         **cpu,
         "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpus_usable": _USABLE_CPUS,
         "torch_version": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         # The widest vector ISA PyTorch's CPU kernels dispatch to here (e.g. "AVX512").
