@@ -2,13 +2,19 @@
 `gguf.quants.quantize`, dequantized by `gguf.quants.dequantize` (the reference), and products
 against `F.linear` with the dequantized weight.
 
-Tolerances: the kernel accumulates in float32 like the reference, so results agree to float
-rounding over the inner dimension (1e-4 relative to the output scale); the dense path in
-bfloat16 rounds inputs to 8 bits of mantissa (2e-2 relative).
+Tolerances: the float kernel accumulates in float32 like the reference, so results agree to
+float rounding over the inner dimension (1e-4 relative to the output scale). The integer kernel
+(where the CPU has one: the weight is then packed) first splits the activations into two int8
+parts per block of 32: it agrees to 1e-4 with the reference applied to those rounded
+activations, and to 1e-3 with the reference on the exact ones. The dense path in bfloat16
+rounds inputs to 8 bits of mantissa (2e-2 relative).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -45,12 +51,34 @@ def close(got: torch.Tensor, want: torch.Tensor, rtol: float) -> None:
     assert err <= rtol * scale, f"max error {err} vs scale {scale}"
 
 
+def split_rounded(x: torch.Tensor) -> torch.Tensor:
+    """`x` (float32) as the integer kernel rounds it: per block of 32, a high int8 part in
+    steps of the block's largest magnitude / 127 and a low one 256 times finer, in float32
+    steps as rust/core/src/quant/packed.rs takes them; returned exactly, in float64."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, 32)
+    largest = blocks.abs().amax(-1, keepdim=True)
+    safe = torch.where(largest == 0, torch.ones_like(largest), largest)
+    t = blocks * (127.0 / safe)
+    high = torch.round(t).clamp(-127, 127)
+    low = torch.round((t - high) * 256.0).clamp(-127, 127)
+    unit = torch.where(largest == 0, torch.zeros_like(largest), safe / 127.0 / 256.0)
+    return ((high.double() * 256 + low.double()) * unit.double()).reshape(x.shape)
+
+
+PACKED = _rust.quant_packed_kernel() is not None
+
+
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_layout_and_dequantize_match_gguf(fmt: str) -> None:
     weight, reference = make(fmt, 37, 96)
     assert BLOCK_BYTES[fmt] == _rust.quant_block_bytes(fmt)
+    assert weight.blocks is not None
     assert weight.blocks.shape == (37, 96 // 32 * BLOCK_BYTES[fmt])
     assert weight.nbytes == weight.blocks.numel()
+    assert weight.pack() == PACKED == weight.packed
+    if PACKED:
+        assert weight.blocks is None
+        assert weight.nbytes == _rust.quant_packed_len(fmt, 37, 96)
     assert torch.equal(weight.dequantize(), reference)
     assert torch.equal(weight.dequantize(torch.bfloat16), reference.to(torch.bfloat16))
     ids = torch.tensor([[36, 0], [5, 5]])
@@ -64,7 +92,41 @@ def test_kernel_matches_the_dequantized_reference(fmt: str, rows: int) -> None:
     weight, reference = make(fmt, 45, 160, seed=rows)
     x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows))
     bias = torch.randn(45)
-    close(weight._kernel(x, bias), F.linear(x, reference, bias), 1e-4)
+    got = weight._kernel(x, bias)
+    if not weight.pack():
+        close(got, F.linear(x, reference, bias), 1e-4)
+        return
+    close(got, F.linear(split_rounded(x), reference.double(), bias.double()), 1e-4)
+    close(got, F.linear(x, reference, bias), 1e-3)
+    # bfloat16 activations are rounded from their exact values: the float32 product of the
+    # same values, rounded once.
+    halves = x.to(torch.bfloat16)
+    out = weight._kernel(halves, bias)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, weight._kernel(halves.float(), bias).to(torch.bfloat16))
+
+
+def test_the_float_kernel_runs_where_the_integer_one_is_capped_away() -> None:
+    """Under `SRT_CPU_ISA=avx2` (or on a CPU without VNNI) weights stay in blocks and the float
+    kernel's results agree with the reference to float rounding."""
+    script = (
+        "import torch, torch.nn.functional as F\n"
+        "from test_quant_kernels import make, close\n"
+        "weight, reference = make('q4_1', 45, 160)\n"
+        "x = torch.randn(5, 160)\n"
+        "close(weight.linear(x), F.linear(x, reference), 1e-4)\n"
+        "print(weight.packed, weight.blocks is not None)\n"
+    )
+    env = {**os.environ, "SRT_CPU_ISA": "avx2"}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=os.path.dirname(__file__),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["False", "True"]
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
@@ -97,17 +159,23 @@ def test_select_rows_and_cat_compose_shards() -> None:
     k, k_ref = make("q8_0", 24, 64, seed=2)
     both = QuantizedWeight.cat([q, k])
     assert both.out_features == 64
-    assert torch.equal(both.dequantize(), torch.cat([q_ref, k_ref]))
     shard = both.select_rows(30, 50)
+    assert torch.equal(both.dequantize(), torch.cat([q_ref, k_ref]))
     assert torch.equal(shard.dequantize(), torch.cat([q_ref, k_ref])[30:50])
     x = torch.randn(3, 64)
-    close(shard.linear(x), F.linear(x, torch.cat([q_ref, k_ref])[30:50]), 1e-4)
+    close(shard.linear(x), F.linear(x, torch.cat([q_ref, k_ref])[30:50]), 1e-3)
+    if shard.packed:
+        with pytest.raises(ValueError, match="is packed"):
+            shard.select_rows(0, 1)
 
 
 def test_bad_arguments_raise_value_error() -> None:
     weight, _ = make("q4_0", 8, 64)
     blocks = weight.blocks
+    assert blocks is not None
     out = np.empty((8, 64), dtype=np.float32)
+    x, y, y16 = np.zeros((1, 64), np.float32), np.empty((1, 8), np.float32), np.empty(8, np.int16)
+    tiles = np.empty(_rust.quant_packed_len("q4_0", 8, 64), np.uint8)
     cases: list[tuple[Callable[[], object], str]] = [
         (lambda: QuantizedWeight(blocks, "q5_0", 64), "unknown format"),
         (lambda: QuantizedWeight(blocks, "q4_0", 96), r"\[out, 54\]"),
@@ -115,6 +183,11 @@ def test_bad_arguments_raise_value_error() -> None:
         (lambda: QuantizedWeight(blocks[:, :-1], "q4_0", 64), r"\[out, 36\]"),
         (lambda: QuantizedWeight(blocks.to(torch.int16), "q4_0", 64), "uint8"),
         (lambda: weight.linear(torch.randn(2, 32)), "expected x"),
+        (lambda: _rust.quant_packed_len("q4_0", 8, 48), "multiple of 32"),
+        (lambda: _rust.quant_pack("q4_0", blocks.numpy(), 8, 64, out.view(np.uint8)), "bytes"),
+        (lambda: _rust.quant_packed_linear("q4_0", x, 1, blocks.numpy(), 8, 64, None, y), "640"),
+        (lambda: _rust.quant_packed_linear("q4_0", x, 1, tiles, 8, 64, None, x), "overlaps"),
+        (lambda: _rust.quant_packed_linear("q4_0", x, 1, tiles, 8, 64, None, y16), "both"),
         (lambda: weight.rows(torch.tensor([8])), "ids must lie"),
         (lambda: weight.rows(torch.tensor([-1])), "ids must lie"),
         (lambda: weight.select_rows(4, 4), "non-empty range"),

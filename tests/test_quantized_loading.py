@@ -101,10 +101,14 @@ def test_blocks_replace_linear_and_tied_embedding_weights(
     assert qkv.fmt == fmt
     by_name = dict(tensors)
     shards = [by_name[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]
-    assert all(isinstance(s, QuantizedWeight) for s in shards)
-    assert torch.equal(qkv.blocks, torch.cat([s.blocks for s in shards]))  # type: ignore[union-attr]
+    blocks = [s.blocks for s in shards if isinstance(s, QuantizedWeight) and s.blocks is not None]
+    assert len(blocks) == 3
+    assert qkv.blocks is not None
+    assert torch.equal(qkv.blocks, torch.cat(blocks))
 
     reference = loaded(path, dequantized(tensors))
+    # The float kernel sums as F.linear does; the integer kernel (where the CPU has one) first
+    # splits the activations into two int8 parts (about 15 bits): both within 1e-3.
     for ours, theirs in zip(
         runner_extend_and_decode_logits(runner),
         runner_extend_and_decode_logits(reference),

@@ -276,3 +276,41 @@ def quant_dequantize(
 ) -> None:
     """W (`[n, k]`), or its rows `ids`, as float32 (`out` float32) or bfloat16 bits (`out`
     int16) (GIL released)."""
+
+# --- The integer path: weights repacked into tiles (rust/python/src/packed.rs) -----------------
+# Tiles: a C-contiguous uint8 buffer of `quant_packed_len(fmt, n, k)` bytes written by
+# `quant_pack`; activations are split into two int8 parts per block of 32
+# (rust/core/src/quant/packed.rs).
+
+def quant_packed_kernel() -> str | None:
+    """The integer kernel this CPU runs ("avx512_vnni"), or None where there is none."""
+
+def quant_packed_len(fmt: str, n: int, k: int) -> int:
+    """Bytes of a packed `[n, k]` weight of `fmt`."""
+
+def quant_pack(fmt: str, blocks: _Bytes, n: int, k: int, out: _Bytes) -> None:
+    """Writes the `[n, k]` weight in blocks of `fmt` into `out` as tiles."""
+
+def quant_packed_linear(
+    fmt: str,
+    x: _Floats | NDArray[np.int16],
+    m: int,
+    packed: _Bytes,
+    n: int,
+    k: int,
+    bias: _Floats | None,
+    out: _Floats | NDArray[np.int16],
+) -> None:
+    """`out[m, n] = x[m, k] · Wᵀ + bias` on the tiles, `x` and `out` both float32 or both
+    bfloat16 bits (int16), the bias float32 (GIL released, on PyTorch's OpenMP threads)."""
+
+def quant_packed_dequantize(
+    fmt: str,
+    packed: _Bytes,
+    n: int,
+    k: int,
+    out: _Floats | NDArray[np.int16],
+    ids: _Ids | NDArray[np.int32] | None = None,
+) -> None:
+    """The packed W, or its rows `ids`, as float32 or bfloat16 bits, equal to
+    `quant_dequantize` on the blocks it was packed from (GIL released)."""

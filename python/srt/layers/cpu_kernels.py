@@ -53,6 +53,12 @@ def native_bf16_matmul() -> bool:
     return _rust.cpu_bf16_matmul()[0]
 
 
+def quant_packed_kernel() -> str | None:
+    """The integer kernel of quantized weights (`quant_kernels`: "avx512_vnni") within the
+    `SRT_CPU_ISA` cap, or None where the float kernel runs instead."""
+    return _rust.quant_packed_kernel()
+
+
 def amx_bf16() -> bool:
     """Whether this CPU has AMX tiles with bf16 products (PyTorch's oneDNN uses them)."""
     return _rust.cpu_bf16_matmul()[1]

@@ -2,11 +2,13 @@
 them: the Rust core's `quant` kernels (rust/core/src/quant.rs) as a tensor class.
 
 Why: decoding on the CPU is bound by the bytes of weights each step reads; blocks of 4.5 to 8.5
-bits per weight read 4 to 7 times fewer than float32. Decode-sized products (a few rows) run
-the in-register kernel on the blocks; prefill-sized ones (many rows) are bound by arithmetic
-instead, so they dequantize the weight for the call and run PyTorch's matrix multiply in the
-activations' dtype (oneDNN's bf16 products where `--dtype auto` chose bf16; a float32 model keeps
-float32's results, which a bf16 prefill would round to 8 significant bits).
+bits per weight read 4 to 7 times fewer than float32. Where the CPU has integer dot products
+(AVX-512 VNNI), a weight is repacked at its first use into the tiles of the integer kernel
+(rust/core/src/quant/packed.rs: activations split into two int8 parts per block of 32, to
+about 15 bits), and its blocks are released; elsewhere the float kernel expands the blocks in
+registers and keeps float32's results. Both take few rows (decode); many rows (prefill) may
+instead dequantize the weight for the call and run PyTorch's matrix multiply in the activations'
+dtype (oneDNN's bf16 products where `--dtype auto` chose bf16).
 
 Where the two paths cross is measured, not assumed: at the first call per (format, shape), both
 paths are timed at a few row counts (`_measure_crossover`: 0.05 to 1 s for each of SmolLM2's
@@ -21,10 +23,12 @@ from __future__ import annotations
 import functools
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from srt import _rust
+from srt.layers import cpu_kernels
 
 BLOCK_SIZE = 32
 BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
@@ -34,9 +38,9 @@ BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 # matrix multiply's at its better-blocked, or bfloat16, rate).
 _PROBE_ROWS = (4, 8, 16, 32, 64, 128, 256)
 _PROBE_REPEATS = 3
-# (fmt, out_features, in_features, activations' dtype) -> the fewest rows that take the dense
-# path.
-_crossovers: dict[tuple[str, int, int, torch.dtype], int] = {}
+# (fmt, out_features, in_features, activations' dtype, packed) -> the fewest rows that take the
+# dense path.
+_crossovers: dict[tuple[str, int, int, torch.dtype, bool], int] = {}
 
 
 class QuantizedWeight:
@@ -64,17 +68,38 @@ class QuantizedWeight:
         self.fmt = fmt
         self.in_features = in_features
         self.out_features = blocks.shape[0]
-        self.blocks = blocks
-        # The numpy view is made once: each costs microseconds, and a linear runs often.
-        self._blocks = blocks.numpy()
+        # The file's blocks until `pack` replaces them with the integer kernel's tiles; `_held`
+        # is a numpy view of whichever is held, made once: each costs microseconds, and a linear
+        # runs often.
+        self.blocks: torch.Tensor | None = blocks
+        self._packed: torch.Tensor | None = None
+        self._held = blocks.numpy()
 
     @property
     def nbytes(self) -> int:
-        """Bytes of blocks (what a product reads)."""
-        return self.blocks.numel()
+        """Bytes of blocks or tiles (what a product reads)."""
+        held = self.blocks if self._packed is None else self._packed
+        assert held is not None
+        return held.numel()
+
+    @property
+    def packed(self) -> bool:
+        """Whether the weight is held in the integer kernel's tiles."""
+        return self._packed is not None
 
     def __repr__(self) -> str:
         return f"QuantizedWeight({self.fmt}, [{self.out_features}, {self.in_features}])"
+
+    def pack(self) -> bool:
+        """Repacks the blocks into the integer kernel's tiles where this CPU has that kernel
+        (`cpu_kernels.quant_packed_kernel()`), releasing the blocks; whether the weight is
+        packed. Called at the first product or lookup."""
+        if self._packed is None and cpu_kernels.quant_packed_kernel() is not None:
+            n, k = self.out_features, self.in_features
+            tiles = torch.empty(_rust.quant_packed_len(self.fmt, n, k), dtype=torch.uint8)
+            _rust.quant_pack(self.fmt, self._held, n, k, tiles.numpy())
+            self._packed, self._held, self.blocks = tiles, tiles.numpy(), None
+        return self._packed is not None
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`x · Wᵀ + bias` for x [..., in_features] (float32 or bfloat16, CPU), in x's dtype:
@@ -93,7 +118,8 @@ class QuantizedWeight:
     def crossover(self, dtype: torch.dtype = torch.float32) -> int:
         """The fewest rows of `dtype` for which `linear` dequantizes and multiplies (measured
         once per format, shape and dtype in this process)."""
-        key = (self.fmt, self.out_features, self.in_features, dtype)
+        self.pack()
+        key = (self.fmt, self.out_features, self.in_features, dtype, self.packed)
         found = _crossovers.get(key)
         if found is None:
             # The whole weight, not a slice: the dense path writes and reads back the dequantized
@@ -102,18 +128,36 @@ class QuantizedWeight:
         return found
 
     def _kernel(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """The product on the blocks (float32 inputs and outputs)."""
+        """The product on the tiles (in the rows' dtype) or the blocks (in float32)."""
+        n, k = self.out_features, self.in_features
+        bias_floats = None if bias is None else bias.detach().to(torch.float32).contiguous()
+        bias_view = None if bias_floats is None else bias_floats.numpy()
+        if self.pack():
+            inputs = rows.contiguous()
+            out = torch.empty(inputs.shape[0], n, dtype=inputs.dtype)
+            if inputs.shape[0]:
+                _rust.quant_packed_linear(
+                    self.fmt,
+                    _numpy(inputs),
+                    inputs.shape[0],
+                    self._held,
+                    n,
+                    k,
+                    bias_view,
+                    _numpy(out),
+                )
+            return out
         inputs = rows.to(torch.float32).contiguous()
-        out = torch.empty(inputs.shape[0], self.out_features)
+        out = torch.empty(inputs.shape[0], n)
         if inputs.shape[0]:
             _rust.quant_linear(
                 self.fmt,
                 inputs.numpy(),
                 inputs.shape[0],
-                self._blocks,
-                self.out_features,
-                self.in_features,
-                None if bias is None else bias.detach().to(torch.float32).contiguous().numpy(),
+                self._held,
+                n,
+                k,
+                bias_view,
                 out.numpy(),
             )
         return out
@@ -126,14 +170,7 @@ class QuantizedWeight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight as a dense [out_features, in_features] tensor of `dtype`."""
-        if dtype == torch.bfloat16:
-            out = torch.empty(self.out_features, self.in_features, dtype=torch.bfloat16)
-            target = out.view(torch.int16).numpy()
-        else:
-            out = torch.empty(self.out_features, self.in_features)
-            target = out.numpy()
-        _rust.quant_dequantize(self.fmt, self._blocks, self.out_features, self.in_features, target)
-        return out.to(dtype)
+        return self._decode(None, dtype).view(self.out_features, self.in_features)
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows `ids` of the weight (an embedding lookup): [*ids.shape, in_features]."""
@@ -141,23 +178,31 @@ class QuantizedWeight:
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
             raise ValueError(f"ids must lie in [0, {self.out_features})")
         index = flat.to(torch.int32).contiguous().numpy()
-        shape = (flat.numel(), self.in_features)
-        if dtype == torch.bfloat16:
-            out = torch.empty(shape, dtype=torch.bfloat16)
-            target = out.view(torch.int16).numpy()
+        return self._decode(index, dtype).view(*ids.shape, self.in_features)
+
+    def _decode(self, index: np.ndarray | None, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `index` (all when None) of the weight, float32 or bfloat16 as `dtype` asks,
+        converted to `dtype`."""
+        count = self.out_features if index is None else len(index)
+        reduced = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+        out = torch.empty(count, self.in_features, dtype=reduced)
+        n, k = self.out_features, self.in_features
+        if self.pack():
+            _rust.quant_packed_dequantize(self.fmt, self._held, n, k, _numpy(out), index)
         else:
-            out = torch.empty(shape)
-            target = out.numpy()
-        _rust.quant_dequantize(
-            self.fmt, self._blocks, self.out_features, self.in_features, target, index
-        )
-        return out.to(dtype).view(*ids.shape, self.in_features)
+            _rust.quant_dequantize(self.fmt, self._held, n, k, _numpy(out), index)
+        return out.to(dtype)
+
+    def _unpacked_blocks(self) -> torch.Tensor:
+        if self.blocks is None:
+            raise ValueError(f"{self!r} is packed: select or concatenate before its first use")
+        return self.blocks
 
     def select_rows(self, start: int, end: int) -> QuantizedWeight:
         """Output rows `start:end` (a view of the same blocks), e.g. one shard of a layer."""
         if not 0 <= start < end <= self.out_features:
             raise ValueError(f"rows {start}:{end} are not a non-empty range of {self.out_features}")
-        return QuantizedWeight(self.blocks[start:end], self.fmt, self.in_features)
+        return QuantizedWeight(self._unpacked_blocks()[start:end], self.fmt, self.in_features)
 
     @staticmethod
     def cat(weights: list[QuantizedWeight]) -> QuantizedWeight:
@@ -167,7 +212,8 @@ class QuantizedWeight:
         fmt, in_features = weights[0].fmt, weights[0].in_features
         if any(w.fmt != fmt or w.in_features != in_features for w in weights):
             raise ValueError("cat needs weights of one format and one in_features")
-        return QuantizedWeight(torch.cat([w.blocks for w in weights]), fmt, in_features)
+        blocks = torch.cat([w._unpacked_blocks() for w in weights])
+        return QuantizedWeight(blocks, fmt, in_features)
 
 
 def _dense_wins(
@@ -202,3 +248,10 @@ def _measure_crossover(weight: QuantizedWeight, dtype: torch.dtype) -> int:
         else:
             return won_at
     return won_at if won_at is not None else 2 * _PROBE_ROWS[-1]
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A float32 tensor's numpy view, or a bfloat16 one's bits as int16 (numpy has no bf16)."""
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy()
+    return tensor.numpy()

@@ -13,17 +13,13 @@
 //!
 //! Arithmetic: the activations stay float32 and every block is expanded to float32 weights in
 //! registers, then multiplied and added in float32, as with the dequantized weight, so results
-//! equal `F.linear` on the dequantized weight to float rounding and switching a model to these
-//! kernels changes none of its outputs beyond that. llama.cpp's way (activations rounded to
-//! int8 per block, integer dot products with VNNI) spends fewer instructions per weight, but
-//! rounds the activations to 8 bits. Measured on a busy 2-core AVX-512 (Zen 5) machine, one
-//! thread, weights cold (benches/bench_quant_linear.py): at 1 to 4 rows a call takes a half to a
-//! quarter of float32 `F.linear`'s time on the dequantized weight, and up to half of bfloat16's;
-//! it is then bound by the instructions that expand the blocks (2 to 4 GB/s of blocks per core),
-//! not by the memory. Past about 16 rows it is bound by float32 multiply-adds, and there the
-//! class dequantizes to bfloat16 for a matrix multiply instead (python/srt/layers/
-//! quant_kernels.py). So an int8 path would speed up 1 to 16 rows, at the cost of exact float32
-//! agreement: the next step if decode speed matters more than that.
+//! equal `F.linear` on the dequantized weight to float rounding. Measured on a busy 2-core
+//! AVX-512 (Zen 5) machine, one thread, weights cold (benches/bench_quant_linear.py): at 1 to 4
+//! rows a call takes a half to a quarter of float32 `F.linear`'s time on the dequantized
+//! weight, and up to half of bfloat16's; it is then bound by the instructions that expand the
+//! blocks (2 to 4 GB/s of blocks per core), not by the memory. Where the CPU has AVX-512 VNNI,
+//! `packed.rs` takes over: the weights repacked into tiles for integer dot products, the
+//! activations split into two int8 parts, 3 to 6 times fewer instructions.
 //!
 //! Kernels: AVX-512 F/BW (`avx512.rs`), AVX2 with FMA and F16C (`avx2.rs`), and plain Rust
 //! (`block.rs`), chosen at run time by the CPU's features (`Kernel::best`). Each decodes a
@@ -43,6 +39,7 @@ use crate::{Error, Result};
 
 mod block;
 mod dequant;
+mod packed;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -51,6 +48,9 @@ mod avx512;
 
 pub use block::f16_to_f32;
 pub use dequant::{dequantize, dequantize_rows};
+pub use packed::{
+    dequantize_packed, linear_packed, pack, packed_len, PackedKernel, PackedMatrix, TILE,
+};
 
 /// Weights per block, in every format.
 pub const BLOCK: usize = 32;

@@ -134,3 +134,23 @@ fn address_range<T>(buffer: NonNull<[T]>) -> (usize, usize) {
 pub(crate) fn bf16_bits(buffer: NonNull<[i16]>) -> NonNull<[Bf16]> {
     NonNull::slice_from_raw_parts(buffer.cast::<Bf16>(), buffer.len())
 }
+
+/// A CPU tensor's memory as float32 or bfloat16 (whose bits arrive as an int16 buffer).
+pub(crate) enum Floats {
+    F32(PyBuffer<f32>),
+    Bf16(PyBuffer<i16>),
+}
+
+impl Floats {
+    /// `obj`'s buffer, named `what` in errors.
+    pub(crate) fn get(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Floats> {
+        if let Ok(buffer) = PyBuffer::<f32>::get(obj) {
+            return Ok(Floats::F32(buffer));
+        }
+        PyBuffer::<i16>::get(obj).map(Floats::Bf16).map_err(|_| {
+            PyValueError::new_err(format!(
+                "{what} must be a float32 or an int16 (bfloat16 bits) buffer"
+            ))
+        })
+    }
+}

@@ -13,6 +13,7 @@ mod boundary;
 mod detokenizer;
 mod gemm;
 mod ops;
+mod packed;
 mod quant;
 mod radix;
 mod ring;
@@ -47,5 +48,6 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ops::register(m)?;
     threads::register(m)?;
     quant::register(m)?;
+    packed::register(m)?;
     Ok(())
 }

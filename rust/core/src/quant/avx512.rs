@@ -167,7 +167,7 @@ unsafe fn decode_row_as<D: Decode, T: Element>(row: *const u8, out: &mut [T]) {
 /// 16 floats rounded to bfloat16 bits as `Bf16::from_f32` rounds (ties to even, NaNs
 /// kept quiet).
 #[inline(always)]
-unsafe fn bf16(v: __m512) -> __m256i {
+pub(super) unsafe fn bf16(v: __m512) -> __m256i {
     // SAFETY: register-only AVX-512 F operations; the caller has AVX-512 F.
     unsafe {
         let bits = _mm512_castps_si512(v);

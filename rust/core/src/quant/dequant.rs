@@ -13,15 +13,14 @@ use crate::{Error, Result};
 /// Rows decoded per claim when dequantizing on several threads.
 const DEQUANT_ROWS: usize = 64;
 
-/// Decodes rows `ids` of `weight` into `out` (`ids.len()` rows of `in_features` values), each
-/// float converted to `T`, on several threads when there is enough of it.
-fn decode_rows<T: Element>(
-    weight: &QuantMatrix<'_>,
-    ids: &(dyn Fn(usize) -> usize + Sync),
+/// Fills `out` (`count` rows of `k` values) by `decode(row, values)` for each row, on several
+/// threads when there is enough of it.
+pub(super) fn decode_rows<T: Element>(
+    k: usize,
     count: usize,
     out: &mut [T],
+    decode: &(dyn Fn(usize, &mut [T]) + Sync),
 ) {
-    let k = weight.in_features;
     let threads = if count.saturating_mul(k) >= PARALLEL_MIN_WORK / 4 {
         parallel::max_threads()
     } else {
@@ -31,7 +30,6 @@ fn decode_rows<T: Element>(
         .chunks_mut(DEQUANT_ROWS * k)
         .map(std::sync::Mutex::new)
         .collect();
-    let simd = Kernel::best() == Kernel::Avx512;
     let next = AtomicUsize::new(0);
     parallel::run(threads, &|_, _| loop {
         let index = next.fetch_add(1, Ordering::Relaxed);
@@ -39,19 +37,33 @@ fn decode_rows<T: Element>(
             break;
         };
         // Each chunk is claimed by one thread only (the counter), so the lock never waits and
-        // is never poisoned: decoding does not panic on rows whose lengths `QuantMatrix` checked.
+        // is never poisoned: decoding does not panic on rows whose lengths were checked.
         let mut rows = chunk
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for (offset, values) in rows.chunks_exact_mut(k).enumerate() {
-            let row = weight.row(ids(index * DEQUANT_ROWS + offset));
-            if simd {
-                // SAFETY: the CPU has the kernel's features; `row` holds the row's blocks,
-                // `values` its `in_features` elements.
-                unsafe { decode_row_avx512(weight.format, row, values) };
-            } else {
-                block::decode_row(weight.format, row, values);
-            }
+            decode(index * DEQUANT_ROWS + offset, values);
+        }
+    });
+}
+
+/// Decodes rows `ids` of `weight` into `out` (`count` rows of `in_features` values), each
+/// float converted to `T`.
+fn decode_block_rows<T: Element>(
+    weight: &QuantMatrix<'_>,
+    ids: &(dyn Fn(usize) -> usize + Sync),
+    count: usize,
+    out: &mut [T],
+) {
+    let simd = Kernel::best() == Kernel::Avx512;
+    decode_rows(weight.in_features, count, out, &|i, values| {
+        let row = weight.row(ids(i));
+        if simd {
+            // SAFETY: the CPU has the kernel's features; `row` holds the row's blocks,
+            // `values` its `in_features` elements.
+            unsafe { decode_row_avx512(weight.format, row, values) };
+        } else {
+            block::decode_row(weight.format, row, values);
         }
     });
 }
@@ -62,7 +74,7 @@ fn decode_rows<T: Element>(
 pub fn dequantize<T: Element>(weight: &QuantMatrix<'_>, out: &mut [T]) -> Result<()> {
     let expected = elements("the output", &[weight.out_features, weight.in_features])?;
     check_floats("the output", out.len(), expected)?;
-    decode_rows(weight, &|row| row, weight.out_features, out);
+    decode_block_rows(weight, &|row| row, weight.out_features, out);
     Ok(())
 }
 
@@ -89,7 +101,7 @@ pub fn dequantize_rows<T: Element>(
         out.len(),
         elements("the output", &[ids.len(), weight.in_features])?,
     )?;
-    decode_rows(weight, &|i| ids[i] as usize, ids.len(), out);
+    decode_block_rows(weight, &|i| ids[i] as usize, ids.len(), out);
     Ok(())
 }
 

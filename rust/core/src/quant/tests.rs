@@ -5,7 +5,7 @@ use super::*;
 use crate::element::Bf16;
 use crate::test_values::values;
 
-const FORMATS: [Format; 3] = [Format::Q4_0, Format::Q4_1, Format::Q8_0];
+pub(super) const FORMATS: [Format; 3] = [Format::Q4_0, Format::Q4_1, Format::Q8_0];
 
 /// Half-precision bits of small exact values used as scales.
 const HALF_ONE_EIGHTH: u16 = 0x3000; // 0.125
@@ -13,7 +13,7 @@ const HALF_MINUS_TWO: u16 = 0xc000; // -2.0
 
 /// Deterministic random blocks: every byte random, with scales drawn from a few halves of
 /// moderate size (random bits could make infinities).
-fn blocks(format: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
+pub(super) fn blocks(format: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
     let count = n * k / BLOCK;
     let noise = values(count * format.block_bytes(), seed);
     let scales = values(count * 2, seed + 1);
@@ -36,7 +36,7 @@ fn blocks(format: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-fn dequantized(weight: &QuantMatrix<'_>) -> Vec<f32> {
+pub(super) fn dequantized(weight: &QuantMatrix<'_>) -> Vec<f32> {
     let mut out = vec![f32::NAN; weight.out_features() * weight.in_features()];
     dequantize(weight, &mut out).unwrap();
     out

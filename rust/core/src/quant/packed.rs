@@ -1,0 +1,517 @@
+//! The integer path of `quant`: GGUF blocks repacked once, at load, into tiles that integer
+//! dot-product instructions (AVX-512 VNNI's `vpdpbusd`) read directly, and a linear kernel on
+//! activations split into two int8 parts per block of 32.
+//!
+//! Why: the float kernels of `quant.rs` spend about a dozen instructions expanding each block
+//! to floats before multiplying, so they are bound by instructions (2 to 4 GB/s of blocks per
+//! core), not by memory. Here the 16 output columns of a tile lie in the 16 lanes of a vector,
+//! four consecutive weights of a column in each lane's four bytes, so one `vpdpbusd` multiplies
+//! 64 weights with four activations broadcast to every lane and adds them into each column's
+//! sum: no horizontal sums, no conversions per weight, and the nibbles need two instructions
+//! per 128 of them.
+//!
+//! Why two parts: llama.cpp rounds activations to one int8 per value (a step of 1/127 of the
+//! block's largest). Measured on SmolLM2-135M against its dequantized float32 model, that
+//! changed the greedy output of 10 of 12 prompts within 32 tokens; a second int8 holding the
+//! remainder in steps 256 times finer (1/32512 of the block's largest, finer than bfloat16's
+//! rounding for all but the block's smallest values) costs a second `vpdpbusd` per four
+//! weights and rows, and no more weight decoding.
+//!
+//! Tile layout: the columns `16t..16t+16` of a `[n, k]` weight (the last tile padded with zero
+//! weights) make tile `t`, stored as its `k / 32` blocks in order, each:
+//! - the values: for each group `g` of four weights `4g..4g+4` of the block (8 groups), 64
+//!   bytes, column `c`'s four at bytes `4c..4c+4`. Q8_0 stores the signed values plus 128 (so
+//!   every format is unsigned, as `vpdpbusd` wants its first operand), one group after another
+//!   (512 bytes); Q4_0 and Q4_1 store the nibbles, group `g` in the low nibbles and group
+//!   `g + 4` in the high nibbles of the same 64 bytes (256 bytes);
+//! - the 16 columns' scales `d`, then their offsets `m`, as halves (64 bytes): a weight is
+//!   `d·(q - z) + m` in every format, with the zero point `z` 8 for Q4_0, 128 for Q8_0 and 0
+//!   for Q4_1, whose `m` is its own (0 for the others).
+//!
+//! Arithmetic, the same in every kernel so that their results are bit-identical: an activation
+//! block of 32 is `s·(a + b/256)` with `s` = the largest magnitude / 127, `a` = `x/s` rounded to
+//! nearest (ties to even) and `b` = the remainder times 256 rounded likewise (both int8),
+//! `u = s/256` and the sum `u·Σ(256a + b)` kept beside it; per output, per block,
+//! `acc = fma(256·Σq·a + Σq·b - z·Σ(256a + b), d·u, acc)` (the integer sum exact in int32,
+//! the zero point taken off there rather than after rounding to a float, where it would
+//! cancel) then `acc = fma(m, u·Σ(256a + b), acc)`, and finally `acc + bias`, rounded once to
+//! the output's type. A block holding a NaN or an infinity makes its rows' outputs NaN.
+//!
+//! What must stay true: a row's outputs do not depend on the other rows of the call or on the
+//! threads (each (row, column) is summed by the same operations in the same order).
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{block, Format, QuantMatrix, BLOCK};
+use crate::element::Element;
+use crate::error::{check_len, elements};
+use crate::isa::Isa;
+use crate::parallel;
+use crate::{Error, Result};
+
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+
+/// Output columns per tile (the 16 int32 lanes of an AVX-512 vector).
+pub const TILE: usize = 16;
+
+/// Multiply-adds below which a product runs on the calling thread alone (starting a parallel
+/// region costs about as much as the integer kernel takes for this many).
+const PARALLEL_MIN_WORK: usize = 1 << 22;
+
+/// Bytes of one block's values in a tile.
+const fn values_bytes(format: Format) -> usize {
+    match format {
+        Format::Q8_0 => TILE * BLOCK,
+        Format::Q4_0 | Format::Q4_1 => TILE * BLOCK / 2,
+    }
+}
+
+/// Bytes of one block of a tile: its values, then 16 scales and 16 offsets as halves.
+const fn tile_block_bytes(format: Format) -> usize {
+    values_bytes(format) + 4 * TILE
+}
+
+/// Bytes that `pack` writes for a `[n, k]` weight of `format`.
+pub fn packed_len(format: Format, out_features: usize, in_features: usize) -> Result<usize> {
+    if in_features == 0 || !in_features.is_multiple_of(BLOCK) || out_features == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "a packed weight needs at least one output and a positive multiple of {BLOCK} \
+             input features, got [{out_features}, {in_features}]"
+        )));
+    }
+    elements(
+        "the packed weight",
+        &[
+            out_features.div_ceil(TILE),
+            in_features / BLOCK,
+            tile_block_bytes(format),
+        ],
+    )
+}
+
+fn check_bytes(len: usize, expected: usize) -> Result<()> {
+    if len != expected {
+        return Err(Error::InvalidArgument(format!(
+            "the packed weight has {len} bytes, expected {expected}"
+        )));
+    }
+    Ok(())
+}
+
+/// Which implementation of the integer kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackedKernel {
+    /// Plain Rust, any CPU (the reference; far slower than the float kernels).
+    Portable,
+    /// x86-64 with AVX-512 F, BW and VNNI.
+    Avx512Vnni,
+}
+
+impl PackedKernel {
+    /// The fast kernel this CPU runs within the instruction-set ceiling (`SRT_CPU_ISA`), or
+    /// `None` where there is none and the float kernels should run instead.
+    pub fn best() -> Option<Self> {
+        (crate::isa::active() >= Isa::Avx512 && PackedKernel::Avx512Vnni.available())
+            .then_some(PackedKernel::Avx512Vnni)
+    }
+
+    /// Whether this CPU runs the kernel.
+    pub fn available(self) -> bool {
+        match self {
+            PackedKernel::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            PackedKernel::Avx512Vnni => {
+                super::avx512_available() && std::arch::is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            PackedKernel::Avx512Vnni => false,
+        }
+    }
+
+    /// The kernel's name: `"portable"`, `"avx512_vnni"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PackedKernel::Portable => "portable",
+            PackedKernel::Avx512Vnni => "avx512_vnni",
+        }
+    }
+}
+
+/// A weight in the tile layout: a borrowed buffer whose length was checked against its shape.
+#[derive(Debug, Clone, Copy)]
+pub struct PackedMatrix<'a> {
+    format: Format,
+    bytes: &'a [u8],
+    out_features: usize,
+    in_features: usize,
+}
+
+impl<'a> PackedMatrix<'a> {
+    /// Checks that `bytes` holds a packed `[out_features, in_features]` weight of `format`.
+    pub fn new(
+        format: Format,
+        bytes: &'a [u8],
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Self> {
+        check_bytes(bytes.len(), packed_len(format, out_features, in_features)?)?;
+        Ok(PackedMatrix {
+            format,
+            bytes,
+            out_features,
+            in_features,
+        })
+    }
+
+    /// The offset of block `b` of tile `t`.
+    fn tile_block(&self, t: usize, b: usize) -> usize {
+        (t * (self.in_features / BLOCK) + b) * tile_block_bytes(self.format)
+    }
+
+    /// Column `column`'s weights, as `block::decode` computes them, into `out` (`in_features`).
+    fn decode_column<T: Element>(&self, column: usize, out: &mut [T]) {
+        let (t, lane) = (column / TILE, column % TILE);
+        for (b, values) in out.chunks_exact_mut(BLOCK).enumerate() {
+            let at = self.tile_block(t, b);
+            let scales = at + values_bytes(self.format);
+            let half = |offset: usize| {
+                let bits = [self.bytes[offset], self.bytes[offset + 1]];
+                block::f16_to_f32(u16::from_le_bytes(bits))
+            };
+            let (d, m) = (half(scales + 2 * lane), half(scales + 2 * TILE + 2 * lane));
+            for (i, value) in values.iter_mut().enumerate() {
+                let q = f32::from(value_at(self.format, self.bytes, at, lane, i));
+                // Each format's own formula, so that the weights equal `block::decode`'s.
+                *value = T::store(match self.format {
+                    Format::Q4_0 => d * (q - 8.0),
+                    Format::Q4_1 => d * q + m,
+                    Format::Q8_0 => d * (q - 128.0),
+                });
+            }
+        }
+    }
+}
+
+/// The unsigned value that stands for weight 0: a weight is `d·(q - zero) + m`.
+pub(crate) const fn zero_point(format: Format) -> i32 {
+    match format {
+        Format::Q4_0 => 8,
+        Format::Q4_1 => 0,
+        Format::Q8_0 => 128,
+    }
+}
+
+/// Where weight `i` of a block's column `lane` lies: (byte, whether in the high nibble).
+fn value_place(format: Format, at: usize, lane: usize, i: usize) -> (usize, bool) {
+    let (group, within) = (i / 4, i % 4);
+    match format {
+        Format::Q8_0 => (at + group * 64 + lane * 4 + within, false),
+        Format::Q4_0 | Format::Q4_1 => (at + (group % 4) * 64 + lane * 4 + within, group >= 4),
+    }
+}
+
+/// The unsigned value of weight `i` of column `lane` in the tile block at `at`.
+fn value_at(format: Format, bytes: &[u8], at: usize, lane: usize, i: usize) -> u8 {
+    match value_place(format, at, lane, i) {
+        (byte, false) if format == Format::Q8_0 => bytes[byte],
+        (byte, false) => bytes[byte] & 0xf,
+        (byte, true) => bytes[byte] >> 4,
+    }
+}
+
+/// Writes `weight` in the tile layout into `out` (`packed_len` bytes).
+pub fn pack(weight: &QuantMatrix<'_>, out: &mut [u8]) -> Result<()> {
+    let format = weight.format();
+    let (n, k) = (weight.out_features(), weight.in_features());
+    check_bytes(out.len(), packed_len(format, n, k)?)?;
+    out.fill(0);
+    let blocks = k / BLOCK;
+    for column in 0..n {
+        let (t, lane) = (column / TILE, column % TILE);
+        for (b, source) in weight
+            .row(column)
+            .chunks_exact(format.block_bytes())
+            .enumerate()
+        {
+            let at = (t * blocks + b) * tile_block_bytes(format);
+            let d_bits = u16::from_le_bytes([source[0], source[1]]);
+            let (m_bits, values): (u16, Vec<u8>) = match format {
+                Format::Q4_0 | Format::Q4_1 => {
+                    let nibbles = &source[source.len() - 16..];
+                    let low = nibbles.iter().map(|byte| byte & 0xf);
+                    let m = if format == Format::Q4_1 {
+                        u16::from_le_bytes([source[2], source[3]])
+                    } else {
+                        0
+                    };
+                    (m, low.chain(nibbles.iter().map(|byte| byte >> 4)).collect())
+                }
+                Format::Q8_0 => (0, source[2..].iter().map(|&q| q ^ 0x80).collect()),
+            };
+            for (i, &q) in values.iter().enumerate() {
+                let (byte, high) = value_place(format, at, lane, i);
+                out[byte] |= if high { q << 4 } else { q };
+            }
+            let scales = at + values_bytes(format);
+            out[scales + 2 * lane..][..2].copy_from_slice(&d_bits.to_le_bytes());
+            out[scales + 2 * TILE + 2 * lane..][..2].copy_from_slice(&m_bits.to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// Columns `ids` of the packed weight (rows of the `[n, k]` matrix) as `T`, bit-identical to
+/// `dequantize_rows` on the blocks it was packed from.
+pub fn dequantize_packed<T: Element>(
+    weight: &PackedMatrix<'_>,
+    ids: Option<&[u32]>,
+    out: &mut [T],
+) -> Result<()> {
+    let count = ids.map_or(weight.out_features, <[u32]>::len);
+    let k = weight.in_features;
+    check_len(
+        "the output",
+        out.len(),
+        elements("the output", &[count, k])?,
+    )?;
+    if let Some(bad) =
+        ids.and_then(|ids| ids.iter().find(|&&id| id as usize >= weight.out_features))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "row {bad} is out of range for a weight of {} rows",
+            weight.out_features
+        )));
+    }
+    let column = |i: usize| ids.map_or(i, |ids| ids[i] as usize);
+    super::dequant::decode_rows(k, count, out, &|i, values| {
+        weight.decode_column(column(i), values);
+    });
+    Ok(())
+}
+
+/// Activation rows as two int8 parts per block of 32 (see the module's arithmetic).
+pub(crate) struct QuantizedRows {
+    /// `[m, k]` high parts `a`.
+    pub(crate) high: Vec<i8>,
+    /// `[m, k]` low parts `b`.
+    pub(crate) low: Vec<i8>,
+    /// `[m, k / 32]` units `s / 256`.
+    pub(crate) units: Vec<f32>,
+    /// `[m, k / 32]` integer sums `Σ(256a + b)`.
+    pub(crate) totals: Vec<i32>,
+    /// `[m, k / 32]` sums `s/256 · Σ(256a + b)`.
+    pub(crate) sums: Vec<f32>,
+}
+
+impl QuantizedRows {
+    /// Splits the rows of `x` (`k` a multiple of 32, `x.len()` a multiple of `k`).
+    pub(crate) fn new<T: Element>(x: &[T]) -> QuantizedRows {
+        let count = x.len() / BLOCK;
+        let mut rows = QuantizedRows {
+            high: vec![0; x.len()],
+            low: vec![0; x.len()],
+            units: vec![0.0; count],
+            totals: vec![0; count],
+            sums: vec![0.0; count],
+        };
+        for (b, ((block, high), low)) in x
+            .chunks_exact(BLOCK)
+            .zip(rows.high.chunks_exact_mut(BLOCK))
+            .zip(rows.low.chunks_exact_mut(BLOCK))
+            .enumerate()
+        {
+            let floats: [f32; BLOCK] = std::array::from_fn(|i| block[i].load());
+            if floats.iter().any(|v| !v.is_finite()) {
+                rows.units[b] = f32::NAN;
+                rows.sums[b] = f32::NAN;
+                continue;
+            }
+            let largest = floats.iter().fold(0f32, |a, v| a.max(v.abs()));
+            if largest == 0.0 {
+                continue;
+            }
+            let inverse = 127.0 / largest;
+            let mut total = 0i32;
+            for ((high, low), v) in high.iter_mut().zip(low.iter_mut()).zip(floats) {
+                // `t - whole` is exact (|t| ≤ 127 and `whole` its nearest integer), and so is
+                // its product by 256: the low part rounds the remainder once.
+                let t = v * inverse;
+                let whole = t.round_ties_even().clamp(-127.0, 127.0);
+                *high = whole as i8;
+                *low = ((t - whole) * 256.0).round_ties_even().clamp(-127.0, 127.0) as i8;
+                total += 256 * i32::from(*high) + i32::from(*low);
+            }
+            rows.units[b] = largest / 127.0 / 256.0;
+            rows.totals[b] = total;
+            rows.sums[b] = rows.units[b] * total as f32;
+        }
+        rows
+    }
+}
+
+/// One product, shared read-only by the threads; each writes only the tiles it claims.
+pub(crate) struct Job<T> {
+    pub(crate) format: Format,
+    pub(crate) high: *const i8,
+    pub(crate) low: *const i8,
+    pub(crate) units: *const f32,
+    pub(crate) totals: *const i32,
+    pub(crate) sums: *const f32,
+    pub(crate) weight: *const u8,
+    pub(crate) bias: *const f32,
+    pub(crate) out: *mut T,
+    pub(crate) m: usize,
+    pub(crate) out_features: usize,
+    pub(crate) in_features: usize,
+}
+
+// SAFETY: the pointers come from buffers that outlive the parallel region (`linear_packed`
+// returns after it), the inputs are only read, and threads write the columns of disjoint
+// tiles, each tile claimed by exactly one thread through an atomic counter.
+unsafe impl<T> Sync for Job<T> {}
+
+/// `out[m, n] = x[m, k] · Wᵀ + bias` on the packed weight, `x` and `out` float32 or bf16,
+/// with `kernel` (`InvalidArgument` when this CPU does not run it), on the process's OpenMP
+/// threads.
+pub fn linear_packed<T: Element>(
+    kernel: PackedKernel,
+    weight: &PackedMatrix<'_>,
+    x: &[T],
+    m: usize,
+    bias: Option<&[f32]>,
+    out: &mut [T],
+) -> Result<()> {
+    let (n, k) = (weight.out_features, weight.in_features);
+    check_len("the input", x.len(), elements("the input", &[m, k])?)?;
+    check_len("the output", out.len(), elements("the output", &[m, n])?)?;
+    if let Some(bias) = bias {
+        check_len("the bias", bias.len(), n)?;
+    }
+    if !kernel.available() {
+        return Err(Error::InvalidArgument(format!(
+            "this CPU does not run the {} packed kernel",
+            kernel.name()
+        )));
+    }
+    if m == 0 {
+        return Ok(());
+    }
+    let rows = QuantizedRows::new(x);
+    let job = Job {
+        format: weight.format,
+        high: rows.high.as_ptr(),
+        low: rows.low.as_ptr(),
+        units: rows.units.as_ptr(),
+        totals: rows.totals.as_ptr(),
+        sums: rows.sums.as_ptr(),
+        weight: weight.bytes.as_ptr(),
+        bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
+        out: out.as_mut_ptr(),
+        m,
+        out_features: n,
+        in_features: k,
+    };
+    let tiles = n.div_ceil(TILE);
+    let work = m.saturating_mul(n).saturating_mul(k);
+    let threads = if work >= PARALLEL_MIN_WORK {
+        parallel::max_threads()
+    } else {
+        1
+    };
+    // Tiles are claimed in chunks, so a thread slowed by a busy core takes fewer of them.
+    let chunk = tiles.div_ceil(threads * 4).next_multiple_of(4);
+    let next = AtomicUsize::new(0);
+    parallel::run(threads, &|_, _| loop {
+        let start = next.fetch_add(chunk, Ordering::Relaxed);
+        if start >= tiles {
+            break;
+        }
+        let claimed = start..(start + chunk).min(tiles);
+        // SAFETY: the kernel is available, every length was checked above, and this thread
+        // alone owns the tiles `claimed`.
+        unsafe { run_kernel(kernel, &job, claimed) };
+    });
+    Ok(())
+}
+
+/// # Safety
+/// `kernel` is available; `job`'s lengths are checked; no other thread writes `tiles`.
+unsafe fn run_kernel<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: Range<usize>) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match kernel {
+            PackedKernel::Portable => run_portable(job, tiles),
+            #[cfg(target_arch = "x86_64")]
+            PackedKernel::Avx512Vnni => vnni::run(job, tiles),
+            // Not available off x86-64, so never asked for (`linear_packed` checks).
+            #[cfg(not(target_arch = "x86_64"))]
+            PackedKernel::Avx512Vnni => {}
+        }
+    }
+}
+
+/// The portable kernel: the module's arithmetic one (row, column) at a time.
+///
+/// # Safety
+/// As `run_kernel`.
+unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
+    let (m, n, k) = (job.m, job.out_features, job.in_features);
+    let blocks = k / BLOCK;
+    // SAFETY: the caller guarantees the buffers' extents; these slices cover exactly them and
+    // are only read.
+    let (high, low, units, totals, sums, bytes) = unsafe {
+        (
+            std::slice::from_raw_parts(job.high, m * k),
+            std::slice::from_raw_parts(job.low, m * k),
+            std::slice::from_raw_parts(job.units, m * blocks),
+            std::slice::from_raw_parts(job.totals, m * blocks),
+            std::slice::from_raw_parts(job.sums, m * blocks),
+            std::slice::from_raw_parts(
+                job.weight,
+                n.div_ceil(TILE) * blocks * tile_block_bytes(job.format),
+            ),
+        )
+    };
+    let weight = PackedMatrix {
+        format: job.format,
+        bytes,
+        out_features: n,
+        in_features: k,
+    };
+    for column in tiles.start * TILE..(tiles.end * TILE).min(n) {
+        let (t, lane) = (column / TILE, column % TILE);
+        // SAFETY: the bias, when given, holds `n` floats.
+        let bias = (!job.bias.is_null()).then(|| unsafe { *job.bias.add(column) });
+        for row in 0..m {
+            let mut acc = 0f32;
+            for b in 0..blocks {
+                let at = weight.tile_block(t, b);
+                let (mut dot_high, mut dot_low) = (0i32, 0i32);
+                for i in 0..BLOCK {
+                    let q = i32::from(value_at(job.format, bytes, at, lane, i));
+                    dot_high += q * i32::from(high[row * k + b * BLOCK + i]);
+                    dot_low += q * i32::from(low[row * k + b * BLOCK + i]);
+                }
+                let zero = zero_point(job.format) * totals[row * blocks + b];
+                let dot = (dot_high << 8) + dot_low - zero;
+                let scale_at = at + values_bytes(job.format);
+                let half = |offset: usize| {
+                    block::f16_to_f32(u16::from_le_bytes([bytes[offset], bytes[offset + 1]]))
+                };
+                let (d, offset) = (
+                    half(scale_at + 2 * lane),
+                    half(scale_at + 2 * TILE + 2 * lane),
+                );
+                acc = (dot as f32).mul_add(d * units[row * blocks + b], acc);
+                acc = offset.mul_add(sums[row * blocks + b], acc);
+            }
+            // SAFETY: (row, column) is inside the `m × n` output and this thread alone owns
+            // the column's tile.
+            unsafe { *job.out.add(row * n + column) = T::store(acc + bias.unwrap_or(0.0)) };
+        }
+    }
+}

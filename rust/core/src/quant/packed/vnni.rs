@@ -1,0 +1,222 @@
+//! The AVX-512 VNNI kernel of `linear_packed`: per block, `vpdpbusd` adds each tile column's 32
+//! weights times the row's 32 high activation parts into the column's int32 lane, and again
+//! with the low parts (8 instructions each, four weights apiece, the activations broadcast
+//! four at a time); the lanes then turn into floats and meet the scales (see `packed.rs` for
+//! the arithmetic, which this follows operation for operation).
+//!
+//! Tiles: up to 8 rows share each loaded block; with one row, four column tiles run side by
+//! side, and with two or three, two, so that enough independent sums hide `vpdpbusd`'s latency
+//! (registers: two int32 sums and a float sum per (row, tile), two decoded groups per tile and
+//! four broadcast activations, within 32).
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::{tile_block_bytes, values_bytes, zero_point, Job, BLOCK, TILE};
+use crate::element::Element;
+use crate::quant::avx512::bf16;
+use crate::quant::Format;
+
+/// The most rows in a tile.
+const TILE_ROWS: usize = 8;
+
+/// The two groups of four weights a block's values hold at `h` (0..4): weights `4h..4h+4` and
+/// `16+4h..16+4h+4` of each column, as unsigned bytes.
+trait Values {
+    /// # Safety
+    /// `at` points at a tile block's values; the CPU has AVX-512 F and BW.
+    unsafe fn groups(at: *const u8, h: usize) -> [__m512i; 2];
+}
+
+/// Q4_0 and Q4_1: the two groups are the low and high nibbles of the same 64 bytes.
+struct Nibbles;
+/// Q8_0: one group per 64 bytes.
+struct Bytes;
+
+impl Values for Nibbles {
+    #[inline(always)]
+    unsafe fn groups(at: *const u8, h: usize) -> [__m512i; 2] {
+        // SAFETY: the values hold 4 × 64 bytes at `at`, as the caller guarantees.
+        unsafe {
+            let packed = _mm512_loadu_si512(at.add(64 * h).cast());
+            let mask = _mm512_set1_epi8(0x0f);
+            [
+                _mm512_and_si512(packed, mask),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(packed), mask),
+            ]
+        }
+    }
+}
+
+impl Values for Bytes {
+    #[inline(always)]
+    unsafe fn groups(at: *const u8, h: usize) -> [__m512i; 2] {
+        // SAFETY: the values hold 8 × 64 bytes at `at`, as the caller guarantees.
+        unsafe {
+            [
+                _mm512_loadu_si512(at.add(64 * h).cast()),
+                _mm512_loadu_si512(at.add(64 * (h + 4)).cast()),
+            ]
+        }
+    }
+}
+
+/// Computes the tiles `tiles` for every row of `job`.
+///
+/// # Safety
+/// The CPU has AVX-512 F, BW and VNNI; `job`'s pointers hold what `Job` says (checked by
+/// `linear_packed`); no other thread writes the tiles.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c,fma")]
+pub(super) unsafe fn run<T: Element>(job: &Job<T>, tiles: Range<usize>) {
+    // SAFETY: forwarded; each format's values match `job.format`.
+    unsafe {
+        match job.format {
+            Format::Q8_0 => run_as::<Bytes, T>(job, tiles),
+            Format::Q4_0 | Format::Q4_1 => run_as::<Nibbles, T>(job, tiles),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn run_as<V: Values, T: Element>(job: &Job<T>, tiles: Range<usize>) {
+    let row_tiles = job.m.div_ceil(TILE_ROWS);
+    // The rows are spread evenly over the row tiles (9 rows: 5 + 4, not 8 + 1), and every
+    // row tile meets the claimed tiles while their blocks are in cache.
+    let mut row = 0;
+    for row_tile in 0..row_tiles {
+        let rows = (job.m - row).div_ceil(row_tiles - row_tile);
+        // SAFETY: rows `row..row + rows` (1..=8) and `tiles` lie inside the job and this
+        // thread's share, as the caller guarantees.
+        unsafe {
+            match rows {
+                1 => span::<V, T, 1, 4>(job, row, tiles.clone()),
+                2 => span::<V, T, 2, 2>(job, row, tiles.clone()),
+                3 => span::<V, T, 3, 2>(job, row, tiles.clone()),
+                4 => span::<V, T, 4, 1>(job, row, tiles.clone()),
+                5 => span::<V, T, 5, 1>(job, row, tiles.clone()),
+                6 => span::<V, T, 6, 1>(job, row, tiles.clone()),
+                7 => span::<V, T, 7, 1>(job, row, tiles.clone()),
+                _ => span::<V, T, 8, 1>(job, row, tiles.clone()),
+            }
+        }
+        row += rows;
+    }
+}
+
+/// Rows `row..row + R` over `tiles`, `N` tiles at a time, the tiles short of `N` one by one.
+#[inline(always)]
+unsafe fn span<V: Values, T: Element, const R: usize, const N: usize>(
+    job: &Job<T>,
+    row: usize,
+    tiles: Range<usize>,
+) {
+    let mut tile = tiles.start;
+    // SAFETY: every tile lies inside `tiles` and the rows inside the job, as the caller's.
+    unsafe {
+        while tile + N <= tiles.end {
+            block_tile::<V, T, R, N>(job, row, tile);
+            tile += N;
+        }
+        while tile < tiles.end {
+            block_tile::<V, T, R, 1>(job, row, tile);
+            tile += 1;
+        }
+    }
+}
+
+/// Output rows `row..row + R`, tiles `tile..tile + N`.
+#[inline(always)]
+unsafe fn block_tile<V: Values, T: Element, const R: usize, const N: usize>(
+    job: &Job<T>,
+    row: usize,
+    tile: usize,
+) {
+    let k = job.in_features;
+    let blocks = k / BLOCK;
+    let stride = tile_block_bytes(job.format);
+    let scales_at = values_bytes(job.format);
+    // SAFETY: the caller keeps rows and tiles inside the job, so every offset below stays
+    // inside the buffers `Job` describes; loads and stores are unaligned ones.
+    unsafe {
+        let zero = zero_point(job.format);
+        let mut acc = [[_mm512_setzero_ps(); N]; R];
+        for b in 0..blocks {
+            let base: [*const u8; N] =
+                std::array::from_fn(|t| job.weight.add(((tile + t) * blocks + b) * stride));
+            let mut high = [[_mm512_setzero_si512(); N]; R];
+            let mut low = [[_mm512_setzero_si512(); N]; R];
+            for h in 0..4 {
+                let w: [[__m512i; 2]; N] = std::array::from_fn(|t| V::groups(base[t], h));
+                for r in 0..R {
+                    let at = (row + r) * k + b * BLOCK + 4 * h;
+                    let four = |part: *const i8, at: usize| {
+                        _mm512_set1_epi32(part.add(at).cast::<i32>().read_unaligned())
+                    };
+                    let (a, a2) = (four(job.high, at), four(job.high, at + 16));
+                    let (c, c2) = (four(job.low, at), four(job.low, at + 16));
+                    for t in 0..N {
+                        let sum = _mm512_dpbusd_epi32(high[r][t], w[t][0], a);
+                        high[r][t] = _mm512_dpbusd_epi32(sum, w[t][1], a2);
+                        let sum = _mm512_dpbusd_epi32(low[r][t], w[t][0], c);
+                        low[r][t] = _mm512_dpbusd_epi32(sum, w[t][1], c2);
+                    }
+                }
+            }
+            let half = |at: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(at.cast()));
+            let d: [__m512; N] = std::array::from_fn(|t| half(base[t].add(scales_at)));
+            let m: [__m512; N] = std::array::from_fn(|t| half(base[t].add(scales_at + 32)));
+            for r in 0..R {
+                let at = (row + r) * blocks + b;
+                let unit = _mm512_set1_ps(*job.units.add(at));
+                let sum = _mm512_set1_ps(*job.sums.add(at));
+                let offset = _mm512_set1_epi32(zero * *job.totals.add(at));
+                for t in 0..N {
+                    let whole = _mm512_slli_epi32::<8>(high[r][t]);
+                    let dot = _mm512_sub_epi32(_mm512_add_epi32(whole, low[r][t]), offset);
+                    let scaled = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(dot),
+                        _mm512_mul_ps(d[t], unit),
+                        acc[r][t],
+                    );
+                    acc[r][t] = _mm512_fmadd_ps(m[t], sum, scaled);
+                }
+            }
+        }
+        for t in 0..N {
+            let column = (tile + t) * TILE;
+            let width = TILE.min(job.out_features - column);
+            let bias = if job.bias.is_null() {
+                _mm512_setzero_ps()
+            } else {
+                let mut lanes = [0f32; TILE];
+                std::ptr::copy_nonoverlapping(job.bias.add(column), lanes.as_mut_ptr(), width);
+                _mm512_loadu_ps(lanes.as_ptr())
+            };
+            for (r, sums) in acc.iter().enumerate() {
+                let target = job.out.add((row + r) * job.out_features + column);
+                store(_mm512_add_ps(sums[t], bias), target, width);
+            }
+        }
+    }
+}
+
+/// Stores the first `width` lanes of `v` at `target` as `T`.
+#[inline(always)]
+unsafe fn store<T: Element>(v: __m512, target: *mut T, width: usize) {
+    // SAFETY: `target` holds `width` elements (the caller's word); `T` is `f32` or, when
+    // `T::REDUCED`, `Bf16` (16 bits: the only `Element`s), so the lanes copied fill exactly
+    // `width` of them.
+    unsafe {
+        if T::REDUCED {
+            let mut lanes = [0u16; TILE];
+            _mm256_storeu_si256(lanes.as_mut_ptr().cast(), bf16(v));
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), target.cast::<u16>(), width);
+        } else if width == TILE {
+            _mm512_storeu_ps(target.cast(), v);
+        } else {
+            let mut lanes = [0f32; TILE];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), v);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), target.cast::<f32>(), width);
+        }
+    }
+}

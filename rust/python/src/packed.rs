@@ -1,0 +1,203 @@
+//! `srt._rust.quant_pack*`: the binding of `srt_core::quant`'s integer path (weights repacked
+//! into tiles, activations rounded to int8). Buffers arrive as for `quant.rs`: uint8 for
+//! blocks and tiles, float32 or bfloat16 bits (int16) for activations and outputs, shared, not
+//! copied; shapes are checked by the core, writability and overlap here. The work runs with
+//! the GIL released.
+
+use std::ptr::NonNull;
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use srt_core::element::Element;
+use srt_core::quant::{self, Format, PackedKernel, PackedMatrix, QuantMatrix};
+
+use crate::boundary::{bf16_bits, contiguous, overlap, Floats, Ids};
+use crate::to_py_err;
+
+/// The integer kernel `quant_packed_linear` runs on this CPU ("avx512_vnni"), or None where
+/// there is none (the float kernels of `quant_linear` should run instead).
+#[pyfunction]
+fn quant_packed_kernel() -> Option<&'static str> {
+    PackedKernel::best().map(PackedKernel::name)
+}
+
+/// Bytes of a packed `[n, k]` weight of `fmt`.
+#[pyfunction]
+fn quant_packed_len(fmt: &str, n: usize, k: usize) -> PyResult<usize> {
+    let format = Format::parse(fmt).map_err(to_py_err)?;
+    quant::packed_len(format, n, k).map_err(to_py_err)
+}
+
+/// Writes the `[n, k]` weight in blocks of `fmt` into `out` in the tile layout.
+#[pyfunction]
+fn quant_pack(
+    py: Python<'_>,
+    fmt: &str,
+    blocks: PyBuffer<u8>,
+    n: usize,
+    k: usize,
+    out: PyBuffer<u8>,
+) -> PyResult<()> {
+    let format = Format::parse(fmt).map_err(to_py_err)?;
+    let weight = contiguous("the blocks", &blocks, false)?;
+    let output = contiguous("the packed weight", &out, true)?;
+    if overlap(weight, output) {
+        return Err(PyValueError::new_err(
+            "the packed weight overlaps the blocks",
+        ));
+    }
+    // SAFETY: both buffers stay acquired until this function returns and do not overlap.
+    let (weight, output) = unsafe { (weight.as_ref(), &mut *output.as_ptr()) };
+    let matrix = QuantMatrix::new(format, weight, n, k).map_err(to_py_err)?;
+    py.detach(|| quant::pack(&matrix, output))
+        .map_err(to_py_err)
+}
+
+/// `out[m, n] = x[m, k] · Wᵀ + bias` on the packed weight `W`, `x` and `out` both float32 or
+/// both bfloat16 bits, the bias float32.
+#[pyfunction]
+#[pyo3(signature = (fmt, x, m, packed, n, k, bias, out))]
+#[allow(clippy::too_many_arguments)]
+fn quant_packed_linear(
+    py: Python<'_>,
+    fmt: &str,
+    x: &Bound<'_, PyAny>,
+    m: usize,
+    packed: PyBuffer<u8>,
+    n: usize,
+    k: usize,
+    bias: Option<PyBuffer<f32>>,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let format = Format::parse(fmt).map_err(to_py_err)?;
+    let weight = contiguous("the packed weight", &packed, false)?;
+    let bias = bias
+        .as_ref()
+        .map(|b| contiguous("the bias", b, false))
+        .transpose()?;
+    let kernel = PackedKernel::best().unwrap_or(PackedKernel::Portable);
+    match (
+        Floats::get("the input", x)?,
+        Floats::get("the output", out)?,
+    ) {
+        (Floats::F32(x), Floats::F32(out)) => {
+            let (x, out) = (
+                contiguous("the input", &x, false)?,
+                contiguous("the output", &out, true)?,
+            );
+            product(py, kernel, format, weight, (n, k), x, m, bias, out)
+        }
+        (Floats::Bf16(x), Floats::Bf16(out)) => {
+            let (x, out) = (
+                contiguous("the input", &x, false)?,
+                contiguous("the output", &out, true)?,
+            );
+            product(
+                py,
+                kernel,
+                format,
+                weight,
+                (n, k),
+                bf16_bits(x),
+                m,
+                bias,
+                bf16_bits(out),
+            )
+        }
+        _ => Err(PyValueError::new_err(
+            "the input and the output must both be float32 or both bfloat16",
+        )),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn product<T: Element>(
+    py: Python<'_>,
+    kernel: PackedKernel,
+    format: Format,
+    weight: NonNull<[u8]>,
+    (n, k): (usize, usize),
+    x: NonNull<[T]>,
+    m: usize,
+    bias: Option<NonNull<[f32]>>,
+    out: NonNull<[T]>,
+) -> PyResult<()> {
+    if overlap(weight, out) || overlap(x, out) || bias.is_some_and(|b| overlap(b, out)) {
+        return Err(PyValueError::new_err("the output overlaps an input"));
+    }
+    // SAFETY: every buffer stays acquired by the caller until it returns; the output overlaps
+    // none of the inputs, so the one mutable slice aliases nothing.
+    let (weight, x, bias, out) = unsafe {
+        (
+            weight.as_ref(),
+            x.as_ref(),
+            bias.map(|b| b.as_ref()),
+            &mut *out.as_ptr(),
+        )
+    };
+    let matrix = PackedMatrix::new(format, weight, n, k).map_err(to_py_err)?;
+    py.detach(|| quant::linear_packed(kernel, &matrix, x, m, bias, out))
+        .map_err(to_py_err)
+}
+
+/// The packed `[n, k]` weight, or its rows `ids`, as float32 (`out` float32) or bfloat16 bits
+/// (`out` int16), equal to `quant_dequantize` on the blocks it was packed from.
+#[pyfunction]
+#[pyo3(signature = (fmt, packed, n, k, out, ids=None))]
+fn quant_packed_dequantize(
+    py: Python<'_>,
+    fmt: &str,
+    packed: PyBuffer<u8>,
+    n: usize,
+    k: usize,
+    out: &Bound<'_, PyAny>,
+    ids: Option<Ids>,
+) -> PyResult<()> {
+    let format = Format::parse(fmt).map_err(to_py_err)?;
+    let weight = contiguous("the packed weight", &packed, false)?;
+    let ids = ids.as_ref().map(|ids| ids.0.as_slice());
+    match Floats::get("the output", out)? {
+        Floats::F32(out) => dequantize(
+            py,
+            format,
+            weight,
+            (n, k),
+            contiguous("the output", &out, true)?,
+            ids,
+        ),
+        Floats::Bf16(out) => {
+            let out = bf16_bits(contiguous("the output", &out, true)?);
+            dequantize(py, format, weight, (n, k), out, ids)
+        }
+    }
+}
+
+fn dequantize<T: Element>(
+    py: Python<'_>,
+    format: Format,
+    weight: NonNull<[u8]>,
+    (n, k): (usize, usize),
+    out: NonNull<[T]>,
+    ids: Option<&[u32]>,
+) -> PyResult<()> {
+    if overlap(weight, out) {
+        return Err(PyValueError::new_err(
+            "the output overlaps the packed weight",
+        ));
+    }
+    // SAFETY: both buffers stay acquired by the caller until it returns and do not overlap.
+    let (weight, out) = unsafe { (weight.as_ref(), &mut *out.as_ptr()) };
+    let matrix = PackedMatrix::new(format, weight, n, k).map_err(to_py_err)?;
+    py.detach(|| quant::dequantize_packed(&matrix, ids, out))
+        .map_err(to_py_err)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(quant_packed_kernel, m)?)?;
+    m.add_function(wrap_pyfunction!(quant_packed_len, m)?)?;
+    m.add_function(wrap_pyfunction!(quant_pack, m)?)?;
+    m.add_function(wrap_pyfunction!(quant_packed_linear, m)?)?;
+    m.add_function(wrap_pyfunction!(quant_packed_dequantize, m)?)?;
+    Ok(())
+}
