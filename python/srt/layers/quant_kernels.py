@@ -31,6 +31,7 @@ from srt import _rust
 from srt.layers import cpu_kernels
 
 BLOCK_SIZE = 32
+_ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 
 # Row counts at which the two paths are compared, in order (see `_measure_crossover`). Past the
@@ -73,6 +74,7 @@ class QuantizedWeight:
         # runs often.
         self.blocks: torch.Tensor | None = blocks
         self._packed: torch.Tensor | None = None
+        self._crossover: dict[torch.dtype, int] = {}
         self._held = blocks.numpy()
 
     @property
@@ -103,17 +105,22 @@ class QuantizedWeight:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`x · Wᵀ + bias` for x [..., in_features] (float32 or bfloat16, CPU), in x's dtype:
-        from the blocks for few rows, through a dequantized matmul for many."""
+        from the blocks for few rows, through a dequantized matmul for many. (Runs for every
+        linear layer of every decode step: each step of Python here costs about a microsecond.)"""
+        dtype = x.dtype
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected x[..., {self.in_features}], got {tuple(x.shape)}")
-        if x.dtype not in (torch.float32, torch.bfloat16) or not x.is_cpu:
-            raise ValueError(f"x must be float32 or bfloat16 on the CPU, got {x.dtype} {x.device}")
-        rows = x.detach().reshape(-1, self.in_features)
-        if rows.shape[0] >= self.crossover(rows.dtype):
-            out = self._dense(rows, bias)
-        else:
-            out = self._kernel(rows, bias)
-        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        if dtype not in _ACTIVATION_DTYPES or x.device.type != "cpu":
+            raise ValueError(f"x must be float32 or bfloat16 on the CPU, got {dtype} {x.device}")
+        rows = (x.detach() if x.requires_grad else x).reshape(-1, self.in_features)
+        crossover = self._crossover.get(dtype)
+        if crossover is None:
+            crossover = self.crossover(dtype)
+        path = self._dense if rows.shape[0] >= crossover else self._kernel
+        out = path(rows, bias)
+        if out.dtype != dtype:
+            out = out.to(dtype)
+        return out.view(*x.shape[:-1], self.out_features)
 
     def crossover(self, dtype: torch.dtype = torch.float32) -> int:
         """The fewest rows of `dtype` for which `linear` dequantizes and multiplies (measured
@@ -125,41 +132,25 @@ class QuantizedWeight:
             # The whole weight, not a slice: the dense path writes and reads back the dequantized
             # weight, which stays in cache for a slice but not for a large lm_head.
             found = _crossovers[key] = _measure_crossover(self, dtype)
+        self._crossover[dtype] = found
         return found
 
     def _kernel(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The product on the tiles (in the rows' dtype) or the blocks (in float32)."""
-        n, k = self.out_features, self.in_features
-        bias_floats = None if bias is None else bias.detach().to(torch.float32).contiguous()
-        bias_view = None if bias_floats is None else bias_floats.numpy()
-        if self.pack():
-            inputs = rows.contiguous()
-            out = torch.empty(inputs.shape[0], n, dtype=inputs.dtype)
-            if inputs.shape[0]:
+        n, k, m = self.out_features, self.in_features, rows.shape[0]
+        bias_view = None if bias is None else bias.detach().to(torch.float32).contiguous().numpy()
+        if self._packed is not None or self.pack():
+            out = torch.empty(m, n, dtype=rows.dtype)
+            if m:
+                inputs = _numpy(rows.contiguous())
                 _rust.quant_packed_linear(
-                    self.fmt,
-                    _numpy(inputs),
-                    inputs.shape[0],
-                    self._held,
-                    n,
-                    k,
-                    bias_view,
-                    _numpy(out),
+                    self.fmt, inputs, m, self._held, n, k, bias_view, _numpy(out)
                 )
             return out
-        inputs = rows.to(torch.float32).contiguous()
-        out = torch.empty(inputs.shape[0], n)
-        if inputs.shape[0]:
-            _rust.quant_linear(
-                self.fmt,
-                inputs.numpy(),
-                inputs.shape[0],
-                self._held,
-                n,
-                k,
-                bias_view,
-                out.numpy(),
-            )
+        out = torch.empty(m, n)
+        if m:
+            inputs = rows.to(torch.float32).contiguous().numpy()
+            _rust.quant_linear(self.fmt, inputs, m, self._held, n, k, bias_view, out.numpy())
         return out
 
     def _dense(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -308,8 +308,9 @@ pub(crate) struct QuantizedRows {
 }
 
 impl QuantizedRows {
-    /// Splits the rows of `x` (`k` a multiple of 32, `x.len()` a multiple of `k`).
-    pub(crate) fn new<T: Element>(x: &[T]) -> QuantizedRows {
+    /// Splits the rows of `x` (`k` a multiple of 32, `x.len()` a multiple of `k`), with
+    /// `kernel`'s instructions (the same results with every kernel).
+    pub(crate) fn new<T: Element>(x: &[T], kernel: PackedKernel) -> QuantizedRows {
         let count = x.len() / BLOCK;
         let mut rows = QuantizedRows {
             high: vec![0; x.len()],
@@ -324,33 +325,50 @@ impl QuantizedRows {
             .zip(rows.low.chunks_exact_mut(BLOCK))
             .enumerate()
         {
-            let floats: [f32; BLOCK] = std::array::from_fn(|i| block[i].load());
-            if floats.iter().any(|v| !v.is_finite()) {
-                rows.units[b] = f32::NAN;
-                rows.sums[b] = f32::NAN;
-                continue;
-            }
-            let largest = floats.iter().fold(0f32, |a, v| a.max(v.abs()));
-            if largest == 0.0 {
-                continue;
-            }
-            let inverse = 127.0 / largest;
-            let mut total = 0i32;
-            for ((high, low), v) in high.iter_mut().zip(low.iter_mut()).zip(floats) {
-                // `t - whole` is exact (|t| ≤ 127 and `whole` its nearest integer), and so is
-                // its product by 256: the low part rounds the remainder once.
-                let t = v * inverse;
-                let whole = t.round_ties_even().clamp(-127.0, 127.0);
-                *high = whole as i8;
-                *low = ((t - whole) * 256.0).round_ties_even().clamp(-127.0, 127.0) as i8;
-                total += 256 * i32::from(*high) + i32::from(*low);
-            }
-            rows.units[b] = largest / 127.0 / 256.0;
+            let split = match kernel {
+                // SAFETY: the kernel is available (`linear_packed` checks), so the CPU has
+                // AVX-512 F and BW; the three slices hold 32 elements each.
+                #[cfg(target_arch = "x86_64")]
+                PackedKernel::Avx512Vnni => unsafe { vnni::split_block(block, high, low) },
+                _ => split_block(block, high, low),
+            };
+            let (unit, total) = split.unwrap_or((f32::NAN, 0));
+            rows.units[b] = unit;
             rows.totals[b] = total;
-            rows.sums[b] = rows.units[b] * total as f32;
+            rows.sums[b] = if unit.is_nan() {
+                f32::NAN
+            } else {
+                unit * total as f32
+            };
         }
         rows
     }
+}
+
+/// One block of 32 activations split into its parts (written to `high` and `low`): its unit
+/// `s/256` and its integer sum `Σ(256a + b)`, or `None` for a block holding a NaN or an
+/// infinity (its parts are then zero).
+fn split_block<T: Element>(block: &[T], high: &mut [i8], low: &mut [i8]) -> Option<(f32, i32)> {
+    let floats: [f32; BLOCK] = std::array::from_fn(|i| block[i].load());
+    if floats.iter().any(|v| !v.is_finite()) {
+        return None;
+    }
+    let largest = floats.iter().fold(0f32, |a, v| a.max(v.abs()));
+    if largest == 0.0 {
+        return Some((0.0, 0));
+    }
+    let inverse = 127.0 / largest;
+    let mut total = 0i32;
+    for ((high, low), v) in high.iter_mut().zip(low.iter_mut()).zip(floats) {
+        // `t - whole` is exact (|t| ≤ 127 and `whole` its nearest integer), and so is its
+        // product by 256: the low part rounds the remainder once.
+        let t = v * inverse;
+        let whole = t.round_ties_even().clamp(-127.0, 127.0);
+        *high = whole as i8;
+        *low = ((t - whole) * 256.0).round_ties_even().clamp(-127.0, 127.0) as i8;
+        total += 256 * i32::from(*high) + i32::from(*low);
+    }
+    Some((largest / 127.0 / 256.0, total))
 }
 
 /// One product, shared read-only by the threads; each writes only the tiles it claims.
@@ -400,7 +418,7 @@ pub fn linear_packed<T: Element>(
     if m == 0 {
         return Ok(());
     }
-    let rows = QuantizedRows::new(x);
+    let rows = QuantizedRows::new(x, kernel);
     let job = Job {
         format: weight.format,
         high: rows.high.as_ptr(),

@@ -212,3 +212,36 @@ fn a_non_finite_activation_makes_only_its_rows_outputs_nan() {
         assert!(out[n..].iter().all(|v| v.is_nan()), "{kernel:?}");
     }
 }
+
+#[test]
+fn every_kernel_splits_activations_alike() {
+    let mut x = values(40 * BLOCK, 77);
+    // Ties at both steps (largest 127: t = x, so halves tie; then remainders of 1/512), an
+    // all-zero block, subnormals, and non-finite blocks.
+    let ties = [127.0, 0.5, 1.5, 2.5, -0.5, -2.5, 3.0 + 1.0 / 512.0, -(1.0 / 512.0)];
+    x[..ties.len()].copy_from_slice(&ties);
+    x[BLOCK..2 * BLOCK].fill(0.0);
+    x[2 * BLOCK..3 * BLOCK].fill(f32::from_bits(1));
+    x[3 * BLOCK + 7] = f32::NAN;
+    x[4 * BLOCK] = f32::NEG_INFINITY;
+    let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
+    let portable = QuantizedRows::new(&x, PackedKernel::Portable);
+    assert_eq!(portable.high[..ties.len()], [127, 0, 2, 2, 0, -2, 3, 0]);
+    assert_eq!(portable.low[..ties.len()], [0, 127, -127, 127, -127, -127, 0, -0]);
+    for kernel in kernels() {
+        for (rows, want) in [
+            (QuantizedRows::new(&x, kernel), &portable),
+            (
+                QuantizedRows::new(&halves, kernel),
+                &QuantizedRows::new(&halves, PackedKernel::Portable),
+            ),
+        ] {
+            assert_eq!(rows.high, want.high, "{kernel:?}");
+            assert_eq!(rows.low, want.low, "{kernel:?}");
+            assert_eq!(rows.totals, want.totals, "{kernel:?}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&rows.units), bits(&want.units), "{kernel:?}");
+            assert_eq!(bits(&rows.sums), bits(&want.sums), "{kernel:?}");
+        }
+    }
+}
