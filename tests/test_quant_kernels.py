@@ -75,15 +75,16 @@ def test_layout_and_dequantize_match_gguf(fmt: str) -> None:
     assert weight.blocks is not None
     assert weight.blocks.shape == (37, 96 // 32 * BLOCK_BYTES[fmt])
     assert weight.nbytes == weight.blocks.numel()
-    assert weight.pack() == PACKED == weight.packed
+    ids = torch.tensor([[36, 0], [5, 5]])
+    for _ in ("blocks", "tiles"):
+        assert torch.equal(weight.dequantize(), reference)
+        assert torch.equal(weight.dequantize(torch.bfloat16), reference.to(torch.bfloat16))
+        assert torch.equal(weight.rows(ids), reference[ids])
+        assert torch.equal(weight.rows(ids, torch.bfloat16), reference[ids].to(torch.bfloat16))
+        assert weight.pack() == PACKED == weight.packed
     if PACKED:
         assert weight.blocks is None
         assert weight.nbytes == _rust.quant_packed_len(fmt, 37, 96)
-    assert torch.equal(weight.dequantize(), reference)
-    assert torch.equal(weight.dequantize(torch.bfloat16), reference.to(torch.bfloat16))
-    ids = torch.tensor([[36, 0], [5, 5]])
-    assert torch.equal(weight.rows(ids), reference[ids])
-    assert torch.equal(weight.rows(ids, torch.bfloat16), reference[ids].to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))

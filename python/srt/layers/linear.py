@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from srt.layers import cpu_kernels
+from srt.layers.quant_kernels import QuantizedWeight
 
 if TYPE_CHECKING:
     from srt.layers.quantization import QuantWeight
@@ -63,13 +64,18 @@ class Linear(nn.Linear):
         self._packed = None
 
     def prepare_for_device(self) -> None:
-        """Packs the weight when it is float32 on a CPU the kernel runs on; elsewhere (CUDA,
-        half precision, other CPUs) the layer keeps running `F.linear`. Call once the weights
-        are loaded."""
+        """Packs the weight when it is float32 on a CPU the kernel runs on, or quantized blocks
+        on a CPU with the integer kernel (`QuantizedWeight.pack`); elsewhere (CUDA, half
+        precision, other CPUs) the layer keeps running `F.linear`. Call once the weights are
+        loaded."""
+        if self.quant is not None:
+            if isinstance(self.quant, QuantizedWeight):
+                self.quant.pack()
+            self._packed = None
+            return
         weight = self.weight
         if (
-            self.quant is not None
-            or weight.device.type != "cpu"
+            weight.device.type != "cpu"
             or weight.dtype != torch.float32
             or not cpu_kernels.linear_supported()
         ):

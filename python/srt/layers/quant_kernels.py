@@ -95,7 +95,8 @@ class QuantizedWeight:
     def pack(self) -> bool:
         """Repacks the blocks into the integer kernel's tiles where this CPU has that kernel
         (`cpu_kernels.quant_packed_kernel()`), releasing the blocks; whether the weight is
-        packed. Called at the first product or lookup."""
+        packed. Called once a model is loaded (`Linear.prepare_for_device`) and at the first
+        product."""
         if self._packed is None and cpu_kernels.quant_packed_kernel() is not None:
             n, k = self.out_features, self.in_features
             tiles = torch.empty(_rust.quant_packed_len(self.fmt, n, k), dtype=torch.uint8)
@@ -178,7 +179,9 @@ class QuantizedWeight:
         reduced = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
         out = torch.empty(count, self.in_features, dtype=reduced)
         n, k = self.out_features, self.in_features
-        if self.pack():
+        # Whichever form is held: an embedding that is no linear layer's weight is never
+        # packed (lookups decode blocks as fast as tiles).
+        if self._packed is not None:
             _rust.quant_packed_dequantize(self.fmt, self._held, n, k, _numpy(out), index)
         else:
             _rust.quant_dequantize(self.fmt, self._held, n, k, _numpy(out), index)
