@@ -116,14 +116,15 @@ def rms_norm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """`weight · x / sqrt(mean(x²) + eps)` per row; with `residual` (contiguous), `residual +=
-    x` first, in place, and the sum is normalized."""
+    x` first, in place, and the sum is normalized. (`weight` takes no gradient: the model
+    runner turns them off.)"""
     x = x.contiguous()
     out = torch.empty_like(x)
     kernel = _rust.rms_norm_bf16 if _bf16(x) else _rust.rms_norm
     kernel(
         _view(x),
         None if residual is None else _view(residual),
-        _view(weight.detach()),
+        _view(weight),
         eps,
         _view(out),
     )

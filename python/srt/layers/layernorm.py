@@ -20,7 +20,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_kernels.runs_in_rust(x, self.weight.detach()):
+        if cpu_kernels.runs_in_rust(x, self.weight):
             return cpu_kernels.rms_norm(x, None, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
@@ -32,7 +32,7 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Adds `x` to the residual stream, then normalizes: returns (normalized, new residual).
         The residual is updated in place (the returned one is the same tensor)."""
-        if cpu_kernels.runs_in_rust(x, residual, self.weight.detach()) and residual.is_contiguous():
+        if cpu_kernels.runs_in_rust(x, residual, self.weight) and residual.is_contiguous():
             return cpu_kernels.rms_norm(x, residual, self.weight, self.eps), residual
         residual.add_(x)
         return self.forward(residual), residual

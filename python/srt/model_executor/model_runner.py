@@ -93,7 +93,8 @@ class ModelRunner:
             )
         if config.quantization == "int8":
             quantize_int8(self.model)
-        self.model.eval()
+        # Serving never trains: without gradients the CPU kernels read parameters directly.
+        self.model.eval().requires_grad_(False)
         prepare_for_device(self.model)
         self.weight_bytes = weight_bytes(self.model)
         logger.info(
