@@ -314,3 +314,9 @@ def quant_packed_dequantize(
 ) -> None:
     """The packed W, or its rows `ids`, as float32 or bfloat16 bits, equal to
     `quant_dequantize` on the blocks it was packed from (GIL released)."""
+
+def quant_packed_dequantize_transposed(
+    fmt: str, packed: _Bytes, n: int, k: int, out: _Floats | NDArray[np.int16]
+) -> None:
+    """The packed W transposed (`[k, n]`), as float32 or bfloat16 bits, each weight equal to
+    `quant_packed_dequantize`'s (GIL released, on PyTorch's OpenMP threads)."""

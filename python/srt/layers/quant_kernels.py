@@ -161,8 +161,17 @@ class QuantizedWeight:
         return F.linear(rows, weight, None if bias is None else bias.detach().to(dtype))
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weight as a dense [out_features, in_features] tensor of `dtype`."""
-        return self._decode(None, dtype).view(self.out_features, self.in_features)
+        """The weight as a dense [out_features, in_features] tensor of `dtype`: from tiles, the
+        transposed view of a [in_features, out_features] one (the layout the tiles decode to
+        fastest, and one a matrix multiply reads as well)."""
+        if self._packed is None:
+            return self._decode(None, dtype).view(self.out_features, self.in_features)
+        reduced = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+        out = torch.empty(self.in_features, self.out_features, dtype=reduced)
+        _rust.quant_packed_dequantize_transposed(
+            self.fmt, self._held, self.out_features, self.in_features, _numpy(out)
+        )
+        return out.to(dtype).t()
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows `ids` of the weight (an embedding lookup): [*ids.shape, in_features]."""

@@ -154,32 +154,72 @@ fn quant_packed_dequantize(
     out: &Bound<'_, PyAny>,
     ids: Option<Ids>,
 ) -> PyResult<()> {
+    let ids = ids.as_ref().map(|ids| ids.0.as_slice());
     let format = Format::parse(fmt).map_err(to_py_err)?;
     let weight = contiguous("the packed weight", &packed, false)?;
-    let ids = ids.as_ref().map(|ids| ids.0.as_slice());
     match Floats::get("the output", out)? {
-        Floats::F32(out) => dequantize(
-            py,
-            format,
-            weight,
-            (n, k),
-            contiguous("the output", &out, true)?,
-            ids,
-        ),
+        Floats::F32(out) => {
+            let out = contiguous("the output", &out, true)?;
+            decode(py, format, weight, (n, k), out, |matrix, out| {
+                quant::dequantize_packed(matrix, ids, out)
+            })
+        }
         Floats::Bf16(out) => {
             let out = bf16_bits(contiguous("the output", &out, true)?);
-            dequantize(py, format, weight, (n, k), out, ids)
+            decode(py, format, weight, (n, k), out, |matrix, out| {
+                quant::dequantize_packed(matrix, ids, out)
+            })
         }
     }
 }
 
-fn dequantize<T: Element>(
+/// The packed `[n, k]` weight transposed, `[k, n]`, as float32 or bfloat16 bits, each weight
+/// equal to `quant_packed_dequantize`'s.
+#[pyfunction]
+fn quant_packed_dequantize_transposed(
+    py: Python<'_>,
+    fmt: &str,
+    packed: PyBuffer<u8>,
+    n: usize,
+    k: usize,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let format = Format::parse(fmt).map_err(to_py_err)?;
+    let weight = contiguous("the packed weight", &packed, false)?;
+    match Floats::get("the output", out)? {
+        Floats::F32(out) => {
+            let out = contiguous("the output", &out, true)?;
+            decode(
+                py,
+                format,
+                weight,
+                (n, k),
+                out,
+                quant::dequantize_packed_transposed,
+            )
+        }
+        Floats::Bf16(out) => {
+            let out = bf16_bits(contiguous("the output", &out, true)?);
+            decode(
+                py,
+                format,
+                weight,
+                (n, k),
+                out,
+                quant::dequantize_packed_transposed,
+            )
+        }
+    }
+}
+
+/// Runs `op` on the packed weight and the output, with the GIL released.
+fn decode<T: Element>(
     py: Python<'_>,
     format: Format,
     weight: NonNull<[u8]>,
     (n, k): (usize, usize),
     out: NonNull<[T]>,
-    ids: Option<&[u32]>,
+    op: impl FnOnce(&PackedMatrix<'_>, &mut [T]) -> srt_core::Result<()> + Send,
 ) -> PyResult<()> {
     if overlap(weight, out) {
         return Err(PyValueError::new_err(
@@ -189,8 +229,7 @@ fn dequantize<T: Element>(
     // SAFETY: both buffers stay acquired by the caller until it returns and do not overlap.
     let (weight, out) = unsafe { (weight.as_ref(), &mut *out.as_ptr()) };
     let matrix = PackedMatrix::new(format, weight, n, k).map_err(to_py_err)?;
-    py.detach(|| quant::dequantize_packed(&matrix, ids, out))
-        .map_err(to_py_err)
+    py.detach(|| op(&matrix, out)).map_err(to_py_err)
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -199,5 +238,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quant_pack, m)?)?;
     m.add_function(wrap_pyfunction!(quant_packed_linear, m)?)?;
     m.add_function(wrap_pyfunction!(quant_packed_dequantize, m)?)?;
+    m.add_function(wrap_pyfunction!(quant_packed_dequantize_transposed, m)?)?;
     Ok(())
 }

@@ -43,17 +43,21 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{block, Format, QuantMatrix, BLOCK};
+use super::{block, Format, BLOCK};
 use crate::element::Element;
 use crate::error::{check_len, elements};
 use crate::isa::Isa;
 use crate::parallel;
 use crate::{Error, Result};
 
+mod layout;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+
+pub use layout::{dequantize_packed, dequantize_packed_transposed, pack, packed_len, PackedMatrix};
+use layout::{tile_block_bytes, value_at, values_bytes, zero_point};
 
 /// Output columns per tile (the 16 int32 lanes of an AVX-512 vector).
 pub const TILE: usize = 16;
@@ -61,46 +65,6 @@ pub const TILE: usize = 16;
 /// Multiply-adds below which a product runs on the calling thread alone (starting a parallel
 /// region costs about as much as the integer kernel takes for this many).
 const PARALLEL_MIN_WORK: usize = 1 << 22;
-
-/// Bytes of one block's values in a tile.
-const fn values_bytes(format: Format) -> usize {
-    match format {
-        Format::Q8_0 => TILE * BLOCK,
-        Format::Q4_0 | Format::Q4_1 => TILE * BLOCK / 2,
-    }
-}
-
-/// Bytes of one block of a tile: its values, then 16 scales and 16 offsets as halves.
-const fn tile_block_bytes(format: Format) -> usize {
-    values_bytes(format) + 4 * TILE
-}
-
-/// Bytes that `pack` writes for a `[n, k]` weight of `format`.
-pub fn packed_len(format: Format, out_features: usize, in_features: usize) -> Result<usize> {
-    if in_features == 0 || !in_features.is_multiple_of(BLOCK) || out_features == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "a packed weight needs at least one output and a positive multiple of {BLOCK} \
-             input features, got [{out_features}, {in_features}]"
-        )));
-    }
-    elements(
-        "the packed weight",
-        &[
-            out_features.div_ceil(TILE),
-            in_features / BLOCK,
-            tile_block_bytes(format),
-        ],
-    )
-}
-
-fn check_bytes(len: usize, expected: usize) -> Result<()> {
-    if len != expected {
-        return Err(Error::InvalidArgument(format!(
-            "the packed weight has {len} bytes, expected {expected}"
-        )));
-    }
-    Ok(())
-}
 
 /// Which implementation of the integer kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,158 +103,6 @@ impl PackedKernel {
             PackedKernel::Avx512Vnni => "avx512_vnni",
         }
     }
-}
-
-/// A weight in the tile layout: a borrowed buffer whose length was checked against its shape.
-#[derive(Debug, Clone, Copy)]
-pub struct PackedMatrix<'a> {
-    format: Format,
-    bytes: &'a [u8],
-    out_features: usize,
-    in_features: usize,
-}
-
-impl<'a> PackedMatrix<'a> {
-    /// Checks that `bytes` holds a packed `[out_features, in_features]` weight of `format`.
-    pub fn new(
-        format: Format,
-        bytes: &'a [u8],
-        out_features: usize,
-        in_features: usize,
-    ) -> Result<Self> {
-        check_bytes(bytes.len(), packed_len(format, out_features, in_features)?)?;
-        Ok(PackedMatrix {
-            format,
-            bytes,
-            out_features,
-            in_features,
-        })
-    }
-
-    /// The offset of block `b` of tile `t`.
-    fn tile_block(&self, t: usize, b: usize) -> usize {
-        (t * (self.in_features / BLOCK) + b) * tile_block_bytes(self.format)
-    }
-
-    /// Column `column`'s weights, as `block::decode` computes them, into `out` (`in_features`).
-    fn decode_column<T: Element>(&self, column: usize, out: &mut [T]) {
-        let (t, lane) = (column / TILE, column % TILE);
-        for (b, values) in out.chunks_exact_mut(BLOCK).enumerate() {
-            let at = self.tile_block(t, b);
-            let scales = at + values_bytes(self.format);
-            let half = |offset: usize| {
-                let bits = [self.bytes[offset], self.bytes[offset + 1]];
-                block::f16_to_f32(u16::from_le_bytes(bits))
-            };
-            let (d, m) = (half(scales + 2 * lane), half(scales + 2 * TILE + 2 * lane));
-            for (i, value) in values.iter_mut().enumerate() {
-                let q = f32::from(value_at(self.format, self.bytes, at, lane, i));
-                // Each format's own formula, so that the weights equal `block::decode`'s.
-                *value = T::store(match self.format {
-                    Format::Q4_0 => d * (q - 8.0),
-                    Format::Q4_1 => d * q + m,
-                    Format::Q8_0 => d * (q - 128.0),
-                });
-            }
-        }
-    }
-}
-
-/// The unsigned value that stands for weight 0: a weight is `d·(q - zero) + m`.
-pub(crate) const fn zero_point(format: Format) -> i32 {
-    match format {
-        Format::Q4_0 => 8,
-        Format::Q4_1 => 0,
-        Format::Q8_0 => 128,
-    }
-}
-
-/// Where weight `i` of a block's column `lane` lies: (byte, whether in the high nibble).
-fn value_place(format: Format, at: usize, lane: usize, i: usize) -> (usize, bool) {
-    let (group, within) = (i / 4, i % 4);
-    match format {
-        Format::Q8_0 => (at + group * 64 + lane * 4 + within, false),
-        Format::Q4_0 | Format::Q4_1 => (at + (group % 4) * 64 + lane * 4 + within, group >= 4),
-    }
-}
-
-/// The unsigned value of weight `i` of column `lane` in the tile block at `at`.
-fn value_at(format: Format, bytes: &[u8], at: usize, lane: usize, i: usize) -> u8 {
-    match value_place(format, at, lane, i) {
-        (byte, false) if format == Format::Q8_0 => bytes[byte],
-        (byte, false) => bytes[byte] & 0xf,
-        (byte, true) => bytes[byte] >> 4,
-    }
-}
-
-/// Writes `weight` in the tile layout into `out` (`packed_len` bytes).
-pub fn pack(weight: &QuantMatrix<'_>, out: &mut [u8]) -> Result<()> {
-    let format = weight.format();
-    let (n, k) = (weight.out_features(), weight.in_features());
-    check_bytes(out.len(), packed_len(format, n, k)?)?;
-    out.fill(0);
-    let blocks = k / BLOCK;
-    for column in 0..n {
-        let (t, lane) = (column / TILE, column % TILE);
-        for (b, source) in weight
-            .row(column)
-            .chunks_exact(format.block_bytes())
-            .enumerate()
-        {
-            let at = (t * blocks + b) * tile_block_bytes(format);
-            let d_bits = u16::from_le_bytes([source[0], source[1]]);
-            let (m_bits, values): (u16, Vec<u8>) = match format {
-                Format::Q4_0 | Format::Q4_1 => {
-                    let nibbles = &source[source.len() - 16..];
-                    let low = nibbles.iter().map(|byte| byte & 0xf);
-                    let m = if format == Format::Q4_1 {
-                        u16::from_le_bytes([source[2], source[3]])
-                    } else {
-                        0
-                    };
-                    (m, low.chain(nibbles.iter().map(|byte| byte >> 4)).collect())
-                }
-                Format::Q8_0 => (0, source[2..].iter().map(|&q| q ^ 0x80).collect()),
-            };
-            for (i, &q) in values.iter().enumerate() {
-                let (byte, high) = value_place(format, at, lane, i);
-                out[byte] |= if high { q << 4 } else { q };
-            }
-            let scales = at + values_bytes(format);
-            out[scales + 2 * lane..][..2].copy_from_slice(&d_bits.to_le_bytes());
-            out[scales + 2 * TILE + 2 * lane..][..2].copy_from_slice(&m_bits.to_le_bytes());
-        }
-    }
-    Ok(())
-}
-
-/// Columns `ids` of the packed weight (rows of the `[n, k]` matrix) as `T`, bit-identical to
-/// `dequantize_rows` on the blocks it was packed from.
-pub fn dequantize_packed<T: Element>(
-    weight: &PackedMatrix<'_>,
-    ids: Option<&[u32]>,
-    out: &mut [T],
-) -> Result<()> {
-    let count = ids.map_or(weight.out_features, <[u32]>::len);
-    let k = weight.in_features;
-    check_len(
-        "the output",
-        out.len(),
-        elements("the output", &[count, k])?,
-    )?;
-    if let Some(bad) =
-        ids.and_then(|ids| ids.iter().find(|&&id| id as usize >= weight.out_features))
-    {
-        return Err(Error::InvalidArgument(format!(
-            "row {bad} is out of range for a weight of {} rows",
-            weight.out_features
-        )));
-    }
-    let column = |i: usize| ids.map_or(i, |ids| ids[i] as usize);
-    super::dequant::decode_rows(k, count, out, &|i, values| {
-        weight.decode_column(column(i), values);
-    });
-    Ok(())
 }
 
 /// Activation rows as two int8 parts per block of 32 (see the module's arithmetic).

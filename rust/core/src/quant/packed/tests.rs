@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::element::Bf16;
-use crate::quant::dequantize_rows;
 use crate::quant::tests::{blocks, dequantized, FORMATS};
+use crate::quant::{dequantize_rows, QuantMatrix};
 use crate::test_values::values;
 
 fn packed(weight: &QuantMatrix<'_>) -> Vec<u8> {
@@ -60,12 +60,49 @@ fn the_packed_weight_dequantizes_to_the_blocks_weights_bit_for_bit() {
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{format:?} [{n}, {k}]"
             );
+            transposed_equals(&tiles, &all);
+            let mut halves = vec![Bf16::default(); n * k];
+            dequantize_packed(&tiles, None, &mut halves).unwrap();
+            transposed_equals(&tiles, &halves);
             let ids = [n as u32 - 1, 0, (n / 2) as u32, 0];
             let mut rows = vec![Bf16::default(); ids.len() * k];
             dequantize_packed(&tiles, Some(&ids), &mut rows).unwrap();
             let mut expected = vec![Bf16::default(); ids.len() * k];
             dequantize_rows(&weight, &ids, &mut expected).unwrap();
             assert_eq!(rows, expected, "{format:?} [{n}, {k}] rows");
+        }
+    }
+}
+
+/// The transposed dequantization (and, where it runs, its AVX-512 tile decoder) equals the
+/// rows `rows` (`[n, k]`) transposed, bit for bit.
+fn transposed_equals<T: Element + PartialEq + std::fmt::Debug>(
+    tiles: &PackedMatrix<'_>,
+    rows: &[T],
+) {
+    let (n, k) = (tiles.out_features, tiles.in_features);
+    let bits = |v: &[T]| v.iter().map(|x| x.load().to_bits()).collect::<Vec<_>>();
+    let want: Vec<T> = (0..k * n).map(|i| rows[(i % n) * k + i / n]).collect();
+    let mut got = vec![T::store(f32::NAN); k * n];
+    dequantize_packed_transposed(tiles, &mut got).unwrap();
+    assert_eq!(bits(&got), bits(&want), "{:?} [{n}, {k}]", tiles.format);
+    for t in 0..n.div_ceil(TILE) {
+        let mut portable = vec![T::store(f32::NAN); k * n];
+        // SAFETY: `portable` holds `[k, n]` elements; one thread.
+        unsafe { layout::transpose_tile(tiles, t, portable.as_mut_ptr()) };
+        #[cfg(target_arch = "x86_64")]
+        if PackedKernel::Avx512Vnni.available() {
+            let mut simd = vec![T::store(f32::NAN); k * n];
+            // SAFETY: as above; the CPU has AVX-512 F and BW.
+            unsafe { vnni::transpose_tile(tiles, t, simd.as_mut_ptr()) };
+            assert_eq!(bits(&simd), bits(&portable), "{:?} tile {t}", tiles.format);
+        }
+        let columns = t * TILE..(t * TILE + TILE).min(n);
+        for (row, values) in portable.chunks_exact(n).enumerate() {
+            assert_eq!(
+                bits(&values[columns.clone()]),
+                bits(&want[row * n..][columns.clone()])
+            );
         }
     }
 }
@@ -87,6 +124,7 @@ fn sizes_and_ids_are_checked() {
     let tiles = PackedMatrix::new(Format::Q4_1, &bytes, 5, 64).unwrap();
     assert!(dequantize_packed(&tiles, Some(&[5]), &mut vec![0f32; 64]).is_err());
     assert!(dequantize_packed(&tiles, None, &mut vec![0f32; 64]).is_err());
+    assert!(dequantize_packed_transposed(&tiles, &mut vec![0f32; 64 * 4]).is_err());
     let x = vec![0f32; 2 * 64];
     let mut out = vec![0f32; 2 * 5];
     for kernel in kernels() {
@@ -218,7 +256,16 @@ fn every_kernel_splits_activations_alike() {
     let mut x = values(40 * BLOCK, 77);
     // Ties at both steps (largest 127: t = x, so halves tie; then remainders of 1/512), an
     // all-zero block, subnormals, and non-finite blocks.
-    let ties = [127.0, 0.5, 1.5, 2.5, -0.5, -2.5, 3.0 + 1.0 / 512.0, -(1.0 / 512.0)];
+    let ties = [
+        127.0,
+        0.5,
+        1.5,
+        2.5,
+        -0.5,
+        -2.5,
+        3.0 + 1.0 / 512.0,
+        -(1.0 / 512.0),
+    ];
     x[..ties.len()].copy_from_slice(&ties);
     x[BLOCK..2 * BLOCK].fill(0.0);
     x[2 * BLOCK..3 * BLOCK].fill(f32::from_bits(1));
@@ -227,7 +274,10 @@ fn every_kernel_splits_activations_alike() {
     let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
     let portable = QuantizedRows::new(&x, PackedKernel::Portable);
     assert_eq!(portable.high[..ties.len()], [127, 0, 2, 2, 0, -2, 3, 0]);
-    assert_eq!(portable.low[..ties.len()], [0, 127, -127, 127, -127, -127, 0, -0]);
+    assert_eq!(
+        portable.low[..ties.len()],
+        [0, 127, -127, 127, -127, -127, 0, -0]
+    );
     for kernel in kernels() {
         for (rows, want) in [
             (QuantizedRows::new(&x, kernel), &portable),

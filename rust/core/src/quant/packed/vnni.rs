@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{tile_block_bytes, values_bytes, zero_point, Job, BLOCK, TILE};
+use super::{tile_block_bytes, values_bytes, zero_point, Job, PackedMatrix, BLOCK, TILE};
 use crate::element::Element;
 use crate::quant::avx512::bf16;
 use crate::quant::Format;
@@ -286,5 +286,75 @@ pub(super) unsafe fn split_block<T: Element>(
             total = _mm512_add_epi32(total, _mm512_add_epi32(_mm512_slli_epi32::<8>(whole), rest));
         }
         Some((largest / 127.0 / 256.0, _mm512_reduce_add_epi32(total)))
+    }
+}
+
+/// `layout::transpose_tile` with AVX-512: each group of four weights of the tile's 16 columns
+/// (64 bytes, column-major) is transposed in registers into four rows of 16 (a byte shuffle
+/// within each 128-bit lane, then a dword permutation), then widened to floats and scaled by
+/// the 16 columns' scales as `layout::dequantized` scales one weight.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW; as `layout::transpose_tile`.
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+pub(super) unsafe fn transpose_tile<T: Element>(weight: &PackedMatrix<'_>, t: usize, out: *mut T) {
+    // SAFETY: forwarded; each format's values match `weight.format`.
+    unsafe {
+        match weight.format {
+            Format::Q4_0 => transpose_as::<Nibbles, T, 8>(weight, t, out),
+            Format::Q4_1 => transpose_as::<Nibbles, T, 0>(weight, t, out),
+            Format::Q8_0 => transpose_as::<Bytes, T, 128>(weight, t, out),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn transpose_as<V: Values, T: Element, const ZERO: i32>(
+    weight: &PackedMatrix<'_>,
+    t: usize,
+    out: *mut T,
+) {
+    let n = weight.out_features;
+    let width = TILE.min(n - t * TILE);
+    let scales_at = values_bytes(weight.format);
+    // SAFETY: every tile block read lies inside the checked packed buffer; every row written
+    // is below `in_features` and `store` writes `width` columns from `16t`, inside `out`.
+    unsafe {
+        // Within each 128-bit lane (4 columns × 4 weights), bytes by weight then column; then
+        // the lanes' dwords by weight, so that 128-bit lane `i` holds weight `i` of 16 columns.
+        let by_weight = _mm512_broadcast_i32x4(_mm_setr_epi8(
+            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+        ));
+        let by_lane = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        let zero = _mm512_set1_ps(ZERO as f32);
+        for b in 0..weight.in_features / BLOCK {
+            let at = weight.bytes.as_ptr().add(weight.tile_block(t, b));
+            let half = |offset: usize| _mm512_cvtph_ps(_mm256_loadu_si256(at.add(offset).cast()));
+            let (d, m) = (half(scales_at), half(scales_at + 32));
+            for h in 0..4 {
+                for (part, group) in V::groups(at, h).into_iter().enumerate() {
+                    let rows =
+                        _mm512_permutexvar_epi32(by_lane, _mm512_shuffle_epi8(group, by_weight));
+                    let first = b * BLOCK + 4 * (h + 4 * part);
+                    for i in 0..4 {
+                        let bytes = match i {
+                            0 => _mm512_extracti32x4_epi32::<0>(rows),
+                            1 => _mm512_extracti32x4_epi32::<1>(rows),
+                            2 => _mm512_extracti32x4_epi32::<2>(rows),
+                            _ => _mm512_extracti32x4_epi32::<3>(rows),
+                        };
+                        let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+                        // As `layout::dequantized`: d·(q - zero) for Q4_0 and Q8_0, d·q + m for
+                        // Q4_1, each rounded as written.
+                        let value = if ZERO == 0 {
+                            _mm512_add_ps(_mm512_mul_ps(d, q), m)
+                        } else {
+                            _mm512_mul_ps(d, _mm512_sub_ps(q, zero))
+                        };
+                        store(value, out.add((first + i) * n + t * TILE), width);
+                    }
+                }
+            }
+        }
     }
 }
