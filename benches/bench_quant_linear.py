@@ -9,7 +9,9 @@ few rows the figure that matters is `quant_weight_GBps`, the bytes of blocks a c
 its time, beside `copy_GBps` (a large tensor copy, read plus written, measured in the same run):
 decode is bound by it. `quant_linear` is the path the class picks (the in-register kernel below
 its measured crossover, a dequantize-and-matmul at or above it); `quant_kernel` forces the
-kernel (up to 256 rows, beyond which it is far slower than a matmul).
+kernel (up to 256 rows, beyond which it is far slower than a matmul): the integer kernel on
+repacked tiles where the CPU has AVX-512 VNNI (`quant_packed_kernel` in the JSON), else the
+float kernel on the blocks (`quant_kernel`; `SRT_CPU_ISA=avx2` forces it for comparison).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from gguf.quants import quantize
 from roofline import copy_bandwidth
 
 from srt import _rust
+from srt.layers import cpu_kernels
 from srt.layers.quant_kernels import QuantizedWeight
 
 # SmolLM2-135M-Instruct's GGUF: (in, out, format) per projection; the tied lm_head is Q8_0 in
@@ -78,6 +81,8 @@ def bench_shape(
     first = QuantizedWeight(blocks, fmt, k)
     count = copies(first.nbytes, working_set)
     quant = [first] + [QuantizedWeight(blocks.clone(), fmt, k) for _ in range(count - 1)]
+    for weight in quant:
+        weight.pack()  # as a loaded model's are (where the CPU has the integer kernel)
     w32 = first.dequantize()
     fp32 = [w32] + [w32.clone() for _ in range(copies(w32.numel() * 4, working_set) - 1)]
     w16 = first.dequantize(torch.bfloat16)
@@ -118,6 +123,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     results: dict[str, Any] = {
         "quant_kernel": _rust.quant_kernel(),
+        "quant_packed_kernel": cpu_kernels.quant_packed_kernel(),
         "torch_threads": torch.get_num_threads(),
         "copy_GBps": round(copy_bandwidth(torch.device("cpu")) / 1e9, 1),
         "shapes": {},
