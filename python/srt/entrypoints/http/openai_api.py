@@ -101,14 +101,14 @@ async def serve(request: web.Request, parse: Parser) -> web.StreamResponse:
     req = parse(body, ctx.model_name)
     async with contextlib.aclosing(manager.generate_request(req.obj)) as results:
         if not req.stream:
+            builder = ResponseBuilder(req, ctx.model_name, manager.tokenizer)
             with openai_errors(req):
                 answers = [result async for result in results]
-            builder = ResponseBuilder(req, ctx.model_name, manager.tokenizer)
-            return json_response(builder.response(answers))
+                return json_response(builder.response(answers))
+        builder = ResponseBuilder(req, ctx.model_name, manager.tokenizer)
         with openai_errors(req):
             first = await anext(results)
-        builder = ResponseBuilder(req, ctx.model_name, manager.tokenizer)
-        first_chunk = builder.chunk(first)  # a refusal before the stream began: an HTTP error
+            first_chunk = builder.chunk(first)  # a refusal before the stream began: an HTTP error
         response = await start_stream(request)
         try:
             await send_event(response, first_chunk)
