@@ -35,6 +35,7 @@ from tokenizers import Tokenizer
 from srt.constrained.grammar_mask import GrammarMasks, accept_tokens
 from srt.constrained.xgrammar_backend import GrammarBackend
 from srt.managers.grammar_input import to_ebnf, to_json_schema, to_regex
+from srt.managers.scheduler import MIN_NEW_TOKEN_RATIO
 from srt.model_executor.worker_batch import GRAMMAR_READY, GrammarStatus
 from srt.request_limits import RequestError
 from srt.sampling_params import SamplingParams
@@ -73,18 +74,31 @@ def decode(model: Path, ids: list[int]) -> str:
     return Tokenizer.from_file(str(model / "tokenizer.json")).decode(ids)
 
 
-def constrained_outputs(model: Path, **grammar: str) -> list[tuple[str, str]]:
+def constrained_outputs(
+    model: Path,
+    prompt_len: int = 3,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    small_kv: bool = False,
+    **grammar: str,
+) -> list[tuple[str, str]]:
     """(text, finish type) of the tiny model's outputs under `grammar`, one per `SETTINGS`,
-    all run in one batch through the real scheduler and runner."""
-    scheduler = real_scheduler(model)
-    prompts = [[5 + i, 40 + 3 * i, 7] for i in range(len(SETTINGS))]
+    all run in one batch through the real scheduler and runner. With `small_kv`, a KV pool too
+    small for the batch, which admission fills optimistically: requests are retracted (and
+    prompts are prefilled in chunks of 16)."""
+    if small_kv:
+        scheduler = real_scheduler(model, max_total_tokens=160, chunked_prefill_size=16)
+        scheduler.new_token_ratio = MIN_NEW_TOKEN_RATIO
+    else:
+        scheduler = real_scheduler(model)
+    prompts = [[5 + i + 3 * j for j in range(prompt_len)] for i in range(len(SETTINGS))]
     for i, (prompt, settings) in enumerate(zip(prompts, SETTINGS, strict=True)):
-        req = request(f"r{i}", prompt, max_new_tokens=MAX_NEW_TOKENS, **settings, **grammar)
+        req = request(f"r{i}", prompt, max_new_tokens=max_new_tokens, **settings, **grammar)
         scheduler.add_request(req)
     deadline = time.monotonic() + 60
     while len(scheduler.grammar_queue) and time.monotonic() < deadline:
         scheduler.step()  # compiles run on the runner's thread meanwhile
     finished = run_to_completion(scheduler)
+    assert (scheduler.num_retracted > 0) == small_kv
     out = []
     for i in range(len(SETTINGS)):
         done = finished[f"r{i}"]
@@ -112,6 +126,18 @@ def test_every_output_under_an_ebnf_grammar_is_in_its_language(model: Path) -> N
     for text, finish in constrained_outputs(model, ebnf=EBNF):
         assert finish == "stop"
         assert EBNF_LANGUAGE.fullmatch(text), text
+
+
+def test_retracted_and_chunked_constrained_requests_keep_their_grammar(model: Path) -> None:
+    """A KV pool too small for the batch retracts requests mid-output (their long outputs
+    outgrow what admission reserved), and prompts are prefilled in chunks: the matchers, which
+    live with the requests' sampling state, still see each token exactly once."""
+    outputs = constrained_outputs(
+        model, prompt_len=24, max_new_tokens=41, small_kv=True, regex="[0-9]{40}"
+    )
+    for text, finish in outputs:
+        assert finish == "stop", text
+        assert re.fullmatch("[0-9]{40}", text), text
 
 
 # ---- the grammar queue ------------------------------------------------------------------------

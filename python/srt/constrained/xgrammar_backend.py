@@ -74,10 +74,6 @@ class GrammarBackend:
         compiled = self._future((kind, text)).result()
         return xgr.GrammarMatcher(compiled)
 
-    def close(self) -> None:
-        """Stops the worker thread (a compile under way is finished first)."""
-        self.executor.shutdown(wait=True, cancel_futures=True)
-
     def _future(self, key: GrammarKey) -> Future[xgr.CompiledGrammar]:
         future = self.cache.get(key)
         if future is not None:
