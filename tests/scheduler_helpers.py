@@ -21,7 +21,9 @@ from srt.managers.schedule_batch import Req, ScheduleBatch
 from srt.managers.scheduler import Scheduler
 from srt.model_executor.resolve import resolve_device_defaults
 from srt.model_executor.worker_batch import (
+    GRAMMAR_COMPILING,
     GenerationBatchResult,
+    GrammarStatus,
     ModelWorkerBatch,
     RequestSamplingSpec,
     RunnerLimits,
@@ -60,6 +62,8 @@ class ScriptedRunner:
     num_outputs: dict[str, int] = field(default_factory=dict)
     table: dict[int, dict[int, int]] = field(default_factory=dict)
     in_flight: dict[str, Req] = field(default_factory=dict)  # the requests of the batch
+    # Each grammar's compile as a test sets it (unset: still compiling); no masks are applied.
+    grammars: dict[tuple[str, str], GrammarStatus] = field(default_factory=dict)
 
     @property
     def limits(self) -> RunnerLimits:
@@ -79,6 +83,9 @@ class ScriptedRunner:
     def remove_request(self, rid: str) -> None:
         self.specs.pop(rid, None)
         self.num_outputs.pop(rid, None)
+
+    def grammar_status(self, kind: str, text: str) -> GrammarStatus:
+        return self.grammars.get((kind, text), GRAMMAR_COMPILING)
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         kind = "extend" if batch.forward_mode is ForwardMode.EXTEND else "decode"

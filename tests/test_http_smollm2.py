@@ -4,9 +4,11 @@ answered in its template, and emoji and CJK streamed whole."""
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import openai
 import pytest
 from test_http_openai import raw_post
@@ -66,3 +68,33 @@ def test_smollm2_streams_emoji_and_cjk_whole(smollm2_server: ServerProcess, smol
     assert texts[-1] == text
     assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(texts))
     assert not any("\ufffd" in t for t in texts)
+
+
+def test_smollm2_answers_in_a_json_schema(smollm2_server: ServerProcess) -> None:
+    """The README's example: a real model's answer under `response_format`, valid JSON of the
+    schema, and a real answer in it."""
+    client = openai.OpenAI(base_url=f"{smollm2_server.url}/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+    }
+    messages: Any = [{"role": "user", "content": "Name the capital of France and its population."}]
+    response_format: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "city", "schema": schema},
+    }
+    answer = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        response_format=response_format,
+        max_tokens=48,
+        temperature=0,
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.message.content is not None
+    reply = json.loads(choice.message.content)
+    jsonschema.validate(reply, schema)
+    assert "Paris" in reply["city"]

@@ -33,6 +33,7 @@ FLOORS = {
     "kernels": 5,
     "mem_cache": 6,
     "ipc": 6,
+    "constrained": 2,  # grammars for the model runner (xgrammar, torch)
 }
 GROUND = 7
 TOP_MODULES = {"srt", "srt.__main__"}  # `import srt` lazily offers the Engine

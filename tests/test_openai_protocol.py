@@ -4,6 +4,7 @@ test_openai_responses.py."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from srt.entrypoints.http.errors import ApiError
 from srt.entrypoints.http.openai_api import openai_errors
 from srt.entrypoints.http.openai_protocol import (
+    JSON_OBJECT_SCHEMA,
     OpenAIRequest,
     parse_chat_request,
     parse_completion_request,
@@ -272,7 +274,21 @@ def test_chat_logprobs(tokenizer: RequestTokenizer) -> None:
         ),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+            "response_format",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 1}}},
+            "response_format",
+        ),
+        ({"response_format": {"type": "json_object"}, "json_schema": "{}"}, "response_format"),
+        ({"response_format": {"type": "json_object"}, "regex": "a+"}, "regex"),
+        ({"regex": "a("}, "regex"),
+        ({"ebnf": "no start rule"}, "ebnf"),
+        ({"json_schema": "{not json"}, "json_schema"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"audio": {"voice": "x"}}, "audio"),
         ({"max_tokens": 2, "max_completion_tokens": 3}, "max_tokens"),
@@ -282,6 +298,23 @@ def test_chat_logprobs(tokenizer: RequestTokenizer) -> None:
 )
 def test_bad_chat_requests(tokenizer: RequestTokenizer, fields: dict[str, Any], param: str) -> None:
     refused(lambda: chat(tokenizer, **fields), param)
+
+
+def test_response_format_maps_onto_json_schema(tokenizer: RequestTokenizer) -> None:
+    def schema_of(call: Callable[..., Any], **fields: Any) -> Any:
+        params = call(tokenizer, **fields).obj.sampling_params
+        return params.get("json_schema"), params.get("regex")
+
+    schema = {"type": "object", "properties": {"b": {}, "a": {}}}
+    named = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    for call in (chat, completion):
+        assert schema_of(call, response_format=named) == (json.dumps(schema), None)
+        assert schema_of(call, response_format={"type": "json_object"}) == (
+            JSON_OBJECT_SCHEMA,
+            None,
+        )
+        assert schema_of(call, response_format={"type": "text"}) == (None, None)
+        assert schema_of(call, regex="[0-9]+") == (None, "[0-9]+")
 
 
 def test_a_model_without_a_chat_template(tokenizer: RequestTokenizer) -> None:

@@ -14,6 +14,7 @@ from scheduler_helpers import (
     shared_prefix_prompts,
 )
 
+from srt.constrained.xgrammar_backend import GrammarBackend
 from srt.io_struct import FinishReason
 from srt.model_executor.sampling_info import RequestSampling
 from srt.model_executor.worker_batch import (
@@ -54,9 +55,9 @@ def test_small_kv_pool_forces_retraction_and_chunks_keep_outputs(
     built: list[RequestSamplingSpec] = []
     build = RequestSampling.of
 
-    def counted(spec: RequestSamplingSpec) -> RequestSampling:
+    def counted(spec: RequestSamplingSpec, grammars: GrammarBackend | None) -> RequestSampling:
         built.append(spec)
-        return build(spec)
+        return build(spec, grammars)
 
     monkeypatch.setattr(RequestSampling, "of", staticmethod(counted))
     scheduler = real_scheduler(tiny_llama, max_total_tokens=160, chunked_prefill_size=16)

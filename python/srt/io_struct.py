@@ -83,7 +83,8 @@ class FinishReason:
     - "length": `length` tokens were generated (max_new_tokens, or the context ran out);
     - "abort": the client or the server stopped it; `message` says why, and `status_code` is
       the HTTP status of a refusal (400 for a request the scheduler cannot serve, 429 for a
-      full queue), 0 when a client or user aborted it.
+      full queue), 0 when a client or user aborted it; `param` names the request field a
+      refusal is about (native names, e.g. `sampling_params.json_schema`), if any.
     """
 
     type: str
@@ -93,6 +94,7 @@ class FinishReason:
     length: int = 0
     message: str = ""
     status_code: int = 0
+    param: str = ""
 
     def to_json(self) -> dict[str, object]:
         if self.type == "stop":
@@ -103,6 +105,8 @@ class FinishReason:
         out: dict[str, object] = {"type": self.type, "message": self.message}
         if self.status_code:
             out["status_code"] = self.status_code
+        if self.param:
+            out["param"] = self.param
         return out
 
 

@@ -4,6 +4,10 @@ A frozen record: the tokenizer manager builds it from the request JSON, it cross
 scheduler inside `TokenizedGenerateReq`, and the sampler reads it. Collections are tuples so that
 the record stays immutable; `logit_bias` maps token ids to biases as `(token_id, bias)` pairs
 (SGLang takes a dict with string keys; the tokenizer manager converts).
+
+At most one of `json_schema` (a JSON Schema as JSON text), `regex` and `ebnf` (an EBNF grammar
+whose start rule is `root`) constrains the output (SGLang's names): `grammar` gives it as a
+(kind, text) pair, the key the runner compiles it under.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def __post_init__(self) -> None:
         """Rejects values no sampler can honour, with SGLang's ranges."""
@@ -61,10 +68,34 @@ class SamplingParams:
             "needs token ids >= 0 and finite biases",
         )
 
+        grammars = [name for name in GRAMMAR_KINDS if getattr(self, name) is not None]
+        if len(grammars) > 1:
+            raise RequestError(
+                f"give at most one of json_schema, regex and ebnf, got {' and '.join(grammars)}",
+                grammars[1],
+            )
+        _check(
+            not grammars or self.min_new_tokens == 0,
+            "min_new_tokens",
+            "must be 0 with json_schema, regex or ebnf: the grammar decides where the output ends",
+        )
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """The (kind, text) of the grammar constraining the output, if any."""
+        for kind in GRAMMAR_KINDS:
+            text = getattr(self, kind)
+            if text is not None:
+                return kind, text
+        return None
+
     @property
     def is_greedy(self) -> bool:
         """Whether sampling reduces to argmax (temperature 0 or top-k 1)."""
         return self.temperature == 0 or self.top_k == 1
+
+
+GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")
 
 
 def _finite(value: float) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from srt.managers.grammar_input import GRAMMAR_CONVERTERS
 from srt.request_limits import INT64_MAX, INT64_MIN, TOKEN_ID_MAX, RequestError, RequestLimits
 from srt.sampling_params import SamplingParams
 
@@ -232,7 +233,7 @@ def sampling_kwargs(raw: Mapping[str, Any] | None, limits: RequestLimits) -> dic
         if convert is None:
             known = ", ".join(sorted(_CONVERTERS))
             raise RequestError(f"unknown sampling parameter {name!r} (known: {known})", name)
-        if value is None and name in ("max_new_tokens", "seed"):
+        if value is None and name in ("max_new_tokens", "seed", *GRAMMAR_CONVERTERS):
             out[name] = None
             continue
         limits.check_sampling_size(name, value)
@@ -310,5 +311,8 @@ _BY_TYPE: dict[Any, Callable[[str, Any], Any]] = {
     int | None: _to_int,
     tuple[tuple[int, float], ...]: _to_logit_bias,
 }
-_CONVERTERS = {name: _BY_TYPE[hint] for name, hint in typing.get_type_hints(SamplingParams).items()}
+_CONVERTERS = {
+    name: GRAMMAR_CONVERTERS.get(name) or _BY_TYPE[hint]
+    for name, hint in typing.get_type_hints(SamplingParams).items()
+}
 _CONVERTERS["seed"] = _to_seed

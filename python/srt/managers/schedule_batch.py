@@ -173,9 +173,14 @@ class Req:
             top_logprobs_num=self.top_logprobs_num if self.return_logprob else 0,
         )
 
-    def check_finished(self, context_length: int) -> None:
-        """Sets `finished_reason` after a new output token (stop strings are the scheduler's)."""
+    def check_finished(self, context_length: int, grammar_ended: bool = False) -> None:
+        """Sets `finished_reason` after a new output token (stop strings are the scheduler's);
+        `grammar_ended`: the token completed the request's grammar (a stop token after a
+        complete match), which ends it first."""
         params = self.sampling_params
+        if grammar_ended:
+            self.finished_reason = FinishReason("stop", matched_token=self.output_ids[-1])
+            return
         if len(self.output_ids) >= params.max_new_tokens:
             self.finished_reason = FinishReason("length", length=params.max_new_tokens)
             return

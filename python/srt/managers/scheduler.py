@@ -11,6 +11,11 @@ request that runs; `cache_manager.CacheManager` moves slots between them. `check
 verifies free + evictable + locked + held = total (and, when idle, that no request row or lock is
 left); it runs whenever the loop goes idle, and after every step when `SRT_CHECK_INVARIANTS=1`
 (tests).
+
+A request constrained by a grammar waits in `grammar_queue` until the runner has compiled its
+grammar (off this thread: `GenerationRunner.grammar_status`, polled once per step), then joins
+the waiting queue like any other; one whose grammar cannot compile is refused with a 400. While
+only grammars compile, the loop polls every `GRAMMAR_POLL_S`.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ RETRACT_DECODE_STEPS = 20
 # A waiting request sharing this many uncached prompt tokens with one admitted in the same step
 # waits one step to take them from the cache instead of computing them twice.
 IN_BATCH_PREFIX_TOKENS = 32
+# How often the scheduler process looks at compiling grammars while nothing else runs.
+GRAMMAR_POLL_S = 0.002
 
 
 class Scheduler:
@@ -86,6 +93,7 @@ class Scheduler:
         self.check_every_step = envs.check_invariants()
 
         self.waiting = ReqQueue()
+        self.grammar_queue = ReqQueue()  # waiting for their grammar to compile
         self.running = ReqQueue()
         self.chunked_req: Req | None = None
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
@@ -112,17 +120,39 @@ class Scheduler:
             self.outbox.append(req)
             return
         limit = self.server_args.max_queued_requests
-        if limit is not None and len(self.waiting) >= limit:
+        if limit is not None and len(self.waiting) + len(self.grammar_queue) >= limit:
             self.stop_strings.forget(req)
             message = (
                 f"too many requests: the waiting queue is full (--max-queued-requests {limit})"
             )
             self._refuse(req, message, status_code=429)
             return
+        if req.sampling_params.grammar is not None:
+            self.grammar_queue.append(req)
+            self._poll_grammars()  # a cached grammar is ready at once
+            return
         self.waiting.append(req)
 
-    def _refuse(self, req: Req, message: str, status_code: int) -> None:
-        req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
+    def _poll_grammars(self) -> None:
+        """Moves requests whose grammar compiled to the waiting queue, in arrival order, and
+        refuses those whose grammar cannot compile."""
+        for req in list(self.grammar_queue):
+            grammar = req.sampling_params.grammar
+            assert grammar is not None, "only constrained requests wait for a grammar"
+            status = self.runner.grammar_status(*grammar)
+            if status.ready or status.error is not None:
+                self.grammar_queue.remove(req)
+            if status.ready:
+                self.waiting.append(req)
+            elif status.error is not None:
+                self.stop_strings.forget(req)
+                param = f"sampling_params.{grammar[0]}"
+                self._refuse(req, status.error, status_code=400, param=param)
+
+    def _refuse(self, req: Req, message: str, status_code: int, param: str = "") -> None:
+        req.finished_reason = FinishReason(
+            "abort", message=message, status_code=status_code, param=param
+        )
         self.outbox.append(req)
 
     def _admission_problem(self, req: Req) -> str | None:
@@ -161,8 +191,11 @@ class Scheduler:
         chunked = self.chunked_req
         if chunked is not None and chunked.rid == rid:
             return chunked
-        req = self.waiting.get(rid)
-        return req if req is not None else self.running.get(rid)
+        for queue in (self.waiting, self.running, self.grammar_queue):
+            req = queue.get(rid)
+            if req is not None:
+                return req
+        return None
 
     def abort(self, rid: str) -> None:
         """Aborts request `rid` wherever it is ("" aborts all); unknown ids are ignored (the
@@ -171,12 +204,13 @@ class Scheduler:
             req = self._find(rid)
             victims = [] if req is None else [req]
         else:
-            victims = [*self.waiting, *self.running]
+            victims = [*self.grammar_queue, *self.waiting, *self.running]
             if self.chunked_req is not None:
                 victims.append(self.chunked_req)
         for req in victims:
             req.finished_reason = FinishReason("abort", message="aborted by request")
-            if not (self.waiting.remove(req) or self.running.remove(req)):
+            queues = (self.waiting, self.running, self.grammar_queue)
+            if not any(queue.remove(req) for queue in queues):
                 self.chunked_req = None
             self._release(req)
             self.outbox.append(req)
@@ -184,13 +218,22 @@ class Scheduler:
     # ---- one step --------------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked_req or self.outbox)
+        return bool(
+            self.waiting or self.running or self.chunked_req or self.outbox or self.grammar_queue
+        )
 
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked_req)
+        return not (self.waiting or self.running or self.chunked_req or self.grammar_queue)
+
+    def only_compiling(self) -> bool:
+        """Whether the only work left is waiting for grammars to compile."""
+        busy = self.waiting or self.running or self.chunked_req or self.outbox
+        return bool(self.grammar_queue) and not busy
 
     def step(self) -> BatchTokenIDOut | None:
         """Runs one forward pass, if there is anything to run; returns the output to send."""
+        if self.grammar_queue:
+            self._poll_grammars()
         batch = self.get_new_batch_prefill() or self.get_decode_batch()
         if batch is not None:
             self.batch_log.log(batch, self.get_load)
@@ -373,7 +416,7 @@ class Scheduler:
             if req.return_logprob:
                 req.output_logprobs.append(result.logprobs[j])
                 req.output_top_logprobs.append(tuple(result.top_logprobs[j]))
-            req.check_finished(self.context_length)
+            req.check_finished(self.context_length, grammar_ended=j in result.grammar_ended)
             # A stop string the last allowed token completes still ends the text there.
             reason = req.finished_reason
             if req.sampling_params.stop and (reason is None or reason.type == "length"):
@@ -442,7 +485,7 @@ class Scheduler:
         return GetLoadOut(
             rid=rid,
             num_running_reqs=len(self.running) + (self.chunked_req is not None),
-            num_waiting_reqs=len(self.waiting),
+            num_waiting_reqs=len(self.waiting) + len(self.grammar_queue),
             num_used_tokens=total - self.cache.available(),
             max_total_tokens=total,
             invariant_violations=self.invariant_violations,

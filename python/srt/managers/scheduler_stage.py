@@ -22,7 +22,7 @@ from srt.io_struct import (
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.rings import RingNames
 from srt.managers.hf_tokenizer import tokenizer_files
-from srt.managers.scheduler import Scheduler
+from srt.managers.scheduler import GRAMMAR_POLL_S, Scheduler
 from srt.managers.stage_process import Stage, run_stage
 from srt.model_executor.cpu_threads import bind_cpu_threads
 from srt.model_executor.model_runner import ModelRunner
@@ -65,7 +65,9 @@ class SchedulerStage(Stage):
             out = scheduler.step()
             if out is not None:
                 await self.send_to_detokenizer.send(out)
-            await asyncio.sleep(0)  # let signals and the parent watch run between steps
+            # Let signals and the parent watch run between steps; while only grammars compile
+            # (on the runner's thread), wait a little rather than spin against it.
+            await asyncio.sleep(GRAMMAR_POLL_S if scheduler.only_compiling() else 0)
 
     def init_handlers(self) -> None:
         """Message type → handler; a handler returns the reply to send on, if any."""

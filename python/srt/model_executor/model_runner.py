@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from srt import envs
+from srt.constrained.xgrammar_backend import GrammarBackend
 from srt.forward_mode import ForwardMode
 from srt.layers.attention.registry import create_attention_backend
 from srt.layers.forward_batch import ForwardBatch
@@ -28,6 +29,7 @@ from srt.model_executor.sampling_info import SamplingStates
 from srt.model_executor.weight_loader import iterate_weights
 from srt.model_executor.worker_batch import (
     GenerationBatchResult,
+    GrammarStatus,
     ModelWorkerBatch,
     RequestSamplingSpec,
     RunnerLimits,
@@ -60,7 +62,14 @@ class ModelRunner:
             backend, self.model, self.model_config.dtype, self.device
         )
         self.init_cuda_graphs()
-        self.sampling = SamplingStates()
+        config = self.model_config
+        self.grammars = GrammarBackend(
+            server_args.tokenizer_path or model_path,
+            config.vocab_size,
+            sorted(config.eos_token_ids),
+            server_args.trust_remote_code,
+        )
+        self.sampling = SamplingStates(self.grammars, config.vocab_size)
         if server_args.random_seed is not None:
             torch.manual_seed(server_args.random_seed)
 
@@ -167,6 +176,10 @@ class ModelRunner:
     def remove_request(self, rid: str) -> None:
         """Drops the sampling state of a request that is done (unknown ids are ignored)."""
         self.sampling.remove(rid)
+
+    def grammar_status(self, kind: str, text: str) -> GrammarStatus:
+        """Where grammar (`kind`, `text`) stands, its compile started if new (never waits)."""
+        return self.grammars.status(kind, text)
 
     # ---- forward passes ----------------------------------------------------------------------
 

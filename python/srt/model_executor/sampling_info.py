@@ -5,6 +5,9 @@ A request's settings become a `SamplingRow` (logit-bias tensors, seeded generato
 the scheduler admits it (`SamplingStates.add`); each step adds only what changed, the tokens it
 produced so far, which the runner records itself as it samples them. The state outlives a
 retraction (a seeded request keeps drawing from the same generator) and ends with the request.
+A constrained request's state holds its grammar matcher too (`srt.constrained`): it masks the
+request's logits before each sample and takes each token sampled, so it is where the request's
+output is, retractions included, and goes with the request.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import xgrammar as xgr
 
+from srt.constrained.grammar_mask import GrammarMasks, accept_tokens
+from srt.constrained.xgrammar_backend import GrammarBackend
 from srt.layers.sampler import LogitBias, SamplingRow, sample, token_logprobs
 from srt.model_executor.worker_batch import (
     GenerationBatchResult,
@@ -28,9 +34,11 @@ class RequestSampling:
 
     row: SamplingRow
     output_ids: list[int] = field(default_factory=list)
+    matcher: xgr.GrammarMatcher | None = None
 
     @classmethod
-    def of(cls, spec: RequestSamplingSpec) -> RequestSampling:
+    def of(cls, spec: RequestSamplingSpec, grammars: GrammarBackend | None) -> RequestSampling:
+        """The state of `spec`; a constrained one's matcher comes from `grammars`."""
         params = spec.params
         generator = None
         if params.seed is not None:
@@ -51,19 +59,27 @@ class RequestSampling:
             generator=generator,
             top_logprobs_num=spec.top_logprobs_num,
         )
-        return cls(row)
+        matcher = None
+        if params.grammar is not None:
+            if grammars is None:
+                raise ValueError("a constrained request needs a grammar backend")
+            matcher = grammars.matcher(*params.grammar)
+        return cls(row, matcher=matcher)
 
 
 class SamplingStates:
-    """The sampling state of every admitted request, by request id."""
+    """The sampling state of every admitted request, by request id; constrained requests' logits
+    are `vocab_size` wide and their grammars come from `grammars`."""
 
-    def __init__(self) -> None:
+    def __init__(self, grammars: GrammarBackend | None = None, vocab_size: int = 0) -> None:
         self.states: dict[str, RequestSampling] = {}
+        self.grammars = grammars
+        self.masks = GrammarMasks(vocab_size) if grammars is not None else None
 
     def add(self, rid: str, spec: RequestSamplingSpec) -> None:
         if rid in self.states:
             raise ValueError(f"request {rid!r} already has sampling state")
-        self.states[rid] = RequestSampling.of(spec)
+        self.states[rid] = RequestSampling.of(spec, self.grammars)
 
     def remove(self, rid: str) -> None:
         self.states.pop(rid, None)
@@ -94,6 +110,9 @@ class SamplingStates:
         if picked != list(range(rows_total)):
             logits = logits[picked]
         chosen = [states[i] for i in sampling]
+        matchers = [s.matcher for s in chosen]
+        if self.masks is not None:
+            self.masks.apply(logits, matchers)
         out = sample(logits, [s.row for s in chosen], [s.output_ids for s in chosen])
         for state, token in zip(chosen, out.next_ids, strict=True):
             state.output_ids.append(token)
@@ -103,6 +122,7 @@ class SamplingStates:
             top_logprobs=out.top_logprobs,
             input_token_logprobs=input_logprobs,
             input_top_logprobs=input_tops,
+            grammar_ended=accept_tokens(matchers, out.next_ids),
         )
 
 

@@ -5,16 +5,22 @@ torch-free (the runner turns these records into tensors).
     scheduler ─ add_request(rid, RequestSamplingSpec) ─▶ runner   (once, at first admission)
     scheduler ─ ModelWorkerBatch ─▶ runner.forward_batch_generation ─▶ GenerationBatchResult
     scheduler ─ remove_request(rid) ─▶ runner                      (once, when it is done)
+    scheduler ─ grammar_status(kind, text) ─▶ runner  (a constrained request, until it is ready)
 
 The runner keeps each request's sampling state (its settings as tensors, its seeded generator,
 the tokens it produced) from `add_request` to `remove_request`, retractions included.
+
+A request constrained by a grammar (`SamplingParams.grammar`) waits in the scheduler until
+`grammar_status` says its grammar is compiled (the runner compiles it off the scheduler's
+thread); from admission on, the runner masks its logits with the grammar and advances its
+matcher with every token it samples, and says when the grammar has ended.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from srt.forward_mode import ForwardMode
@@ -85,6 +91,21 @@ class GenerationBatchResult:
     top_logprobs: list[list[tuple[int, float]]]
     input_token_logprobs: list[list[float]]
     input_top_logprobs: list[list[tuple[tuple[int, float], ...]]]
+    # Sampling sequences (indices into `next_ids`) whose grammar ended with their token.
+    grammar_ended: frozenset[int] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarStatus:
+    """Where one grammar's compile stands: `ready`, failed (`error` says why, in terms a client
+    can act on), or neither: still compiling."""
+
+    ready: bool = False
+    error: str | None = None
+
+
+GRAMMAR_COMPILING = GrammarStatus()
+GRAMMAR_READY = GrammarStatus(ready=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +133,8 @@ class GenerationRunner(Protocol):
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         """Runs `batch` and samples the next token of every sequence that samples."""
+
+    def grammar_status(self, kind: str, text: str) -> GrammarStatus:
+        """Where the compile of grammar (`kind`, `text`) stands, starting it if it is new; never
+        waits for it. The runner keeps the grammars used most recently: one that left its
+        cache by the time a request asking for it is admitted is compiled again then."""

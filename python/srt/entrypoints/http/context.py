@@ -87,4 +87,5 @@ def abort_error(finish_reason: Mapping[str, Any] | None) -> ApiError | None:
     if status < 400:
         return None
     headers = {"Retry-After": "1"} if status in (429, 503) else None
-    return ApiError(status, str(finish_reason.get("message", "")), headers=headers)
+    param = finish_reason.get("param")
+    return ApiError(status, str(finish_reason.get("message", "")), param=param, headers=headers)

@@ -58,8 +58,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     `seed`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `logprobs` (top alternatives
     per token), `echo`, `stream` with `stream_options.include_usage`, `user`, and SGLang's extra
     sampling fields (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
-    `ignore_eos`, `skip_special_tokens`, `spaces_between_special_tokens`, `no_stop_trim`).
-    With `echo` and `logprobs`, the logprobs start with the prompt's tokens (the first null).
+    `ignore_eos`, `skip_special_tokens`, `spaces_between_special_tokens`, `no_stop_trim`, and
+    the grammars `json_schema`, `regex`, `ebnf`), and OpenAI's `response_format`. With `echo`
+    and `logprobs`, the logprobs start with the prompt's tokens (the first null).
     Answers a `text_completion` with `usage` (`prompt_tokens_details.cached_tokens`), or its
     chunks as server-sent events ending with `[DONE]`. An aborted request's choices end with
     finish reason "abort" (see the module's note)."""
@@ -75,7 +76,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     context length), `temperature`, `top_p`, `n`, `stop`, `seed`, `presence_penalty`,
     `frequency_penalty`, `logit_bias`, `logprobs` with `top_logprobs`, `stream` with
     `stream_options.include_usage`, `user`, and SGLang's extra sampling fields as for
-    `/v1/completions`. Tool calling, audio and structured output are refused. Answers a
+    `/v1/completions`, `response_format` (`json_object`, `json_schema`) among them. Tool calling
+    and audio are refused. Answers a
     `chat.completion` with `usage`, or `chat.completion.chunk` server-sent events (each choice's
     first delta carries the assistant role) ending with `[DONE]`. An aborted request's choices
     end with finish reason "abort" (see the module's note)."""
@@ -104,11 +106,13 @@ async def serve(request: web.Request, parse: Parser) -> web.StreamResponse:
             with openai_errors(req):
                 answers = [result async for result in results]
             builder = ResponseBuilder(req, ctx.model_name, manager.tokenizer)
-            return json_response(builder.response(answers))
+            with openai_errors(req):  # a refusal by the scheduler: an HTTP error
+                return json_response(builder.response(answers))
         with openai_errors(req):
             first = await anext(results)
         builder = ResponseBuilder(req, ctx.model_name, manager.tokenizer)
-        first_chunk = builder.chunk(first)  # a refusal before the stream began: an HTTP error
+        with openai_errors(req):  # a refusal before the stream began: an HTTP error
+            first_chunk = builder.chunk(first)
         response = await start_stream(request)
         try:
             await send_event(response, first_chunk)

@@ -3,7 +3,8 @@
 
 This module only maps: OpenAI's names onto SGLang's (`max_tokens` → `max_new_tokens`,
 `min_tokens` → `min_new_tokens`, `logprobs` → `top_logprobs_num`, a chat's `messages` onto
-template messages), with SGLang's extra sampling fields passed through. It refuses only what has
+template messages, `response_format` onto `json_schema`), with SGLang's extra sampling fields
+(`json_schema`, `regex` and `ebnf` among them) passed through. It refuses only what has
 no SGLang counterpart to check it: unknown fields (as OpenAI does), OpenAI fields srt does not
 implement (`tools`, `suffix`, audio, ...; those that cannot change the answer, `user`, `store`,
 `metadata`, ..., are ignored), the served model's name, the shape of `prompt` and `messages`,
@@ -14,6 +15,7 @@ native field; `OpenAIRequest.param_of` names them back as the body does.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,8 +46,22 @@ SAMPLING_FIELDS = {
     "skip_special_tokens": "skip_special_tokens",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
     "no_stop_trim": "no_stop_trim",
+    "json_schema": "json_schema",
+    "regex": "regex",
+    "ebnf": "ebnf",
 }
-COMMON_FIELDS = {"model", "n", "stream", "stream_options", "logprobs", "max_tokens", "user"}
+COMMON_FIELDS = {
+    "model",
+    "n",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "max_tokens",
+    "user",
+    "response_format",
+}
+# `response_format: {"type": "json_object"}`: any JSON object.
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix"}
 # Chat fields that cannot change a plain text answer: accepted with any value, unused.
 HARMLESS_CHAT_FIELDS = {
@@ -63,7 +79,6 @@ TEXT_ONLY_CHAT_FIELDS = {
     "tool_choice",
     "functions",
     "function_call",
-    "response_format",
     "modalities",
     "audio",
     "web_search_options",
@@ -92,6 +107,8 @@ class OpenAIRequest:
     its logprobs with those of the prompt's tokens)."""
     max_tokens_field: str = "max_tokens"
     """The body's name for the output length (chat may say `max_completion_tokens`)."""
+    json_schema_field: str = "json_schema"
+    """The body's name for the JSON Schema (`response_format` when it gave one)."""
 
     @property
     def stream(self) -> bool:
@@ -112,6 +129,8 @@ class OpenAIRequest:
         name = native.removeprefix("sampling_params.")
         if name == "max_new_tokens":
             return self.max_tokens_field
+        if name == "json_schema":
+            return self.json_schema_field
         return next((field for field, n in SAMPLING_FIELDS.items() if n == name), name)
 
 
@@ -134,7 +153,10 @@ def parse_completion_request(body: Mapping[str, Any], model_name: str) -> OpenAI
     obj = make_input(body, rid, texts, ids, params, logprobs)
     if echo and logprobs is not None:  # the echoed prompt's tokens come with their logprobs
         obj.logprob_start_len = 0
-    return OpenAIRequest(False, rid, obj, n, include_usage(body), logprobs, echo)
+    schema_field = schema_field_of(body)
+    return OpenAIRequest(
+        False, rid, obj, n, include_usage(body), logprobs, echo, json_schema_field=schema_field
+    )
 
 
 def parse_chat_request(body: Mapping[str, Any], model_name: str) -> OpenAIRequest:
@@ -159,7 +181,17 @@ def parse_chat_request(body: Mapping[str, Any], model_name: str) -> OpenAIReques
     params = sampling_params(body, tokens)
     obj = make_input(body, rid, None, None, params, top_logprobs)
     obj.messages = parse_messages(body.get("messages"))
-    return OpenAIRequest(True, rid, obj, n, include_usage(body), top_logprobs, False, tokens)
+    return OpenAIRequest(
+        True,
+        rid,
+        obj,
+        n,
+        include_usage(body),
+        top_logprobs,
+        False,
+        tokens,
+        json_schema_field=schema_field_of(body),
+    )
 
 
 # ---- the parts of a request ----------------------------------------------------------------
@@ -262,9 +294,42 @@ def check_chat_extras(body: Mapping[str, Any]) -> None:
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
         raise bad_request('modalities must be ["text"]', "modalities")
+
+
+def response_format_schema(body: Mapping[str, Any]) -> str | None:
+    """The JSON Schema (JSON text) `response_format` asks the output to follow, None for plain
+    text: `{"type": "json_object"}` is any object, `{"type": "json_schema", "json_schema":
+    {"name": ..., "schema": {...}}}` that schema (any object without one)."""
     response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise bad_request('response_format must be {"type": "text"}', "response_format")
+    if response_format is None:
+        return None
+    wanted = 'an object whose type is "text", "json_object" or "json_schema"'
+    if not isinstance(response_format, Mapping):
+        raise bad_request(f"response_format must be {wanted}", "response_format")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT_SCHEMA
+    if kind != "json_schema":
+        raise bad_request(f"response_format must be {wanted}, got type {kind!r}", "response_format")
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+        raise bad_request(
+            "response_format.json_schema must be an object with a name and a schema",
+            "response_format",
+        )
+    schema = spec.get("schema")
+    if schema is None:
+        return JSON_OBJECT_SCHEMA
+    if not isinstance(schema, Mapping | bool):
+        raise bad_request("response_format.json_schema.schema must be an object", "response_format")
+    return json.dumps(schema)
+
+
+def schema_field_of(body: Mapping[str, Any]) -> str:
+    """The body field the request's JSON Schema comes from, for error messages."""
+    return "response_format" if body.get("response_format") is not None else "json_schema"
 
 
 def include_usage(body: Mapping[str, Any]) -> bool:
@@ -291,6 +356,11 @@ def sampling_params(body: Mapping[str, Any], max_tokens_field: str) -> dict[str,
         value = body.get(field)
         if value is not None:
             params[name] = value
+    schema = response_format_schema(body)
+    if schema is not None:
+        if params.get("json_schema") is not None:
+            raise bad_request("give response_format or json_schema, not both", "response_format")
+        params["json_schema"] = schema
     bias = params.get("logit_bias")
     if isinstance(bias, Mapping) and any(
         is_number(b) and not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in bias.values()

