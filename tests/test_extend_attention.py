@@ -1,20 +1,39 @@
 """CPU extend attention (srt.layers.attention.extend_cpu): causal over the new tokens, after a
 cached prefix or none, equals a float64 reference with the causal triangle shifted past the
-prefix; grouped-query heads (and not), odd lengths, float32 and bf16.
+prefix; grouped-query heads (and not), odd lengths, float32 and bf16; bf16 through both routes
+(srt's kernel on AVX-512 BF16, PyTorch's two flash calls below that tier), whichever the CPU
+runs.
 
 Tolerances: float32 differs from float64 by float32 rounding (1e-5 on outputs below ~3). In
-bf16 the kernel rounds each softmax weight and each part's output to bf16 (8 significant bits,
-a relative 2^-9 each), so outputs of magnitude up to ~3 are off by up to ~2e-2."""
+bf16 both routes round each softmax weight to bf16 and the output once (PyTorch's also each
+part's output before the merge: 8 significant bits, a relative 2^-9 each), so outputs of
+magnitude up to ~3 are off by up to ~2e-2."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
 
-from srt.layers.attention.extend_cpu import extend_attention
+from srt.layers import cpu_kernels
+from srt.layers.attention.extend_cpu import extend_attention, runs_in_rust
 
 TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 SCALE = 0.125
+ACTIVE, BEST = cpu_kernels.isa()
+# The tier each route runs at: PyTorch's below AVX-512 BF16, srt's kernel on it.
+ROUTES = {"torch": "avx512" if BEST == "avx512_bf16" else BEST}
+if BEST == "avx512_bf16":
+    ROUTES["rust"] = "avx512_bf16"
+
+
+@pytest.fixture(params=sorted(ROUTES))
+def route(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs the test with the kernels' tier set for this route, restoring it after."""
+    cpu_kernels.set_isa(ROUTES[request.param])
+    yield request.param
+    cpu_kernels.set_isa(ACTIVE)
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -48,9 +67,10 @@ def random_case(
     ("prefix", "new"), [(0, 1), (0, 37), (0, 300), (1, 1), (5, 1), (17, 33), (300, 129), (64, 700)]
 )
 def test_equals_float64_reference(
-    dtype: torch.dtype, heads: int, kv_heads: int, prefix: int, new: int
+    dtype: torch.dtype, heads: int, kv_heads: int, prefix: int, new: int, route: str
 ) -> None:
     q, k, v = random_case(heads, kv_heads, prefix, new, dtype)
+    assert runs_in_rust(q) == (route == "rust" and dtype == torch.bfloat16)
     cached = (k[:prefix], v[:prefix]) if prefix else None
     # K/V of the new tokens as the model hands them over: strided views of a wider tensor.
     wide_k = torch.cat([k[prefix:], k[prefix:]], dim=1)[:, :kv_heads]
@@ -62,15 +82,22 @@ def test_equals_float64_reference(
     torch.testing.assert_close(out.double(), expected, rtol=tolerance, atol=tolerance)
 
 
-def test_head_size_not_a_multiple_of_sixteen() -> None:
-    q, k, v = random_case(6, 2, 40, 21, torch.float32, head_dim=20)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [20, 96, 128])
+def test_other_head_sizes(dtype: torch.dtype, head_dim: int, route: str) -> None:
+    """20 is no multiple of 32: PyTorch's route whatever the tier; 96 and 128 take srt's kernel
+    on AVX-512 BF16 (several 32-column slices of the weighted sum)."""
+    q, k, v = random_case(6, 2, 40, 21, dtype, head_dim=head_dim)
+    assert runs_in_rust(q) == (route == "rust" and dtype == torch.bfloat16 and head_dim != 20)
     out = extend_attention(q, k[40:], v[40:], (k[:40], v[:40]), SCALE)
-    torch.testing.assert_close(out.double(), reference(q, k, v), rtol=1e-5, atol=1e-5)
+    tolerance = TOLERANCES[dtype]
+    torch.testing.assert_close(out.double(), reference(q, k, v), rtol=tolerance, atol=tolerance)
 
 
-def test_a_prefix_changes_the_result() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prefix_changes_the_result(dtype: torch.dtype, route: str) -> None:
     """The prefix is attended: the same new tokens without it give another result."""
-    q, k, v = random_case(9, 3, 50, 30, torch.float32)
+    q, k, v = random_case(9, 3, 50, 30, dtype)
     with_prefix = extend_attention(q, k[50:], v[50:], (k[:50], v[:50]), SCALE)
     without = extend_attention(q, k[50:], v[50:], None, SCALE)
     assert (with_prefix - without).abs().max() > 0.1

@@ -10,16 +10,35 @@ each returns. That is exact in real arithmetic: with `l = log(e^l1 + e^l2)`, the
 both parts is `e^(l1 - l) o1 + e^(l2 - l) o2`. The kernel handles grouped-query heads itself
 (query head h reads KV head h // (heads / kv_heads)), so K/V are never expanded.
 
+Bf16 on a CPU with AVX-512 BF16 (and a head size that is a multiple of 32) takes srt's kernel
+instead (`cpu_kernels.prefill_attention`, blocked flash attention in `vdpbf16ps`): PyTorch's
+multiplies bf16 blocks at float32 speed there, and srt's ran 1.7-1.9x faster at SmolLM2's
+shapes from 1024 to 2048 tokens (benches/bench_extend_attention.py). The choice follows the
+CPU's instruction set as the kernels run it (`SRT_CPU_ISA` caps it).
+
 Layouts: token-major, as the model produces them: q `[new, heads, head_dim]`, K/V `[len,
-kv_heads, head_dim]`; the result is `[new, heads, head_dim]` in q's dtype. The two partial
-results are rounded to that dtype by the kernel, and merged in float32.
+kv_heads, head_dim]`; the result is `[new, heads, head_dim]` in q's dtype. PyTorch's two
+partial results are rounded to that dtype by its kernel, and merged in float32.
 """
 
 from __future__ import annotations
 
 import torch
 
+from srt.layers import cpu_kernels
+
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def runs_in_rust(q: torch.Tensor) -> bool:
+    """Whether srt's kernel attends these queries: bf16, a head size it takes, and a CPU with
+    AVX-512 BF16 at the kernels' current instruction set."""
+    return (
+        q.dtype == torch.bfloat16
+        and q.shape[-1] % cpu_kernels.PREFILL_HEAD_DIM_MULTIPLE == 0
+        and not q.requires_grad
+        and cpu_kernels.isa()[0] == "avx512_bf16"
+    )
 
 
 def _heads_first(t: torch.Tensor) -> torch.Tensor:
@@ -47,6 +66,12 @@ def extend_attention(
 ) -> torch.Tensor:
     """Causal attention of the new tokens (q, and their own K/V `k`, `v`) over `prefix` (the
     cached K and V before them, or None) and themselves. CPU tensors of one dtype."""
+    if runs_in_rust(q):
+        keys, values = (
+            (k, v) if prefix is None else (torch.cat([prefix[0], k]), torch.cat([prefix[1], v]))
+        )
+        prefix_len = 0 if prefix is None else prefix[0].shape[0]
+        return cpu_kernels.prefill_attention(q, keys, values, prefix_len, scale)
     new_out, new_lse = _attend(q, k, v, True, scale)
     if prefix is None:
         return new_out[0].transpose(0, 1)
