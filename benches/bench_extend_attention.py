@@ -6,9 +6,13 @@
 SmolLM2-135M's shapes (9 query and 3 K/V heads of 64). Per dtype and case, one sequence of
 `new` tokens after `prefix` cached ones: `sdpa_ms` is the route srt took before extend_cpu.py
 (SDPA with `is_causal` and `enable_gqa` without a prefix; with one, SDPA over the prefix and
-the new tokens with an additive float mask, the mask built once per layer as the backend's
-metadata did), `srt_ms` is `extend_attention`, each the best of `--repeats` warm calls. `gflops`
-counts the multiply-adds of the unmasked scores and weighted sums (2 per multiply-add).
+the new tokens with an additive float mask, built outside the timing as the backend built it
+once per forward pass), `srt_ms` is `extend_attention` (srt's kernel for bf16 on AVX-512
+BF16, else PyTorch's flash kernel: `SRT_CPU_ISA=avx512` times the latter), each the best of
+`--repeats` warm calls. `gflops` counts the multiply-adds of the unmasked scores and weighted
+sums (2 per multiply-add). Under `--threads 1` every kernel runs on the calling thread, and the
+times are that thread's CPU time: on a machine shared with other work, what the kernels cost
+rather than how long they waited to be scheduled.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from bench_utils import emit
 
+from srt.layers import cpu_kernels
 from srt.layers.attention.extend_cpu import extend_attention
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
@@ -30,23 +35,30 @@ SCALE = HEAD_DIM**-0.5
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     fn()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return min(times)
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+def prefix_mask(new: int, prefix: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """The former route's additive mask: new token i sees keys up to prefix + i."""
+    if not prefix:
+        return None
+    total = prefix + new
+    mask = torch.zeros((new, total), dtype=dtype)
+    query_pos = torch.arange(prefix, total)[:, None]
+    return mask.masked_fill_(torch.arange(total)[None, :] > query_pos, float("-inf"))
+
+
+def sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
     """The former route: q [new, heads, d] over k, v [prefix + new, kv_heads, d]."""
-    new, total = q.shape[0], k.shape[0]
-    mask = None
-    if prefix:
-        query_pos = torch.arange(prefix, total)[:, None]
-        mask = torch.zeros((new, total), dtype=q.dtype)
-        mask.masked_fill_(torch.arange(total)[None, :] > query_pos, float("-inf"))
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1),
         k.transpose(0, 1),
@@ -65,7 +77,8 @@ def run_case(dtype: torch.dtype, prefix: int, new: int, repeats: int) -> dict[st
     v = torch.randn(prefix + new, KV_HEADS, HEAD_DIM, dtype=dtype)
     cached = (k[:prefix], v[:prefix]) if prefix else None
     srt_s = best_of(lambda: extend_attention(q, k[prefix:], v[prefix:], cached, SCALE), repeats)
-    sdpa_s = best_of(lambda: sdpa(q, k, v, prefix), repeats)
+    mask = prefix_mask(new, prefix, dtype)
+    sdpa_s = best_of(lambda: sdpa(q, k, v, mask), repeats)
     pairs = new * prefix + new * (new + 1) // 2  # (query, key) pairs attended
     flops = 4 * pairs * HEADS * HEAD_DIM
     return {
@@ -88,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     cases = [(0, n) for n in args.lengths]
     cases += [(int(p), int(n)) for p, n in (c.split(":") for c in args.prefix_cases)]
-    results: dict[str, Any] = {"threads": args.threads, "cases": {}}
+    isa, _ = cpu_kernels.isa()
+    results: dict[str, Any] = {"threads": args.threads, "isa": isa, "cases": {}}
     with torch.inference_mode():
         for name in args.dtypes:
             dtype = getattr(torch, name)

@@ -41,6 +41,10 @@ const BLOCK_TOKENS: usize = 32;
 pub(crate) const TILE_ROWS: usize = 8;
 /// Head sizes must be a multiple of this: the weighted sum runs over 32-column slices.
 pub const HEAD_DIM_MULTIPLE: usize = 32;
+/// Calls with fewer (query head, key) pairs than this run on the calling thread: a parallel
+/// region costs more than it saves on a few new tokens, and on a busy machine a team waits
+/// for its slowest thread to be scheduled.
+const PARALLEL_MIN_PAIRS: usize = 1 << 16;
 
 /// The shape of one prefill attention call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,7 +145,16 @@ pub fn prefill_attention_on(
         out: out.as_mut_ptr(),
     };
     let next = AtomicUsize::new(0);
-    parallel::run(tasks.min(parallel::max_threads()), &|_, _| {
+    let pairs = shape
+        .new
+        .saturating_mul(shape.heads)
+        .saturating_mul(shape.prefix + shape.new);
+    let threads = if pairs < PARALLEL_MIN_PAIRS {
+        1
+    } else {
+        tasks.min(parallel::max_threads())
+    };
+    parallel::run(threads, &|_, _| {
         let mut scratch = Scratch::default();
         loop {
             let index = next.fetch_add(1, Ordering::Relaxed);
