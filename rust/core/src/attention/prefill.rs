@@ -273,7 +273,8 @@ impl Task<'_> {
             }
             let first_key = key_block * BLOCK_KEYS;
             for r in 0..rows {
-                softmax_step(scratch, r, first_key, d);
+                // SAFETY: the caller promises M's instructions.
+                unsafe { softmax_step::<M>(scratch, r, first_key, d) };
             }
             let values = self.packed.values(kv_head, key_block);
             for r0 in (0..rows).step_by(TILE_ROWS) {
@@ -296,16 +297,20 @@ impl Task<'_> {
     }
 }
 
-/// Lanes of the partial maxima and sums (one AVX-512 register; the compiler vectorizes the
-/// fixed-size loops, which a running float reduction would keep scalar).
-const LANES: usize = 16;
-
 /// Folds row `r`'s scores of the key block starting at `first_key` into its running maximum
 /// and sum, rescales its weighted sum, and leaves its weights (bf16, zero past its last
 /// visible key) for the product with V. Every row sees key 0, so after the first block its
 /// maximum is finite and a block it sees nothing of changes nothing.
+///
+/// # Safety
+/// The CPU has `M`'s instructions.
 #[inline(always)]
-fn softmax_step(scratch: &mut Scratch, r: usize, first_key: usize, d: usize) {
+unsafe fn softmax_step<M: kernels::Micro>(
+    scratch: &mut Scratch,
+    r: usize,
+    first_key: usize,
+    d: usize,
+) {
     let visible = (scratch.last_key[r] + 1).saturating_sub(first_key);
     let weights = &mut scratch.weights[r * BLOCK_KEYS..(r + 1) * BLOCK_KEYS];
     if visible == 0 {
@@ -313,69 +318,20 @@ fn softmax_step(scratch: &mut Scratch, r: usize, first_key: usize, d: usize) {
         return;
     }
     let scores = &scratch.scores[r * BLOCK_KEYS..(r + 1) * BLOCK_KEYS];
-    let mut masked = [f32::NEG_INFINITY; BLOCK_KEYS];
-    for (j, (m, &score)) in masked.iter_mut().zip(scores).enumerate() {
-        *m = if j < visible {
-            score
-        } else {
-            f32::NEG_INFINITY
-        };
-    }
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    for chunk in masked.chunks_exact(LANES) {
-        for (lane, &m) in lanes.iter_mut().zip(chunk) {
-            *lane = greater(*lane, m);
-        }
-    }
     let old_max = scratch.max[r];
-    let max = greater(old_max, reduce(lanes, greater));
-    // e^(-inf) is 0: masked keys weigh nothing, and the first block leaves nothing to rescale.
-    let mut exps = [0f32; BLOCK_KEYS];
-    for (e, &m) in exps.iter_mut().zip(&masked) {
-        *e = exp_nonpositive(m - max);
-    }
-    let mut sums = [0f32; LANES];
-    for chunk in exps.chunks_exact(LANES) {
-        for (sum, &e) in sums.iter_mut().zip(chunk) {
-            *sum += e;
-        }
-    }
-    for (weight, &e) in weights.iter_mut().zip(&exps) {
-        *weight = Bf16::from_f32(e);
-    }
+    // SAFETY: whole rows of a block, at least one key visible; the caller promises M's
+    // instructions.
+    let (max, block_sum) =
+        unsafe { M::exponentiate(scores, visible.min(BLOCK_KEYS), old_max, weights) };
+    // e^(-inf) is 0: the first block leaves nothing to rescale.
     let correction = exp_nonpositive(old_max - max);
-    scratch.sum[r] = scratch.sum[r] * correction + reduce(sums, |a, b| a + b);
+    scratch.sum[r] = scratch.sum[r] * correction + block_sum;
     scratch.max[r] = max;
     if correction != 1.0 {
         scratch.acc[r * d..(r + 1) * d]
             .iter_mut()
             .for_each(|a| *a *= correction);
     }
-}
-
-/// The larger of `a` and `b` (`b` if either is NaN: a comparison, which vectorizes to one
-/// instruction, unlike `f32::max`'s NaN rules).
-#[inline(always)]
-fn greater(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
-
-/// `lanes` folded by `op` pairwise, halves at a time (four vector steps, not fifteen
-/// dependent scalar ones).
-#[inline(always)]
-fn reduce(mut lanes: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
-    let mut half = LANES / 2;
-    while half > 0 {
-        for i in 0..half {
-            lanes[i] = op(lanes[i], lanes[i + half]);
-        }
-        half /= 2;
-    }
-    lanes[0]
 }
 
 #[cfg(test)]

@@ -63,6 +63,89 @@ impl Micro for Avx512Bf16 {
         // SAFETY: as above.
         unsafe { by_rows!(acc.len() / d, weighted_tile, weights, values, d, acc) }
     }
+
+    #[inline(always)]
+    unsafe fn exponentiate(
+        scores: &[f32],
+        visible: usize,
+        old_max: f32,
+        weights: &mut [Bf16],
+    ) -> (f32, f32) {
+        // SAFETY: forwarded from the caller.
+        unsafe { exponentiate_row(scores, visible, old_max, weights) }
+    }
+}
+
+/// Vectors of 16 float32 in a row of a block.
+const VECTORS: usize = BLOCK_KEYS / 16;
+
+/// See `Micro::exponentiate`: masked loads leave the invisible keys at -inf and their terms
+/// are zeroed; `vcvtneps2bf16` rounds the terms to bf16 (to nearest even, as `Bf16::from_f32`).
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[inline]
+unsafe fn exponentiate_row(
+    scores: &[f32],
+    visible: usize,
+    old_max: f32,
+    weights: &mut [Bf16],
+) -> (f32, f32) {
+    let masks: [__mmask16; VECTORS] = std::array::from_fn(|i| {
+        let lanes = visible.saturating_sub(16 * i).min(16);
+        ((1u32 << lanes) - 1) as __mmask16
+    });
+    let below = _mm512_set1_ps(f32::NEG_INFINITY);
+    // SAFETY: the caller promises `scores` of BLOCK_KEYS floats: 16 at each 16 * i.
+    let x: [__m512; VECTORS] = std::array::from_fn(|i| unsafe {
+        _mm512_mask_loadu_ps(below, masks[i], scores.as_ptr().add(16 * i))
+    });
+    let top = x.iter().fold(below, |m, &v| _mm512_max_ps(m, v));
+    let block_max = _mm512_reduce_max_ps(top);
+    let max = if old_max > block_max {
+        old_max
+    } else {
+        block_max
+    };
+    let shift = _mm512_set1_ps(max);
+    let mut sum = _mm512_setzero_ps();
+    for (i, (&v, &mask)) in x.iter().zip(&masks).enumerate() {
+        let e = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(v, shift)));
+        sum = _mm512_add_ps(sum, e);
+        // SAFETY: __m256bh is 16 bf16 lanes, 256 bits of plain data, as __m256i.
+        let rounded = unsafe { std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(e)) };
+        // SAFETY: the caller promises `weights` of BLOCK_KEYS: 16 at 16 * i.
+        unsafe { _mm256_storeu_si256(weights.as_mut_ptr().add(16 * i).cast(), rounded) };
+    }
+    (max, _mm512_reduce_add_ps(sum))
+}
+
+/// `e^x` per lane for `x <= 0`, the arithmetic of `exp_nonpositive` (Cephes' `expf`) with
+/// `2^n` applied by `vscalefps`; lanes below -87 give about e^-87 (callers zero the masked
+/// ones; a visible score that far below the maximum weighs nothing in bf16 either way).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn exp(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let mantissa = _mm512_fmadd_ps(
+        p,
+        _mm512_mul_ps(r, r),
+        _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+    );
+    _mm512_scalef_ps(mantissa, n)
 }
 
 /// `scores` of `N` rows, 32 keys at a time; see `Micro::scores`.

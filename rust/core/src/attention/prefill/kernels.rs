@@ -10,6 +10,7 @@
 //! `u32`: the first element in the low 16 bits, as memory holds it.
 
 use super::{PrefillShape, BLOCK_KEYS};
+use crate::attention::exp_nonpositive;
 use crate::element::Bf16;
 
 /// The `u32` of a bf16 pair: `low` first in memory.
@@ -125,6 +126,20 @@ pub(crate) trait Micro {
     /// `weights` and `acc` hold the same rows, `values` is a whole block, and the CPU has the
     /// implementation's instructions.
     unsafe fn weighted_sum(weights: &[Bf16], values: &[u32], d: usize, acc: &mut [f32]);
+
+    /// For one row's block of `BLOCK_KEYS` scores of which the first `visible` count: returns
+    /// the larger of `old_max` and their maximum, and the sum of `e^(score - max)` over them,
+    /// and writes those terms to `weights` rounded to bf16 (zeros past `visible`).
+    ///
+    /// # Safety
+    /// `scores` and `weights` are `BLOCK_KEYS` long, `visible` is in `1..=BLOCK_KEYS`, and the
+    /// CPU has the implementation's instructions.
+    unsafe fn exponentiate(
+        scores: &[f32],
+        visible: usize,
+        old_max: f32,
+        weights: &mut [Bf16],
+    ) -> (f32, f32);
 }
 
 /// Portable code, each pair's two products summed before they join the float32 sum.
@@ -166,4 +181,63 @@ impl Micro for Portable {
             }
         }
     }
+
+    unsafe fn exponentiate(
+        scores: &[f32],
+        visible: usize,
+        old_max: f32,
+        weights: &mut [Bf16],
+    ) -> (f32, f32) {
+        let mut masked = [f32::NEG_INFINITY; BLOCK_KEYS];
+        masked[..visible].copy_from_slice(&scores[..visible]);
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        for chunk in masked.chunks_exact(LANES) {
+            for (lane, &m) in lanes.iter_mut().zip(chunk) {
+                *lane = greater(*lane, m);
+            }
+        }
+        let max = greater(old_max, reduce(lanes, greater));
+        // e^(-inf) is 0: masked keys weigh nothing.
+        let mut sums = [0f32; LANES];
+        for (chunk, weight_chunk) in masked
+            .chunks_exact(LANES)
+            .zip(weights.chunks_exact_mut(LANES))
+        {
+            for ((sum, &m), weight) in sums.iter_mut().zip(chunk).zip(weight_chunk) {
+                let e = exp_nonpositive(m - max);
+                *sum += e;
+                *weight = Bf16::from_f32(e);
+            }
+        }
+        (max, reduce(sums, |a, b| a + b))
+    }
+}
+
+/// Lanes of the partial maxima and sums (one AVX-512 register: the compiler vectorizes the
+/// fixed-size loops, which a running float reduction would keep scalar).
+const LANES: usize = 16;
+
+/// The larger of `a` and `b` (`b` if either is NaN: a comparison, which vectorizes to one
+/// instruction, unlike `f32::max`'s NaN rules).
+#[inline(always)]
+fn greater(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `lanes` folded by `op` pairwise, halves at a time (four vector steps, not fifteen
+/// dependent scalar ones).
+#[inline(always)]
+fn reduce(mut lanes: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut half = LANES / 2;
+    while half > 0 {
+        for i in 0..half {
+            lanes[i] = op(lanes[i], lanes[i + half]);
+        }
+        half /= 2;
+    }
+    lanes[0]
 }
