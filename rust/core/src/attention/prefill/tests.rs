@@ -105,6 +105,9 @@ fn equals_the_float64_reference_on_every_tier() {
         (4, 4, 32, 5, 1),
         (6, 1, 32, 31, 64),
         (2, 2, 96, 64, 40),
+        // Several key blocks: the running maximum and sum carried across blocks.
+        (9, 3, 64, 200, 90),
+        (3, 1, 32, 0, 300),
     ];
     for (heads, kv_heads, d, prefix, new) in shapes {
         let case = case(heads, kv_heads, d, prefix, new);
@@ -121,12 +124,14 @@ fn equals_the_float64_reference_on_every_tier() {
 
 #[test]
 fn a_token_ignores_the_tokens_after_it() {
-    let long = case(9, 3, 64, 40, 70);
-    let mut short = case(9, 3, 64, 40, 70);
+    // 150 new tokens after 140 cached: three key blocks; the first 20 (one token block) see
+    // only the first two.
+    let long = case(9, 3, 64, 140, 150);
+    let mut short = case(9, 3, 64, 140, 150);
     short.shape.new = 20;
     short.q.truncate(20 * 9 * 64);
-    short.k.truncate(60 * 3 * 64);
-    short.v.truncate(60 * 3 * 64);
+    short.k.truncate(160 * 3 * 64);
+    short.v.truncate(160 * 3 * 64);
     for isa in [Isa::Scalar, isa::detected()] {
         let (long_out, short_out) = (attend(&long, isa), attend(&short, isa));
         assert_eq!(&long_out[..short_out.len()], &short_out[..]);
