@@ -75,8 +75,7 @@ def run_case(dtype: torch.dtype, prefix: int, new: int, repeats: int) -> dict[st
     q = torch.randn(new, HEADS, HEAD_DIM, dtype=dtype)
     k = torch.randn(prefix + new, KV_HEADS, HEAD_DIM, dtype=dtype)
     v = torch.randn(prefix + new, KV_HEADS, HEAD_DIM, dtype=dtype)
-    cached = (k[:prefix], v[:prefix]) if prefix else None
-    srt_s = best_of(lambda: extend_attention(q, k[prefix:], v[prefix:], cached, SCALE), repeats)
+    srt_s = best_of(lambda: extend_attention(q, k, v, prefix, SCALE), repeats)
     mask = prefix_mask(new, prefix, dtype)
     sdpa_s = best_of(lambda: sdpa(q, k, v, mask), repeats)
     pairs = new * prefix + new * (new + 1) // 2  # (query, key) pairs attended

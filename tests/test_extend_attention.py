@@ -71,10 +71,9 @@ def test_equals_float64_reference(
 ) -> None:
     q, k, v = random_case(heads, kv_heads, prefix, new, dtype)
     assert runs_in_rust(q) == (route == "rust" and dtype == torch.bfloat16)
-    cached = (k[:prefix], v[:prefix]) if prefix else None
-    # K/V of the new tokens as the model hands them over: strided views of a wider tensor.
-    wide_k = torch.cat([k[prefix:], k[prefix:]], dim=1)[:, :kv_heads]
-    out = extend_attention(q, wide_k, v[prefix:], cached, SCALE)
+    # K as the model hands over the new tokens' K: a strided view of a wider tensor.
+    wide_k = torch.cat([k, k], dim=1)[:, :kv_heads]
+    out = extend_attention(q, wide_k, v, prefix, SCALE)
     assert out.dtype == dtype
     assert out.shape == q.shape
     expected = reference(q, k, v)
@@ -89,7 +88,7 @@ def test_other_head_sizes(dtype: torch.dtype, head_dim: int, route: str) -> None
     on AVX-512 BF16 (several 32-column slices of the weighted sum)."""
     q, k, v = random_case(6, 2, 40, 21, dtype, head_dim=head_dim)
     assert runs_in_rust(q) == (route == "rust" and dtype == torch.bfloat16 and head_dim != 20)
-    out = extend_attention(q, k[40:], v[40:], (k[:40], v[:40]), SCALE)
+    out = extend_attention(q, k, v, 40, SCALE)
     tolerance = TOLERANCES[dtype]
     torch.testing.assert_close(out.double(), reference(q, k, v), rtol=tolerance, atol=tolerance)
 
@@ -98,6 +97,6 @@ def test_other_head_sizes(dtype: torch.dtype, head_dim: int, route: str) -> None
 def test_a_prefix_changes_the_result(dtype: torch.dtype, route: str) -> None:
     """The prefix is attended: the same new tokens without it give another result."""
     q, k, v = random_case(9, 3, 50, 30, dtype)
-    with_prefix = extend_attention(q, k[50:], v[50:], (k[:50], v[:50]), SCALE)
-    without = extend_attention(q, k[50:], v[50:], None, SCALE)
+    with_prefix = extend_attention(q, k, v, 50, SCALE)
+    without = extend_attention(q, k[50:], v[50:], 0, SCALE)
     assert (with_prefix - without).abs().max() > 0.1

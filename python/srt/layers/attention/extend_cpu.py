@@ -59,24 +59,18 @@ def _attend(
 
 
 def extend_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    prefix: tuple[torch.Tensor, torch.Tensor] | None,
-    scale: float,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, scale: float
 ) -> torch.Tensor:
-    """Causal attention of the new tokens (q, and their own K/V `k`, `v`) over `prefix` (the
-    cached K and V before them, or None) and themselves. CPU tensors of one dtype."""
+    """Causal attention of the new tokens (q) over the sequence's K and V (`k`, `v`: its
+    `prefix` cached tokens, then the new ones): new token i sees keys up to prefix + i. CPU
+    tensors of one dtype."""
     if runs_in_rust(q):
-        keys, values = (
-            (k, v) if prefix is None else (torch.cat([prefix[0], k]), torch.cat([prefix[1], v]))
-        )
-        prefix_len = 0 if prefix is None else prefix[0].shape[0]
-        return cpu_kernels.prefill_attention(q, keys, values, prefix_len, scale)
-    new_out, new_lse = _attend(q, k, v, True, scale)
-    if prefix is None:
+        return cpu_kernels.prefill_attention(q, k, v, prefix, scale)
+    new_k, new_v = k[prefix:], v[prefix:]
+    new_out, new_lse = _attend(q, new_k, new_v, True, scale)
+    if not prefix:
         return new_out[0].transpose(0, 1)
-    old_out, old_lse = _attend(q, prefix[0], prefix[1], False, scale)
+    old_out, old_lse = _attend(q, k[:prefix], v[:prefix], False, scale)
     lse = torch.logaddexp(new_lse, old_lse)
     # [1, heads, new, 1]: each part's share of its row's softmax mass.
     new_share = torch.exp(new_lse - lse)[..., None]

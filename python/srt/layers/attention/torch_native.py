@@ -31,7 +31,7 @@ from srt.layers.attention.cascade import (
 )
 from srt.layers.attention.extend_cpu import extend_attention
 
-# A sequence's cached prefix for extend: on the CPU its slots; elsewhere (all its slots, mask).
+# A sequence with a cached prefix, for extend: on the CPU its slots; elsewhere (slots, mask).
 ExtendCache = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 if TYPE_CHECKING:
@@ -52,8 +52,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         # In-place decode's metadata: [batch, max_len] int32 slots, [batch] int32 lengths.
         self._in_place: tuple[torch.Tensor, torch.Tensor] | None = None
         self._cascade: CascadeMetadata | None = None
-        # Extend, per sequence: (first new token, new tokens, None or its cached prefix's slots
-        # on the CPU and elsewhere (all its slots, mask)).
+        # Extend, per sequence: (first new token, new tokens, None without a cached prefix, else
+        # its slots on the CPU and elsewhere (its slots, mask)).
         self._extend_seqs: list[tuple[int, int, ExtendCache | None]] = []
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
@@ -91,9 +91,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         self._decode_mask = mask.masked_fill_(padding, float("-inf"))[:, None, None, :]
 
     def _init_extend_metadata(self, forward_batch: ForwardBatch) -> None:
-        """Per sequence: its slice of the new tokens, and, after a cached prefix, on the CPU
-        the prefix's slots, elsewhere the slots of its whole sequence and the additive mask that
-        shifts causality past the prefix."""
+        """Per sequence: its slice of the new tokens, and, after a cached prefix, the slots of
+        its whole sequence and, off the CPU, the additive mask that shifts causality past the
+        prefix."""
         req_to_token = forward_batch.req_to_token_pool.req_to_token
         device = forward_batch.input_ids.device
         dtype = forward_batch.kv_pool.k_buffers[0].dtype
@@ -106,7 +106,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             cached: ExtendCache | None = None
             if prefix_len > 0 and device.type == "cpu":
                 row = forward_batch.req_pool_indices[i]
-                cached = req_to_token[row, :prefix_len].long()
+                cached = req_to_token[row, :seq_len].long()
             elif prefix_len > 0:
                 row = forward_batch.req_pool_indices[i]
                 slots = req_to_token[row, :seq_len].long()
@@ -133,8 +133,11 @@ class TorchNativeAttnBackend(AttentionBackend):
             end = start + extend_len
             q_i, k_i, v_i = q[start:end], k[start:end], v[start:end]
             if q.is_cpu:
-                assert not isinstance(cached, tuple), "CPU metadata holds prefix slots"
-                prefix = None if cached is None else pool.gather(layer.layer_id, cached)
+                assert not isinstance(cached, tuple), "CPU metadata holds slots"
+                if cached is not None:
+                    # The whole sequence's K/V, the new rows included (stored above).
+                    k_i, v_i = pool.gather(layer.layer_id, cached)
+                prefix = k_i.shape[0] - extend_len
                 out[start:end] = extend_attention(q_i, k_i, v_i, prefix, layer.scaling)
                 continue
             assert not isinstance(cached, torch.Tensor), "non-CPU metadata holds masks"
