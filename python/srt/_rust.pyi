@@ -196,6 +196,21 @@ def decode_attention_bf16(
 ) -> None:
     """`decode_attention` over bf16 q, caches and output (float32 arithmetic, output rounded)."""
 
+def prefill_attention_bf16(
+    q: _Bf16,
+    k: _Bf16,
+    v: _Bf16,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    prefix: int,
+    scale: float,
+    out: _Bf16,
+) -> None:
+    """Causal attention of one sequence's new tokens (q: [new, heads, head_dim]) over its
+    `prefix` cached tokens and themselves (k, v: [prefix + new, kv_heads, head_dim]), bf16 in
+    and out, float32 sums; head_dim a multiple of 32 (GIL released)."""
+
 # --- CPU row-wise operators (rust/python/src/ops.rs) --------------------------------------------
 
 def rms_norm(

@@ -25,6 +25,8 @@ from srt import _rust, envs
 
 # The dtypes of the row-wise and attention kernels.
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+# Prefill attention takes head sizes that are multiples of this (bf16 only).
+PREFILL_HEAD_DIM_MULTIPLE = 32
 
 
 def runs_in_rust(*tensors: torch.Tensor, dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES) -> bool:
@@ -176,3 +178,26 @@ def decode_attention(
         _view(out),
     )
     return out.reshape(q.shape[0], -1)
+
+
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, scale: float
+) -> torch.Tensor:
+    """Causal attention of one sequence's new tokens (q: [new, heads, head_dim], bf16) over its
+    `prefix` cached tokens and themselves (k, v: [prefix + new, kv_heads, head_dim], bf16; query
+    head h reads KV head h // (heads / kv_heads)). head_dim must be a multiple of 32. Returns
+    [new, heads, head_dim]."""
+    query, keys, values = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(query)
+    _rust.prefill_attention_bf16(
+        _view(query),
+        _view(keys),
+        _view(values),
+        q.shape[1],
+        k.shape[1],
+        k.shape[2],
+        prefix,
+        scale,
+        _view(out),
+    )
+    return out

@@ -26,6 +26,7 @@ use crate::isa::{self, Isa};
 use crate::parallel;
 use crate::{Error, Result};
 
+pub mod prefill;
 mod tiers;
 
 /// The shape of one decode attention call.

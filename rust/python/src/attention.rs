@@ -1,5 +1,5 @@
-//! `srt._rust.decode_attention` and `decode_attention_bf16`: the binding of
-//! `srt_core::attention`. The query, the layer's K and V caches and the output arrive as float32
+//! `srt._rust.decode_attention`, `decode_attention_bf16` and `prefill_attention_bf16`: the
+//! binding of `srt_core::attention`. The query, the layer's K and V caches and the output arrive as float32
 //! numpy views of CPU tensors (int16 views of the bits, for bf16), the slots and lengths as int32
 //! buffers; every length and slot is checked by the core before any is read.
 
@@ -8,6 +8,7 @@ use std::ptr::NonNull;
 use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use srt_core::attention::prefill::{self, PrefillShape};
 use srt_core::attention::{self, DecodeShape};
 use srt_core::element::Element;
 
@@ -143,7 +144,58 @@ fn attend<P: BufferElement, T: Element>(
     .map_err(to_py_err)
 }
 
+/// Causal attention of one sequence's `new` tokens (bf16 `q`, `[new, heads, head_dim]`) over
+/// its `prefix` cached tokens and themselves (bf16 `k`, `v`, `[prefix + new, kv_heads,
+/// head_dim]`), into bf16 `out` (q's shape); `new` is inferred from q's length.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn prefill_attention_bf16(
+    py: Python<'_>,
+    q: PyBuffer<i16>,
+    k: PyBuffer<i16>,
+    v: PyBuffer<i16>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    prefix: usize,
+    scale: f32,
+    out: PyBuffer<i16>,
+) -> PyResult<()> {
+    let query = bf16_bits(contiguous("the query", &q, false)?);
+    let keys = bf16_bits(contiguous("K", &k, false)?);
+    let values = bf16_bits(contiguous("V", &v, false)?);
+    let output = bf16_bits(contiguous("the output", &out, true)?);
+    if overlap(query, output) || overlap(keys, output) || overlap(values, output) {
+        return Err(PyValueError::new_err("the output overlaps an input"));
+    }
+    let per_token = heads
+        .checked_mul(head_dim)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| PyValueError::new_err(format!("{heads} heads of {head_dim} elements")))?;
+    let shape = PrefillShape {
+        heads,
+        kv_heads,
+        head_dim,
+        prefix,
+        new: query.len() / per_token,
+    };
+    // SAFETY: every buffer stays acquired until this function returns; the output overlaps
+    // none of the inputs, so the one mutable slice aliases nothing; `bf16_bits` keeps the
+    // bytes and their count. The core checks every length against `shape`.
+    let (query, keys, values, output) = unsafe {
+        (
+            query.as_ref(),
+            keys.as_ref(),
+            values.as_ref(),
+            &mut *output.as_ptr(),
+        )
+    };
+    py.detach(|| prefill::prefill_attention(&shape, query, keys, values, scale, output))
+        .map_err(to_py_err)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(prefill_attention_bf16, m)?)?;
     m.add_function(wrap_pyfunction!(decode_attention, m)?)?;
     m.add_function(wrap_pyfunction!(decode_attention_bf16, m)?)
 }

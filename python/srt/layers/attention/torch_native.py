@@ -1,14 +1,15 @@
 """The reference attention backend: PyTorch's scaled_dot_product_attention over the KV pool.
 
-Runs everywhere (it is the CPU path). Extend attends one sequence at a time with a causal mask
-shifted by the sequence's cached prefix. Decode in float32 or bf16 on the CPU reads each
-sequence's K/V rows in place, in srt's Rust kernel (`cpu_kernels.decode_attention`: float32
-arithmetic over either cache), which costs a fraction of
-gathering them for PyTorch at decode sizes; elsewhere decode gathers every sequence's K/V into
-one padded batch and attends in a single call per layer. When sequences of the batch share
-cached prefix slots, decode attends each shared prefix once per group instead (cascade.py). What
-a decode batch's layers share (the slots, the additive padding mask, the groups) is derived once
-per forward pass.
+Runs everywhere (it is the CPU path). Extend attends one sequence at a time: on the CPU with no
+mask (extend_cpu.py: the cached prefix and the new tokens as two parts, merged), elsewhere with
+a causal mask shifted by the sequence's cached prefix. Decode in float32 or bf16 on the CPU
+reads each sequence's K/V rows in place, in srt's Rust kernel (`cpu_kernels.decode_attention`:
+float32 arithmetic over either cache), which costs a fraction of gathering them for PyTorch
+at decode sizes; elsewhere decode gathers every sequence's K/V into one padded batch and
+attends in a single call per layer. When sequences of the batch share cached prefix slots,
+decode attends each shared prefix once per group instead (cascade.py). What a decode batch's
+layers share (the slots, the additive padding mask, the groups) is derived once per forward
+pass.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from srt.layers.attention.cascade import (
     cascade_decode,
     plan_shared_prefixes,
 )
+from srt.layers.attention.extend_cpu import extend_attention
+
+# A sequence with a cached prefix, for extend: on the CPU its slots; elsewhere (slots, mask).
+ExtendCache = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 if TYPE_CHECKING:
     from srt.layers.forward_batch import ForwardBatch
@@ -47,8 +52,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         # In-place decode's metadata: [batch, max_len] int32 slots, [batch] int32 lengths.
         self._in_place: tuple[torch.Tensor, torch.Tensor] | None = None
         self._cascade: CascadeMetadata | None = None
-        # Extend: (first new token, new tokens, None or (all slots, mask)) per sequence.
-        self._extend_seqs: list[tuple[int, int, tuple[torch.Tensor, torch.Tensor] | None]] = []
+        # Extend, per sequence: (first new token, new tokens, None without a cached prefix, else
+        # its slots on the CPU and elsewhere (its slots, mask)).
+        self._extend_seqs: list[tuple[int, int, ExtendCache | None]] = []
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         self._cascade = None
@@ -86,7 +92,8 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def _init_extend_metadata(self, forward_batch: ForwardBatch) -> None:
         """Per sequence: its slice of the new tokens, and, after a cached prefix, the slots of
-        its whole sequence and the additive mask that shifts causality past the prefix."""
+        its whole sequence and, off the CPU, the additive mask that shifts causality past the
+        prefix."""
         req_to_token = forward_batch.req_to_token_pool.req_to_token
         device = forward_batch.input_ids.device
         dtype = forward_batch.kv_pool.k_buffers[0].dtype
@@ -96,8 +103,11 @@ class TorchNativeAttnBackend(AttentionBackend):
             zip(forward_batch.seq_lens_cpu, forward_batch.extend_seq_lens_cpu, strict=True)
         ):
             prefix_len = seq_len - extend_len
-            cached = None
-            if prefix_len > 0:
+            cached: ExtendCache | None = None
+            if prefix_len > 0 and device.type == "cpu":
+                row = forward_batch.req_pool_indices[i]
+                cached = req_to_token[row, :seq_len].long()
+            elif prefix_len > 0:
                 row = forward_batch.req_pool_indices[i]
                 slots = req_to_token[row, :seq_len].long()
                 query_pos = torch.arange(prefix_len, seq_len, device=device)
@@ -121,19 +131,31 @@ class TorchNativeAttnBackend(AttentionBackend):
         out = torch.empty_like(q)
         for start, extend_len, cached in self._extend_seqs:
             end = start + extend_len
-            q_i = q[start:end].transpose(0, 1)  # [heads, new, head_dim]
-            if cached is None:
-                # No cached prefix: the sequence is its new tokens, whose K/V are at hand.
-                k_i, v_i = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
-                o = F.scaled_dot_product_attention(
-                    q_i, k_i, v_i, is_causal=True, scale=layer.scaling, enable_gqa=True
-                )
-            else:
+            q_i, k_i, v_i = q[start:end], k[start:end], v[start:end]
+            if q.is_cpu:
+                assert not isinstance(cached, tuple), "CPU metadata holds slots"
+                if cached is not None:
+                    # The whole sequence's K/V, the new rows included (stored above).
+                    k_i, v_i = pool.gather(layer.layer_id, cached)
+                prefix = k_i.shape[0] - extend_len
+                out[start:end] = extend_attention(q_i, k_i, v_i, prefix, layer.scaling)
+                continue
+            assert not isinstance(cached, torch.Tensor), "non-CPU metadata holds masks"
+            mask = None
+            if cached is not None:
                 slots, mask = cached
-                k_i, v_i = (t.transpose(0, 1) for t in pool.gather(layer.layer_id, slots))
-                o = F.scaled_dot_product_attention(
-                    q_i, k_i, v_i, attn_mask=mask, scale=layer.scaling, enable_gqa=True
-                )
+                k_i, v_i = pool.gather(layer.layer_id, slots)
+            # [heads, tokens, head_dim]; without a prefix the sequence is its new tokens, whose
+            # K/V are at hand, and plain causality is right.
+            o = F.scaled_dot_product_attention(
+                q_i.transpose(0, 1),
+                k_i.transpose(0, 1),
+                v_i.transpose(0, 1),
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=layer.scaling,
+                enable_gqa=True,
+            )
             out[start:end] = o.transpose(0, 1)
         return out.flatten(1)
 

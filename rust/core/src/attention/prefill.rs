@@ -1,0 +1,339 @@
+//! Prefill (extend) attention of one sequence on the CPU, bf16: its new tokens attend causally
+//! to its cached prefix and to themselves, block by block (flash attention: an online softmax
+//! over blocks of keys), so no score matrix larger than a block is ever held.
+//!
+//! Why: PyTorch's CPU flash kernel multiplies bf16 blocks at float32 speed on a CPU without
+//! AMX (its time does not change between bf16 and float32), a third of what AVX-512 BF16's
+//! `vdpbf16ps` does. Here both products, `q · kᵀ` and `p · v`, are `vdpbf16ps` with float32
+//! sums, over K and V packed once per call into bf16 pairs (see `pack`).
+//!
+//! Layouts: `q` and `out` are `[new, heads, head_dim]`; `k` and `v` are `[prefix + new,
+//! kv_heads, head_dim]`, the cached prefix first. New token `t` (position `prefix + t`) sees
+//! keys `0..=prefix + t`; query head `h` reads KV head `h / (heads / kv_heads)`.
+//!
+//! Arithmetic, as PyTorch's CPU flash attention does it for bf16: scores, the running maximum
+//! and the sum of weights are float32; each weight is rounded to bf16 before its product with
+//! V; the output is the float32 weighted sum divided by the float32 sum, rounded once.
+//!
+//! A task is one KV head and a block of `BLOCK_TOKENS` new tokens: its rows are those tokens'
+//! query heads that read the KV head (token-major), so every key block loaded serves all of
+//! them. Tasks write disjoint rows of `out`, and each sums in a fixed order whatever the
+//! threads.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::exp_nonpositive;
+use crate::element::Bf16;
+use crate::error::elements;
+use crate::isa::{self, Isa};
+use crate::parallel;
+use crate::{Error, Result};
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod kernels;
+
+/// Keys per block: a row's scores of one block are eight vectors of 16 float32 (longer blocks
+/// spread each row's fixed costs of the online softmax over more keys).
+pub(crate) const BLOCK_KEYS: usize = 128;
+/// New tokens per task.
+const BLOCK_TOKENS: usize = 32;
+/// Rows per tile of the two products (16 accumulator registers of 32).
+pub(crate) const TILE_ROWS: usize = 8;
+/// Head sizes must be a multiple of this: the weighted sum runs over 32-column slices.
+pub const HEAD_DIM_MULTIPLE: usize = 32;
+/// Calls with fewer (query head, key) pairs than this run on the calling thread: a parallel
+/// region costs more than it saves on a few new tokens, and on a busy machine a team waits
+/// for its slowest thread to be scheduled.
+const PARALLEL_MIN_PAIRS: usize = 1 << 16;
+
+/// The shape of one prefill attention call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillShape {
+    /// Query heads.
+    pub heads: usize,
+    /// K/V heads (divides `heads`).
+    pub kv_heads: usize,
+    /// Elements per head, a multiple of [`HEAD_DIM_MULTIPLE`].
+    pub head_dim: usize,
+    /// Cached tokens before the new ones.
+    pub prefix: usize,
+    /// New tokens (queries).
+    pub new: usize,
+}
+
+fn invalid(message: String) -> Error {
+    Error::InvalidArgument(message)
+}
+
+fn check(shape: &PrefillShape, lens: [(&str, usize); 4]) -> Result<()> {
+    let PrefillShape {
+        heads,
+        kv_heads,
+        head_dim,
+        prefix,
+        new,
+    } = *shape;
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(invalid(format!(
+            "{heads} query heads cannot share {kv_heads} K/V heads"
+        )));
+    }
+    if head_dim == 0 || head_dim % HEAD_DIM_MULTIPLE != 0 {
+        return Err(invalid(format!(
+            "head size {head_dim} is not a positive multiple of {HEAD_DIM_MULTIPLE}"
+        )));
+    }
+    let total = prefix
+        .checked_add(new)
+        .ok_or_else(|| invalid(format!("{prefix} + {new} tokens overflow")))?;
+    // Checked products: the tasks index the buffers by these sizes without further checks.
+    let queries = elements("the query", &[new, heads, head_dim])?;
+    let keys = elements("K or V", &[total, kv_heads, head_dim])?;
+    for ((what, len), want) in lens.into_iter().zip([queries, keys, keys, queries]) {
+        if len != want {
+            return Err(invalid(format!(
+                "{what} has {len} elements, expected {want}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `out = softmax(q · kᵀ · scale + causal mask) · v` for one sequence (see the module's
+/// layouts), on the best tier of this CPU.
+pub fn prefill_attention(
+    shape: &PrefillShape,
+    q: &[Bf16],
+    k: &[Bf16],
+    v: &[Bf16],
+    scale: f32,
+    out: &mut [Bf16],
+) -> Result<()> {
+    prefill_attention_on(isa::active(), shape, q, k, v, scale, out)
+}
+
+/// [`prefill_attention`] on the tier `isa` (or the detected one, if lower): `vdpbf16ps` on
+/// AVX-512 BF16, its float32 equivalent in portable code on every other tier.
+pub fn prefill_attention_on(
+    isa: Isa,
+    shape: &PrefillShape,
+    q: &[Bf16],
+    k: &[Bf16],
+    v: &[Bf16],
+    scale: f32,
+    out: &mut [Bf16],
+) -> Result<()> {
+    let lens = [
+        ("the query", q.len()),
+        ("K", k.len()),
+        ("V", v.len()),
+        ("the output", out.len()),
+    ];
+    check(shape, lens)?;
+    if shape.new == 0 {
+        return Ok(());
+    }
+    let vector = isa.min(isa::detected()) == Isa::Avx512Bf16;
+    let packed = kernels::Packed::new(shape, k, v);
+    let token_blocks = shape.new.div_ceil(BLOCK_TOKENS);
+    let tasks = token_blocks * shape.kv_heads;
+    let task = Task {
+        shape: *shape,
+        q,
+        packed: &packed,
+        scale,
+        out: out.as_mut_ptr(),
+    };
+    let next = AtomicUsize::new(0);
+    let pairs = shape
+        .new
+        .saturating_mul(shape.heads)
+        .saturating_mul(shape.prefix + shape.new);
+    let threads = if pairs < PARALLEL_MIN_PAIRS {
+        1
+    } else {
+        tasks.min(parallel::max_threads())
+    };
+    parallel::run(threads, &|_, _| {
+        let mut scratch = Scratch::default();
+        loop {
+            let index = next.fetch_add(1, Ordering::Relaxed);
+            if index >= tasks {
+                break;
+            }
+            // The last token blocks attend the most keys: they go first, so that the threads
+            // finish together.
+            let block = token_blocks - 1 - index / shape.kv_heads;
+            let kv_head = index % shape.kv_heads;
+            // SAFETY: `check` validated every length; task `index` is claimed by this thread
+            // alone and writes only its own rows of `out`; `vector` only if the CPU has
+            // AVX-512 BF16.
+            unsafe { task.run(kv_head, block, vector, &mut scratch) };
+        }
+    });
+    Ok(())
+}
+
+/// A thread's scratch for one task: scores and weights of a key block, the running maximum,
+/// sum and weighted sum of each row, and each row's last visible key.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    scores: Vec<f32>,
+    weights: Vec<Bf16>,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    acc: Vec<f32>,
+    last_key: Vec<usize>,
+    offsets: Vec<usize>,
+}
+
+/// One call's inputs, shared by the threads.
+struct Task<'a> {
+    shape: PrefillShape,
+    q: &'a [Bf16],
+    packed: &'a kernels::Packed,
+    scale: f32,
+    out: *mut Bf16,
+}
+
+// SAFETY: the inputs are shared read-only; `out` outlives the parallel region and each task
+// writes a disjoint set of its rows (its tokens' query heads of its KV head).
+unsafe impl Sync for Task<'_> {}
+
+impl Task<'_> {
+    /// Attends the rows of KV head `kv_head` and token block `block`.
+    ///
+    /// # Safety
+    /// The call was checked, no other thread runs the same task, and `vector` only if the CPU
+    /// has AVX-512 BF16.
+    unsafe fn run(&self, kv_head: usize, block: usize, vector: bool, scratch: &mut Scratch) {
+        #[cfg(target_arch = "x86_64")]
+        if vector {
+            // SAFETY: forwarded from the caller, which promises AVX-512 BF16.
+            return unsafe { avx512::run(self, kv_head, block, scratch) };
+        }
+        let _ = vector;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_with::<kernels::Portable>(kv_head, block, scratch) }
+    }
+
+    /// The task's body, over the products of `M`.
+    ///
+    /// # Safety
+    /// As [`Task::run`]; `M`'s instructions are available on this CPU.
+    #[inline(always)]
+    unsafe fn run_with<M: kernels::Micro>(
+        &self,
+        kv_head: usize,
+        block: usize,
+        scratch: &mut Scratch,
+    ) {
+        let PrefillShape {
+            heads,
+            kv_heads,
+            head_dim: d,
+            prefix,
+            new,
+        } = self.shape;
+        let group = heads / kv_heads;
+        let first_token = block * BLOCK_TOKENS;
+        let tokens = (new - first_token).min(BLOCK_TOKENS);
+        let rows = tokens * group;
+        // Row r is token first_token + r / group, query head kv_head * group + r % group: its
+        // query is one contiguous run of q.
+        let query = |r: usize| {
+            let head = kv_head * group + r % group;
+            (first_token + r / group) * heads * d + head * d
+        };
+        scratch.scores.clear();
+        scratch.scores.resize(rows * BLOCK_KEYS, 0.0);
+        scratch.weights.clear();
+        scratch.weights.resize(rows * BLOCK_KEYS, Bf16::default());
+        scratch.max.clear();
+        scratch.max.resize(rows, f32::NEG_INFINITY);
+        scratch.sum.clear();
+        scratch.sum.resize(rows, 0.0);
+        scratch.acc.clear();
+        scratch.acc.resize(rows * d, 0.0);
+        scratch.last_key.clear();
+        scratch
+            .last_key
+            .extend((0..rows).map(|r| prefix + first_token + r / group));
+        scratch.offsets.clear();
+        scratch.offsets.extend((0..rows).map(query));
+        let key_blocks = (prefix + first_token + tokens - 1) / BLOCK_KEYS + 1;
+        for key_block in 0..key_blocks {
+            let keys = self.packed.keys(kv_head, key_block);
+            for r0 in (0..rows).step_by(TILE_ROWS) {
+                let tile = &scratch.offsets[r0..(r0 + TILE_ROWS).min(rows)];
+                let scores = &mut scratch.scores[r0 * BLOCK_KEYS..];
+                // SAFETY: the caller promises M's instructions; `tile` holds offsets of whole
+                // queries inside q (checked lengths), `keys` a whole packed block.
+                unsafe { M::scores(self.q, tile, d, keys, self.scale, scores) };
+            }
+            let first_key = key_block * BLOCK_KEYS;
+            for r in 0..rows {
+                // SAFETY: the caller promises M's instructions.
+                unsafe { softmax_step::<M>(scratch, r, first_key, d) };
+            }
+            let values = self.packed.values(kv_head, key_block);
+            for r0 in (0..rows).step_by(TILE_ROWS) {
+                let n = TILE_ROWS.min(rows - r0);
+                let weights = &scratch.weights[r0 * BLOCK_KEYS..(r0 + n) * BLOCK_KEYS];
+                let acc = &mut scratch.acc[r0 * d..(r0 + n) * d];
+                // SAFETY: as above; `weights` and `acc` hold exactly n rows.
+                unsafe { M::weighted_sum(weights, values, d, acc) };
+            }
+        }
+        for (r, &offset) in scratch.offsets.iter().enumerate() {
+            // SAFETY: row r of this task is `d` elements of `out` at its query's offset, which
+            // no other task writes.
+            let out = unsafe { std::slice::from_raw_parts_mut(self.out.add(offset), d) };
+            let inverse = 1.0 / scratch.sum[r];
+            for (o, &a) in out.iter_mut().zip(&scratch.acc[r * d..(r + 1) * d]) {
+                *o = Bf16::from_f32(a * inverse);
+            }
+        }
+    }
+}
+
+/// Folds row `r`'s scores of the key block starting at `first_key` into its running maximum
+/// and sum, rescales its weighted sum, and leaves its weights (bf16, zero past its last
+/// visible key) for the product with V. Every row sees key 0, so after the first block its
+/// maximum is finite and a block it sees nothing of changes nothing.
+///
+/// # Safety
+/// The CPU has `M`'s instructions.
+#[inline(always)]
+unsafe fn softmax_step<M: kernels::Micro>(
+    scratch: &mut Scratch,
+    r: usize,
+    first_key: usize,
+    d: usize,
+) {
+    let visible = (scratch.last_key[r] + 1).saturating_sub(first_key);
+    let weights = &mut scratch.weights[r * BLOCK_KEYS..(r + 1) * BLOCK_KEYS];
+    if visible == 0 {
+        weights.fill(Bf16::default());
+        return;
+    }
+    let scores = &scratch.scores[r * BLOCK_KEYS..(r + 1) * BLOCK_KEYS];
+    let old_max = scratch.max[r];
+    // SAFETY: whole rows of a block, at least one key visible; the caller promises M's
+    // instructions.
+    let (max, block_sum) =
+        unsafe { M::exponentiate(scores, visible.min(BLOCK_KEYS), old_max, weights) };
+    // e^(-inf) is 0: the first block leaves nothing to rescale.
+    let correction = exp_nonpositive(old_max - max);
+    scratch.sum[r] = scratch.sum[r] * correction + block_sum;
+    scratch.max[r] = max;
+    if correction != 1.0 {
+        scratch.acc[r * d..(r + 1) * d]
+            .iter_mut()
+            .for_each(|a| *a *= correction);
+    }
+}
+
+#[cfg(test)]
+mod tests;

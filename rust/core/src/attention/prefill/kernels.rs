@@ -1,0 +1,243 @@
+//! K and V packed into bf16 pairs for `vdpbf16ps`, and the two products of a tile of rows
+//! against one packed key block, in portable code (the float32 equivalent of the instruction;
+//! `avx512.rs` has the vector ones).
+//!
+//! `vdpbf16ps` multiplies 16 lanes of two bf16 each, adjacent pairs summed into 16 float32: the
+//! pairs must run along the reduction. In `q · kᵀ` that is the head dimension, which a query
+//! row already stores as adjacent pairs (one broadcast 32-bit word), so the keys are packed:
+//! lane `j` holds key `j`'s pair. In `p · v` it is the keys: a row of weights stores adjacent
+//! key pairs, so V is packed: lane `c` holds column `c` of two adjacent keys. A pair is one
+//! `u32`: the first element in the low 16 bits, as memory holds it.
+
+use super::{PrefillShape, BLOCK_KEYS};
+use crate::attention::exp_nonpositive;
+use crate::element::Bf16;
+
+/// The `u32` of a bf16 pair: `low` first in memory.
+#[inline(always)]
+fn pair(low: Bf16, high: Bf16) -> u32 {
+    u32::from(low.0) | (u32::from(high.0) << 16)
+}
+
+/// The two halves of a pair as float32.
+#[inline(always)]
+fn halves(pair: u32) -> (f32, f32) {
+    (
+        Bf16(pair as u16).to_f32(),
+        Bf16((pair >> 16) as u16).to_f32(),
+    )
+}
+
+/// One call's K and V, packed per KV head and block of `BLOCK_KEYS` keys; keys past the end
+/// are zeros (their weights are always zero: no row sees them).
+pub(crate) struct Packed {
+    keys: Vec<u32>,
+    values: Vec<u32>,
+    blocks: usize,
+    head_dim: usize,
+}
+
+impl Packed {
+    /// Packs `k` and `v` (`[prefix + new, kv_heads, head_dim]`, lengths checked).
+    pub(crate) fn new(shape: &PrefillShape, k: &[Bf16], v: &[Bf16]) -> Packed {
+        let (kv_heads, d) = (shape.kv_heads, shape.head_dim);
+        let total = shape.prefix + shape.new;
+        let blocks = total.div_ceil(BLOCK_KEYS);
+        let per_block = BLOCK_KEYS * d / 2;
+        let mut keys = vec![0u32; kv_heads * blocks * per_block];
+        let mut values = vec![0u32; kv_heads * blocks * per_block];
+        let zero = Bf16::default();
+        for head in 0..kv_heads {
+            for block in 0..blocks {
+                let start = (head * blocks + block) * per_block;
+                let packed_keys = &mut keys[start..start + per_block];
+                let packed_values = &mut values[start..start + per_block];
+                let row = |key: usize| (key * kv_heads + head) * d;
+                for j in 0..BLOCK_KEYS.min(total - block * BLOCK_KEYS) {
+                    let key = &k[row(block * BLOCK_KEYS + j)..][..d];
+                    for (p, two) in key.chunks_exact(2).enumerate() {
+                        packed_keys[p * BLOCK_KEYS + j] = pair(two[0], two[1]);
+                    }
+                }
+                for jp in 0..BLOCK_KEYS / 2 {
+                    let first = block * BLOCK_KEYS + 2 * jp;
+                    if first >= total {
+                        break;
+                    }
+                    let low = &v[row(first)..][..d];
+                    let out = &mut packed_values[jp * d..(jp + 1) * d];
+                    if first + 1 < total {
+                        let high = &v[row(first + 1)..][..d];
+                        for ((o, &l), &h) in out.iter_mut().zip(low).zip(high) {
+                            *o = pair(l, h);
+                        }
+                    } else {
+                        for (o, &l) in out.iter_mut().zip(low) {
+                            *o = pair(l, zero);
+                        }
+                    }
+                }
+            }
+        }
+        Packed {
+            keys,
+            values,
+            blocks,
+            head_dim: d,
+        }
+    }
+
+    /// Key block `block` of `kv_head`: `[head_dim / 2][BLOCK_KEYS]` pairs.
+    pub(crate) fn keys(&self, kv_head: usize, block: usize) -> &[u32] {
+        let per_block = BLOCK_KEYS * self.head_dim / 2;
+        let start = (kv_head * self.blocks + block) * per_block;
+        &self.keys[start..start + per_block]
+    }
+
+    /// Value block `block` of `kv_head`: `[BLOCK_KEYS / 2][head_dim]` pairs.
+    pub(crate) fn values(&self, kv_head: usize, block: usize) -> &[u32] {
+        let per_block = BLOCK_KEYS * self.head_dim / 2;
+        let start = (kv_head * self.blocks + block) * per_block;
+        &self.values[start..start + per_block]
+    }
+}
+
+/// The two products of a tile of rows (at most `TILE_ROWS`) against one packed block.
+pub(crate) trait Micro {
+    /// `scores[i][j] = scale · q_i · key j` for `i` in the tile (`q_i` the `d` elements of `q`
+    /// at `tile[i]`), `scores` rows of `BLOCK_KEYS`.
+    ///
+    /// # Safety
+    /// Every `tile[i] + d` is within `q`, `keys` is a whole block, `scores` holds the tile's
+    /// rows, and the CPU has the implementation's instructions.
+    unsafe fn scores(
+        q: &[Bf16],
+        tile: &[usize],
+        d: usize,
+        keys: &[u32],
+        scale: f32,
+        scores: &mut [f32],
+    );
+
+    /// `acc[i][c] += Σ_j weights[i][j] · value j column c` for the tile's rows (`weights` rows
+    /// of `BLOCK_KEYS`, `acc` rows of `d`).
+    ///
+    /// # Safety
+    /// `weights` and `acc` hold the same rows, `values` is a whole block, and the CPU has the
+    /// implementation's instructions.
+    unsafe fn weighted_sum(weights: &[Bf16], values: &[u32], d: usize, acc: &mut [f32]);
+
+    /// For one row's block of `BLOCK_KEYS` scores of which the first `visible` count: returns
+    /// the larger of `old_max` and their maximum, and the sum of `e^(score - max)` over them,
+    /// and writes those terms to `weights` rounded to bf16 (zeros past `visible`).
+    ///
+    /// # Safety
+    /// `scores` and `weights` are `BLOCK_KEYS` long, `visible` is in `1..=BLOCK_KEYS`, and the
+    /// CPU has the implementation's instructions.
+    unsafe fn exponentiate(
+        scores: &[f32],
+        visible: usize,
+        old_max: f32,
+        weights: &mut [Bf16],
+    ) -> (f32, f32);
+}
+
+/// Portable code, each pair's two products summed before they join the float32 sum.
+pub(crate) struct Portable;
+
+impl Micro for Portable {
+    unsafe fn scores(
+        q: &[Bf16],
+        tile: &[usize],
+        d: usize,
+        keys: &[u32],
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        for (&offset, row) in tile.iter().zip(scores.chunks_exact_mut(BLOCK_KEYS)) {
+            let query = &q[offset..offset + d];
+            for (j, score) in row.iter_mut().enumerate() {
+                let mut sum = 0f32;
+                for (p, two) in query.chunks_exact(2).enumerate() {
+                    let (kl, kh) = halves(keys[p * BLOCK_KEYS + j]);
+                    sum += two[0].to_f32() * kl + two[1].to_f32() * kh;
+                }
+                *score = sum * scale;
+            }
+        }
+    }
+
+    unsafe fn weighted_sum(weights: &[Bf16], values: &[u32], d: usize, acc: &mut [f32]) {
+        for (row, out) in weights
+            .chunks_exact(BLOCK_KEYS)
+            .zip(acc.chunks_exact_mut(d))
+        {
+            for (jp, two) in row.chunks_exact(2).enumerate() {
+                let (wl, wh) = (two[0].to_f32(), two[1].to_f32());
+                for (o, &value) in out.iter_mut().zip(&values[jp * d..(jp + 1) * d]) {
+                    let (vl, vh) = halves(value);
+                    *o += wl * vl + wh * vh;
+                }
+            }
+        }
+    }
+
+    unsafe fn exponentiate(
+        scores: &[f32],
+        visible: usize,
+        old_max: f32,
+        weights: &mut [Bf16],
+    ) -> (f32, f32) {
+        let mut masked = [f32::NEG_INFINITY; BLOCK_KEYS];
+        masked[..visible].copy_from_slice(&scores[..visible]);
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        for chunk in masked.chunks_exact(LANES) {
+            for (lane, &m) in lanes.iter_mut().zip(chunk) {
+                *lane = greater(*lane, m);
+            }
+        }
+        let max = greater(old_max, reduce(lanes, greater));
+        // e^(-inf) is 0: masked keys weigh nothing.
+        let mut sums = [0f32; LANES];
+        for (chunk, weight_chunk) in masked
+            .chunks_exact(LANES)
+            .zip(weights.chunks_exact_mut(LANES))
+        {
+            for ((sum, &m), weight) in sums.iter_mut().zip(chunk).zip(weight_chunk) {
+                let e = exp_nonpositive(m - max);
+                *sum += e;
+                *weight = Bf16::from_f32(e);
+            }
+        }
+        (max, reduce(sums, |a, b| a + b))
+    }
+}
+
+/// Lanes of the partial maxima and sums (one AVX-512 register: the compiler vectorizes the
+/// fixed-size loops, which a running float reduction would keep scalar).
+const LANES: usize = 16;
+
+/// The larger of `a` and `b` (`b` if either is NaN: a comparison, which vectorizes to one
+/// instruction, unlike `f32::max`'s NaN rules).
+#[inline(always)]
+fn greater(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `lanes` folded by `op` pairwise, halves at a time (four vector steps, not fifteen
+/// dependent scalar ones).
+#[inline(always)]
+fn reduce(mut lanes: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut half = LANES / 2;
+    while half > 0 {
+        for i in 0..half {
+            lanes[i] = op(lanes[i], lanes[i + half]);
+        }
+        half /= 2;
+    }
+    lanes[0]
+}

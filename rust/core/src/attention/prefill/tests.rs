@@ -1,0 +1,193 @@
+//! Unit tests of `prefill.rs`: both tiers against a float64 reference over the same bf16
+//! inputs, with and without a cached prefix, grouped heads or not, lengths that fill no block;
+//! refusals of bad shapes.
+
+use super::*;
+use crate::element::to_bf16;
+use crate::test_values::values;
+
+struct Case {
+    shape: PrefillShape,
+    q: Vec<Bf16>,
+    k: Vec<Bf16>,
+    v: Vec<Bf16>,
+}
+
+fn case(heads: usize, kv_heads: usize, head_dim: usize, prefix: usize, new: usize) -> Case {
+    let total = prefix + new;
+    let seed = (heads * 100 + prefix * 7 + new) as u64;
+    // Keys scaled by 4: scores spread over several units, so that the softmax is neither flat
+    // nor one-hot and the running maximum moves between blocks.
+    let keys: Vec<f32> = values(total * kv_heads * head_dim, seed + 2)
+        .iter()
+        .map(|x| x * 4.0)
+        .collect();
+    Case {
+        shape: PrefillShape {
+            heads,
+            kv_heads,
+            head_dim,
+            prefix,
+            new,
+        },
+        q: to_bf16(&values(new * heads * head_dim, seed + 1)),
+        k: to_bf16(&keys),
+        v: to_bf16(&values(total * kv_heads * head_dim, seed + 3)),
+    }
+}
+
+const SCALE: f32 = 0.125;
+
+fn attend(case: &Case, isa: Isa) -> Vec<f32> {
+    let mut out = vec![Bf16::default(); case.q.len()];
+    prefill_attention_on(isa, &case.shape, &case.q, &case.k, &case.v, SCALE, &mut out).unwrap();
+    out.iter().map(|x| x.to_f32()).collect()
+}
+
+/// Float64 attention of each new token's query heads over its visible keys.
+fn reference(case: &Case) -> Vec<f64> {
+    let PrefillShape {
+        heads,
+        kv_heads,
+        head_dim: d,
+        prefix,
+        new,
+    } = case.shape;
+    let group = heads / kv_heads;
+    let at = |x: &[Bf16], i: usize| f64::from(x[i].to_f32());
+    let mut out = vec![0.0; new * heads * d];
+    for t in 0..new {
+        for h in 0..heads {
+            let g = h / group;
+            let visible = prefix + t + 1;
+            let scores: Vec<f64> = (0..visible)
+                .map(|key| {
+                    (0..d)
+                        .map(|c| {
+                            at(&case.q, (t * heads + h) * d + c)
+                                * at(&case.k, (key * kv_heads + g) * d + c)
+                        })
+                        .sum::<f64>()
+                        * f64::from(SCALE)
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let sum: f64 = weights.iter().sum();
+            for c in 0..d {
+                out[(t * heads + h) * d + c] = (0..visible)
+                    .map(|key| weights[key] * at(&case.v, (key * kv_heads + g) * d + c))
+                    .sum::<f64>()
+                    / sum;
+            }
+        }
+    }
+    out
+}
+
+/// Bf16 weights and output (8 significant bits each) on outputs below 1: within 1e-2.
+const TOLERANCE: f64 = 1e-2;
+
+fn max_error(got: &[f32], expected: &[f64]) -> f64 {
+    got.iter()
+        .zip(expected)
+        .map(|(&g, &e)| (f64::from(g) - e).abs())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn equals_the_float64_reference_on_every_tier() {
+    let shapes = [
+        (9, 3, 64, 0, 1),
+        (9, 3, 64, 0, 45),
+        (9, 3, 64, 0, 100),
+        (9, 3, 64, 70, 33),
+        (4, 4, 32, 5, 1),
+        (6, 1, 32, 31, 64),
+        (2, 2, 96, 64, 40),
+        // Several key blocks: the running maximum and sum carried across blocks.
+        (9, 3, 64, 200, 90),
+        (3, 1, 32, 0, 300),
+    ];
+    for (heads, kv_heads, d, prefix, new) in shapes {
+        let case = case(heads, kv_heads, d, prefix, new);
+        let expected = reference(&case);
+        for isa in [Isa::Scalar, isa::detected()] {
+            let error = max_error(&attend(&case, isa), &expected);
+            assert!(
+                error < TOLERANCE,
+                "{heads}/{kv_heads} heads of {d}, {prefix} + {new} tokens, {isa:?}: {error}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_token_ignores_the_tokens_after_it() {
+    // 150 new tokens after 140 cached: three key blocks; the first 20 (one token block) see
+    // only the first two.
+    let long = case(9, 3, 64, 140, 150);
+    let mut short = case(9, 3, 64, 140, 150);
+    short.shape.new = 20;
+    short.q.truncate(20 * 9 * 64);
+    short.k.truncate(160 * 3 * 64);
+    short.v.truncate(160 * 3 * 64);
+    for isa in [Isa::Scalar, isa::detected()] {
+        let (long_out, short_out) = (attend(&long, isa), attend(&short, isa));
+        assert_eq!(&long_out[..short_out.len()], &short_out[..]);
+    }
+}
+
+#[test]
+fn refuses_bad_shapes() {
+    let good = case(6, 2, 32, 3, 5);
+    let mut out = vec![Bf16::default(); good.q.len()];
+    let mut call = |shape: PrefillShape, k_len: usize| {
+        prefill_attention(&shape, &good.q, &good.k[..k_len], &good.v, SCALE, &mut out)
+    };
+    let full = good.k.len();
+    assert!(call(good.shape, full).is_ok());
+    for (shape, k_len) in [
+        (
+            PrefillShape {
+                head_dim: 48,
+                ..good.shape
+            },
+            full,
+        ),
+        (
+            PrefillShape {
+                kv_heads: 4,
+                ..good.shape
+            },
+            full,
+        ),
+        (
+            PrefillShape {
+                kv_heads: 0,
+                ..good.shape
+            },
+            full,
+        ),
+        (
+            PrefillShape {
+                prefix: 4,
+                ..good.shape
+            },
+            full,
+        ),
+        (
+            PrefillShape {
+                prefix: usize::MAX,
+                ..good.shape
+            },
+            full,
+        ),
+        (good.shape, full - 1),
+    ] {
+        assert!(
+            matches!(call(shape, k_len), Err(Error::InvalidArgument(_))),
+            "{shape:?}"
+        );
+    }
+}
