@@ -165,8 +165,10 @@ pub fn decode_attention_on<T: Element>(
     ];
     check(shape, lens, slots, seq_lens)?;
     let rows: usize = seq_lens.iter().map(|&len| len as usize).sum();
+    // A task is a sequence: no more threads than sequences (one sequence on two threads would
+    // leave the caller waiting for the other, and waking it, for nothing).
     let threads = if rows >= PARALLEL_MIN_ROWS {
-        parallel::max_threads()
+        parallel::max_threads().min(shape.batch)
     } else {
         1
     };

@@ -62,9 +62,12 @@ use layout::{tile_block_bytes, value_at, values_bytes, zero_point};
 /// Output columns per tile (the 16 int32 lanes of an AVX-512 vector).
 pub const TILE: usize = 16;
 
-/// Multiply-adds below which a product runs on the calling thread alone (starting a parallel
-/// region costs about as much as the integer kernel takes for this many).
-const PARALLEL_MIN_WORK: usize = 1 << 22;
+/// Multiply-adds below which a product runs on the calling thread alone. A decode step streams
+/// every weight from memory, where one core reads about half of what two do: measured on a
+/// 2-core Zen 5 with SmolLM2 (Q4_1, one row), a step took 12.2 ms with this at 2²² (every layer
+/// on one thread), 10.0-10.5 at 2¹⁸ and 2¹⁹ (all but the smallest products on both), and
+/// 10.3-12.6 at 0 (the region's start then costs more than the smallest products).
+const PARALLEL_MIN_WORK: usize = 1 << 18;
 
 /// Which implementation of the integer kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

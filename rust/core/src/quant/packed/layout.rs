@@ -213,6 +213,9 @@ pub fn dequantize_packed<T: Element>(
     Ok(())
 }
 
+/// Weights below which a transposed dequantization runs on the calling thread alone.
+const TRANSPOSE_PARALLEL_MIN: usize = 1 << 19;
+
 /// The packed weight transposed, `[in_features, out_features]` row-major in `out` (so that its
 /// 16 columns of a tile are contiguous: what a matrix multiply of `x · W^T` reads as `W^T`),
 /// with the AVX-512 decoder where the CPU has it, on several threads for large weights; each
@@ -225,7 +228,7 @@ pub fn dequantize_packed_transposed<T: Element>(
     check_len("the output", out.len(), elements("the output", &[k, n])?)?;
     let tiles = n.div_ceil(TILE);
     let simd = PackedKernel::best().is_some();
-    let threads = if n * k >= super::PARALLEL_MIN_WORK / 8 {
+    let threads = if n * k >= TRANSPOSE_PARALLEL_MIN {
         parallel::max_threads()
     } else {
         1
