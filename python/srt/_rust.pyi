@@ -335,3 +335,38 @@ def quant_packed_dequantize_transposed(
 ) -> None:
     """The packed W transposed (`[k, n]`), as float32 or bfloat16 bits, each weight equal to
     `quant_packed_dequantize`'s (GIL released, on PyTorch's OpenMP threads)."""
+
+# --- decode steps through a stack of decoder layers (rust/python/src/decoder.rs) ---------------
+
+_LayerFloats = _Floats | NDArray[np.int16]
+
+class DecoderStack:
+    """Llama-style decoder layers with packed projections, run one decode step per call (the
+    kernels the layers call one by one, in the same order: the same bits)."""
+
+    def __init__(
+        self,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+        scale: float,
+        layers: list[tuple[object, ...]],
+    ) -> None:
+        """Per layer `(input_norm, qkv, o, post_norm, gate_up, down, k_cache, v_cache)`, each
+        projection `(format, tiles, out_features, in_features, float32 bias or None)`, the
+        norms and caches all float32 or all bfloat16 bits (int16); the buffers are held."""
+
+    def __len__(self) -> int: ...
+    def decode(
+        self,
+        hidden: _LayerFloats,
+        residual: _LayerFloats,
+        cos: _LayerFloats,
+        sin: _LayerFloats,
+        out_slots: NDArray[np.int64],
+        slots: NDArray[np.int32],
+        seq_lens: NDArray[np.int32],
+    ) -> None:
+        """One decode step: `hidden` replaced by the last layer's output, `residual` updated,
+        the new tokens' K/V written at `out_slots` (GIL released)."""

@@ -89,6 +89,13 @@ class QuantizedWeight:
         """Whether the weight is held in the integer kernel's tiles."""
         return self._packed is not None
 
+    @property
+    def packed_view(self) -> np.ndarray:
+        """The integer kernel's tiles as a numpy uint8 view (the weight must be packed)."""
+        if self._packed is None:
+            raise ValueError(f"{self!r} is not packed")
+        return self._held
+
     def __repr__(self) -> str:
         return f"QuantizedWeight({self.fmt}, [{self.out_features}, {self.in_features}])"
 

@@ -24,6 +24,7 @@ from srt.layers.quantization import CheckpointTensor
 from srt.layers.radix_attention import RadixAttention
 from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary, rope_parameters
 from srt.layers.vocab_embedding import VocabEmbedding
+from srt.models.fused_decode import FusedDecode
 from srt.models.loading import QuantizedShards, copy_checked, copy_shard
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos and signed sin, see RotaryEmbedding.forward
@@ -117,6 +118,8 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, i, attention_cls) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # Decode steps of packed quantized layers in one Rust call (fused_decode.py).
+        self.fused_decode = FusedDecode(self)
         # One table for all layers; each forward pass takes its positions' rows once.
         self.rotary_emb = RotaryEmbedding(
             head_dim_of(config), config.max_position_embeddings, rope_parameters(config)
@@ -128,8 +131,9 @@ class LlamaModel(nn.Module):
         hidden = self.embed_tokens(input_ids)
         residual = torch.zeros_like(hidden)
         rope = self.rotary_emb(positions, hidden.dtype)
-        for layer in self.layers:
-            hidden, residual = layer(rope, hidden, residual, forward_batch)
+        if not self.fused_decode.run(rope, hidden, residual, forward_batch):
+            for layer in self.layers:
+                hidden, residual = layer(rope, hidden, residual, forward_batch)
         hidden, _ = self.norm.forward_with_residual(hidden, residual)
         return hidden
 

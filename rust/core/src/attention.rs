@@ -53,7 +53,9 @@ fn invalid(message: String) -> Error {
     Error::InvalidArgument(message)
 }
 
-fn check(
+/// Checks a decode attention call's lengths (`lens`: query, K cache, V cache, output, slots),
+/// slots and sequence lengths against `shape`.
+pub(crate) fn check(
     shape: &DecodeShape,
     lens: [(&str, usize); 5],
     slots: &[i32],

@@ -4,6 +4,7 @@
 pub mod allocator;
 pub mod attention;
 pub mod decode_window;
+pub mod decoder;
 pub mod detokenizer;
 pub mod element;
 pub mod error;

@@ -340,4 +340,4 @@ fn check_floats(what: &str, len: usize, expected: usize) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

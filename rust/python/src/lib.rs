@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 mod allocator;
 mod attention;
 mod boundary;
+mod decoder;
 mod detokenizer;
 mod gemm;
 mod ops;
@@ -49,5 +50,6 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     threads::register(m)?;
     quant::register(m)?;
     packed::register(m)?;
+    decoder::register(m)?;
     Ok(())
 }

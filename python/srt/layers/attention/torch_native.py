@@ -90,6 +90,11 @@ class TorchNativeAttnBackend(AttentionBackend):
         mask = torch.zeros(padding.shape, dtype=dtype, device=padding.device)
         self._decode_mask = mask.masked_fill_(padding, float("-inf"))[:, None, None, :]
 
+    def in_place_decode(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """This decode step's in-place metadata, [batch, max_len] int32 slots and [batch] int32
+        lengths, when its attention reads the cache in place (not cascaded, not gathered)."""
+        return self._in_place
+
     def _init_extend_metadata(self, forward_batch: ForwardBatch) -> None:
         """Per sequence: its slice of the new tokens, and, after a cached prefix, the slots of
         its whole sequence and, off the CPU, the additive mask that shifts causality past the

@@ -13,7 +13,7 @@ const HALF_MINUS_TWO: u16 = 0xc000; // -2.0
 
 /// Deterministic random blocks: every byte random, with scales drawn from a few halves of
 /// moderate size (random bits could make infinities).
-pub(super) fn blocks(format: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn blocks(format: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
     let count = n * k / BLOCK;
     let noise = values(count * format.block_bytes(), seed);
     let scales = values(count * 2, seed + 1);
@@ -36,7 +36,7 @@ pub(super) fn blocks(format: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-pub(super) fn dequantized(weight: &QuantMatrix<'_>) -> Vec<f32> {
+pub(crate) fn dequantized(weight: &QuantMatrix<'_>) -> Vec<f32> {
     let mut out = vec![f32::NAN; weight.out_features() * weight.in_features()];
     dequantize(weight, &mut out).unwrap();
     out

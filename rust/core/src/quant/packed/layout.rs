@@ -76,6 +76,16 @@ impl<'a> PackedMatrix<'a> {
         })
     }
 
+    /// Output features (rows of the weight).
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    /// Input features (columns of the weight).
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
     /// The offset of block `b` of tile `t`.
     pub(super) fn tile_block(&self, t: usize, b: usize) -> usize {
         (t * (self.in_features / BLOCK) + b) * tile_block_bytes(self.format)

@@ -1,0 +1,161 @@
+"""A CPU decode step of a Llama-family model's layers in one call to the Rust core
+(`srt._rust.DecoderStack`, rust/core/src/decoder.rs), where every projection is held in the
+integer kernel's packed tiles (the default GGUF path on CPUs with AVX-512 VNNI).
+
+Why: at one sequence, a SmolLM2 decode step calls about 300 kernels, and the Python around
+each call (module calls, output tensors, numpy views of its arguments) cost more than the
+kernels' arithmetic: `benches/profile_decode_step.py` measured 4.1 ms of integer kernel in a
+10.8 ms step. The stack calls the same kernels in the same order on the same values, so a step
+gives the same bits either way; only the Python goes.
+
+When it runs: decode steps on the CPU, float32 or bf16, whose attention reads the KV cache in
+place (`TorchNativeAttnBackend.in_place_decode`, not the cascade over shared prefixes), in
+models without per-head q/k norms, with fewer sequences than the smallest of the projections'
+measured crossovers (below it the layers' path runs the same integer kernel; at or past it
+they switch to a dequantized matrix multiply, and so does the step). Elsewhere the layers run
+one by one, as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import torch
+
+from srt import _rust
+from srt.forward_mode import ForwardMode
+from srt.layers import cpu_kernels
+from srt.layers.attention.torch_native import TorchNativeAttnBackend
+from srt.layers.linear import Linear
+from srt.layers.quant_kernels import QuantizedWeight
+
+if TYPE_CHECKING:
+    from srt.layers.forward_batch import ForwardBatch
+    from srt.mem_cache.memory_pool import KVPool
+    from srt.models.llama import LlamaDecoderLayer, LlamaModel, Rope
+
+
+def _view(t: torch.Tensor) -> np.ndarray:
+    """The numpy view the Rust core reads: float32 as is, bf16 as the int16 of its bits."""
+    return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy()
+
+
+def _packed(linear: Linear) -> QuantizedWeight | None:
+    quant = linear.quant
+    return quant if isinstance(quant, QuantizedWeight) and quant.packed else None
+
+
+class FusedDecode:
+    """The decode path of one `LlamaModel` through `DecoderStack`, built at its first use
+    for the model's KV pool (and again for another pool)."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model = model
+        self._pool: KVPool | None = None
+        self._stack: Any = None
+        # Steps of at least this many sequences take the layers' path.
+        self._max_batch = 0
+        # Per layer: the float32 biases the stack reads (kept alive here).
+        self._biases: list[torch.Tensor] = []
+
+    def run(
+        self, rope: Rope, hidden: torch.Tensor, residual: torch.Tensor, forward_batch: ForwardBatch
+    ) -> bool:
+        """Runs every layer on `hidden` (replaced in place by the last layer's output) and
+        `residual` (updated in place) when this step qualifies; whether it did."""
+        backend = forward_batch.attn_backend
+        if (
+            forward_batch.forward_mode is not ForwardMode.DECODE
+            or not isinstance(backend, TorchNativeAttnBackend)
+            or not cpu_kernels.runs_in_rust(hidden, residual)
+        ):
+            return False
+        metadata = backend.in_place_decode()
+        if metadata is None or not self._ready(forward_batch.kv_pool, hidden.dtype):
+            return False
+        if forward_batch.batch_size >= self._max_batch:
+            return False
+        rows, seq_lens = metadata
+        cos, sin = rope
+        self._stack.decode(
+            _view(hidden),
+            _view(residual),
+            _view(cos),
+            _view(sin),
+            forward_batch.out_cache_loc.numpy(),
+            rows.numpy(),
+            seq_lens.numpy(),
+        )
+        return True
+
+    def _ready(self, pool: KVPool, dtype: torch.dtype) -> bool:
+        """Whether a stack serves `pool` in `dtype`, building it if the model qualifies."""
+        if self._pool is pool:
+            return self._stack is not None
+        self._pool, self._stack = pool, None
+        layers = cast("list[LlamaDecoderLayer]", list(self.model.layers))
+        if not layers or pool.k_buffers[0].dtype != dtype or pool.k_buffers[0].device.type != "cpu":
+            return False
+        attention = layers[0].self_attn
+        if attention.qk_norm:
+            return False
+        specs, crossovers = [], []
+        for layer in layers:
+            spec = self._layer_spec(layer, pool, dtype)
+            if spec is None:
+                return False
+            specs.append(spec[0])
+            crossovers.extend(spec[1])
+        self._stack = _rust.DecoderStack(
+            attention.num_heads,
+            attention.num_kv_heads,
+            attention.head_dim,
+            layers[0].input_layernorm.eps,
+            attention.attn.scaling,
+            specs,
+        )
+        self._max_batch = min(crossovers)
+        return True
+
+    def _layer_spec(
+        self, layer: LlamaDecoderLayer, pool: KVPool, dtype: torch.dtype
+    ) -> tuple[tuple[Any, ...], list[int]] | None:
+        """A layer's tuple for `DecoderStack` and its projections' crossovers, or None when a
+        projection is not held in packed tiles or a norm is not of `dtype`."""
+        attention, mlp = layer.self_attn, layer.mlp
+        projections, crossovers = [], []
+        for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            weight = _packed(linear)
+            if weight is None:
+                return None
+            bias = None
+            if linear.bias is not None:
+                bias = linear.bias.detach().to(torch.float32).contiguous()
+                self._biases.append(bias)
+            projections.append(
+                (
+                    weight.fmt,
+                    weight.packed_view,
+                    weight.out_features,
+                    weight.in_features,
+                    None if bias is None else bias.numpy(),
+                )
+            )
+            crossovers.append(weight.crossover(dtype))
+        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        if any(norm.dtype != dtype for norm in norms):
+            return None
+        index = attention.attn.layer_id
+        qkv, o, gate_up, down = projections
+        spec = (
+            _view(norms[0].detach()),
+            qkv,
+            o,
+            _view(norms[1].detach()),
+            gate_up,
+            down,
+            _view(pool.k_buffers[index]),
+            _view(pool.v_buffers[index]),
+        )
+        return spec, crossovers

@@ -1,0 +1,292 @@
+//! A decode step through a stack of Llama-style decoder layers whose projections are packed
+//! quantized weights, in one call: the kernels the model's Python layers call one by one
+//! (`ops`, `quant::linear_packed`, `attention::decode_attention`), called here in the same order
+//! on the same values, so the results are the same bits.
+//!
+//! Why: at one sequence, a decode step of SmolLM2 (30 layers) is about 300 kernel calls of
+//! 5 to 40 µs of arithmetic each, and each call from Python costs 5 to 10 µs more (module
+//! calls, output tensors, numpy views of every argument): measured, the Python around the
+//! kernels was more than half of the step. Here a step pays for that once.
+//!
+//! Per layer, `h` the layer's input and `r` the residual stream (`r` starts at zero):
+//! - `r += h`; `x = rms_norm(r) · input_norm`;
+//! - `[q | k | v] = x · qkvᵀ + bias`; `q` and `k` rotated; `k` and `v` written to the K/V caches
+//!   at the tokens' slots; `a` = attention of `q` over each sequence's slots; `h = a · oᵀ + bias`;
+//! - `r += h`; `x = rms_norm(r) · post_norm`; `h = (silu(gate) · up)(x · gate_upᵀ) · downᵀ`.
+//!
+//! The last layer's `h` is returned in `hidden`; the caller adds it to `r` and applies the final
+//! norm, as after the Python layers. Every size, slot and sequence is checked before anything is
+//! written, so a refused call changes nothing.
+
+use crate::attention::{self, DecodeShape};
+use crate::element::Element;
+use crate::error::{check_len, elements};
+use crate::ops;
+use crate::quant::{linear_packed, PackedKernel, PackedMatrix};
+use crate::{Error, Result};
+
+#[cfg(test)]
+mod tests;
+
+/// A packed projection and its bias.
+#[derive(Debug, Clone, Copy)]
+pub struct Projection<'a> {
+    pub weight: PackedMatrix<'a>,
+    /// `out_features` floats, when the projection has a bias.
+    pub bias: Option<&'a [f32]>,
+}
+
+/// One decoder layer: its weights and its K/V caches (`[pool_slots, kv_heads, head_dim]`).
+pub struct DecoderLayer<'a, T> {
+    pub input_norm: &'a [T],
+    /// `[heads + 2 · kv_heads] · head_dim` outputs: q, then k, then v.
+    pub qkv: Projection<'a>,
+    pub o: Projection<'a>,
+    pub post_norm: &'a [T],
+    /// `2 · intermediate` outputs: gate, then up.
+    pub gate_up: Projection<'a>,
+    pub down: Projection<'a>,
+    pub k_cache: &'a mut [T],
+    pub v_cache: &'a mut [T],
+}
+
+/// The attention shape and constants every layer shares.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Heads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// RMSNorm's epsilon.
+    pub eps: f32,
+    /// The attention scores' scale.
+    pub scale: f32,
+}
+
+/// What the step's sequences bring, one new token each.
+pub struct Tokens<'a, T> {
+    /// `[batch, head_dim]`: each token's rotary cos and signed sin (`ops::rotary`'s tables).
+    pub cos: &'a [T],
+    pub sin: &'a [T],
+    /// `[batch]`: the cache slot each token's K/V is written to.
+    pub out_slots: &'a [i64],
+    /// `[batch, width]`: each sequence's slots, the new token's included.
+    pub slots: &'a [i32],
+    /// `[batch]`: each sequence's length, the new token included.
+    pub seq_lens: &'a [i32],
+}
+
+/// Runs `layers` on `hidden` (`[batch, hidden_size]`, the first layer's input; on return the
+/// last layer's output) and the residual stream `residual` (same shape, updated in place), with
+/// `kernel` for every projection.
+pub fn decode_layers<T: Element>(
+    kernel: PackedKernel,
+    heads: &Heads,
+    layers: &mut [DecoderLayer<'_, T>],
+    tokens: &Tokens<'_, T>,
+    hidden: &mut [T],
+    residual: &mut [T],
+) -> Result<()> {
+    let batch = tokens.seq_lens.len();
+    let shape = check(kernel, heads, layers, tokens, hidden, residual)?;
+    let Some(first) = layers.first() else {
+        return Ok(());
+    };
+    let dim = first.input_norm.len();
+    let (q_width, kv_width) = (
+        heads.heads * heads.head_dim,
+        heads.kv_heads * heads.head_dim,
+    );
+    let qkv_width = q_width + 2 * kv_width;
+    let intermediate = first.gate_up.weight.out_features() / 2;
+    let zeros = |width: usize| vec![T::store(0.0); batch * width];
+    let (mut normed, mut qkv) = (zeros(dim), zeros(qkv_width));
+    let (mut q, mut q_rotated) = (zeros(q_width), zeros(q_width));
+    let (mut k, mut k_rotated) = (zeros(kv_width), zeros(kv_width));
+    let (mut attended, mut gate_up, mut act) =
+        (zeros(q_width), zeros(2 * intermediate), zeros(intermediate));
+    for layer in layers.iter_mut() {
+        ops::rms_norm(
+            hidden,
+            Some(residual),
+            layer.input_norm,
+            heads.eps,
+            &mut normed,
+        )?;
+        project(kernel, &layer.qkv, &normed, batch, &mut qkv)?;
+        for (row, (q, k)) in qkv.chunks_exact(qkv_width).zip(
+            q.chunks_exact_mut(q_width)
+                .zip(k.chunks_exact_mut(kv_width)),
+        ) {
+            q.copy_from_slice(&row[..q_width]);
+            k.copy_from_slice(&row[q_width..q_width + kv_width]);
+        }
+        ops::rotary(&q, tokens.cos, tokens.sin, heads.head_dim, &mut q_rotated)?;
+        ops::rotary(&k, tokens.cos, tokens.sin, heads.head_dim, &mut k_rotated)?;
+        for (i, &slot) in tokens.out_slots.iter().enumerate() {
+            // `check` bounded every slot by the caches' rows.
+            let at = slot as usize * kv_width..(slot as usize + 1) * kv_width;
+            let v = &qkv[i * qkv_width + q_width + kv_width..(i + 1) * qkv_width];
+            layer.k_cache[at.clone()].copy_from_slice(&k_rotated[i * kv_width..][..kv_width]);
+            layer.v_cache[at].copy_from_slice(v);
+        }
+        attention::decode_attention(
+            &shape,
+            &q_rotated,
+            layer.k_cache,
+            layer.v_cache,
+            tokens.slots,
+            tokens.seq_lens,
+            heads.scale,
+            &mut attended,
+        )?;
+        project(kernel, &layer.o, &attended, batch, hidden)?;
+        ops::rms_norm(
+            hidden,
+            Some(residual),
+            layer.post_norm,
+            heads.eps,
+            &mut normed,
+        )?;
+        project(kernel, &layer.gate_up, &normed, batch, &mut gate_up)?;
+        ops::silu_and_mul(&gate_up, intermediate, &mut act)?;
+        project(kernel, &layer.down, &act, batch, hidden)?;
+    }
+    Ok(())
+}
+
+fn project<T: Element>(
+    kernel: PackedKernel,
+    projection: &Projection<'_>,
+    x: &[T],
+    rows: usize,
+    out: &mut [T],
+) -> Result<()> {
+    linear_packed(kernel, &projection.weight, x, rows, projection.bias, out)
+}
+
+fn invalid(message: String) -> Error {
+    Error::InvalidArgument(message)
+}
+
+/// Checks every size, slot and sequence of a call; the decode attention's shape.
+fn check<T: Element>(
+    kernel: PackedKernel,
+    heads: &Heads,
+    layers: &[DecoderLayer<'_, T>],
+    tokens: &Tokens<'_, T>,
+    hidden: &[T],
+    residual: &[T],
+) -> Result<DecodeShape> {
+    let Heads {
+        heads: query_heads,
+        kv_heads,
+        head_dim,
+        ..
+    } = *heads;
+    if !kernel.available() {
+        return Err(invalid(format!(
+            "this CPU does not run the {} packed kernel",
+            kernel.name()
+        )));
+    }
+    let batch = tokens.seq_lens.len();
+    if batch == 0 || !hidden.len().is_multiple_of(batch) || hidden.is_empty() {
+        return Err(invalid(format!(
+            "a hidden state of {} elements is not one row per sequence of {batch}",
+            hidden.len()
+        )));
+    }
+    let dim = hidden.len() / batch;
+    check_len("the residual", residual.len(), hidden.len())?;
+    check_len("the output slots", tokens.out_slots.len(), batch)?;
+    let per_token = elements("the rotary tables", &[batch, head_dim])?;
+    elements("the queries of the batch", &[batch, query_heads, head_dim])?;
+    check_len("the cosines", tokens.cos.len(), per_token)?;
+    check_len("the sines", tokens.sin.len(), per_token)?;
+    let q_width = elements("the queries", &[query_heads, head_dim])?;
+    let kv_width = elements("the keys", &[kv_heads, head_dim])?;
+    if kv_width == 0 || !tokens.slots.len().is_multiple_of(batch) {
+        return Err(invalid(format!(
+            "{} slots are not one row per sequence of {batch}, or there are no K/V heads",
+            tokens.slots.len()
+        )));
+    }
+    let mut pool_slots = None;
+    for (index, layer) in layers.iter().enumerate() {
+        let layer_slots = check_layer(layer, dim, q_width, kv_width)
+            .map_err(|e| invalid(format!("layer {index}: {e}")))?;
+        if pool_slots.is_some_and(|slots| slots != layer_slots) {
+            return Err(invalid(format!(
+                "layer {index} caches {layer_slots} slots, the first layer {pool_slots:?}"
+            )));
+        }
+        pool_slots = Some(layer_slots);
+    }
+    let pool_slots = pool_slots.unwrap_or(0);
+    if let Some(bad) = tokens
+        .out_slots
+        .iter()
+        .find(|&&slot| usize::try_from(slot).map_or(true, |s| s >= pool_slots))
+    {
+        return Err(invalid(format!(
+            "output slot {bad} is outside the caches' {pool_slots} slots"
+        )));
+    }
+    let shape = DecodeShape {
+        batch,
+        heads: query_heads,
+        kv_heads,
+        head_dim,
+        pool_slots,
+        width: tokens.slots.len() / batch,
+    };
+    let (queries, cache) = (batch * q_width, pool_slots * kv_width);
+    let lens = [
+        ("the query", queries),
+        ("the K cache", cache),
+        ("the V cache", cache),
+        ("the output", queries),
+        ("the slots", tokens.slots.len()),
+    ];
+    attention::check(&shape, lens, tokens.slots, tokens.seq_lens)?;
+    Ok(shape)
+}
+
+/// Checks one layer against the hidden size `dim` and the attention widths; its caches' slots.
+fn check_layer<T: Element>(
+    layer: &DecoderLayer<'_, T>,
+    dim: usize,
+    q_width: usize,
+    kv_width: usize,
+) -> Result<usize> {
+    check_len("the input norm", layer.input_norm.len(), dim)?;
+    check_len("the post-attention norm", layer.post_norm.len(), dim)?;
+    let intermediate = layer.gate_up.weight.out_features() / 2;
+    let expected = [
+        ("qkv", &layer.qkv, q_width + 2 * kv_width, dim),
+        ("o", &layer.o, dim, q_width),
+        ("gate_up", &layer.gate_up, 2 * intermediate, dim),
+        ("down", &layer.down, dim, intermediate),
+    ];
+    for (what, projection, out, input) in expected {
+        let weight = &projection.weight;
+        if (weight.out_features(), weight.in_features()) != (out, input) || out == 0 {
+            return Err(invalid(format!(
+                "the {what} projection is [{}, {}], expected [{out}, {input}]",
+                weight.out_features(),
+                weight.in_features()
+            )));
+        }
+        if let Some(bias) = projection.bias {
+            check_len("a bias", bias.len(), out)?;
+        }
+    }
+    check_len("the V cache", layer.v_cache.len(), layer.k_cache.len())?;
+    if !layer.k_cache.len().is_multiple_of(kv_width) {
+        return Err(invalid(format!(
+            "a K cache of {} elements is not rows of {kv_width}",
+            layer.k_cache.len()
+        )));
+    }
+    Ok(layer.k_cache.len() / kv_width)
+}

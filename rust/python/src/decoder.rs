@@ -1,0 +1,351 @@
+//! `srt._rust.DecoderStack`: the binding of `srt_core::decoder`. A stack holds the buffers of
+//! every layer (norm weights, packed projections and their float32 biases, the layer's K/V
+//! caches), acquired once when it is made, so that a decode step passes only its own tensors:
+//! the hidden state, the residual stream, the rotary tables, the output slots, the sequences'
+//! slots and lengths. Float32 buffers, or bfloat16 bits as int16, all of one type. The core
+//! checks every size and slot before anything is written; writability and overlap are checked
+//! here (the caches when the stack is made, the step's outputs at every step).
+
+use std::ptr::NonNull;
+
+use pyo3::buffer::{Element as BufferElement, PyBuffer};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use srt_core::decoder::{self, DecoderLayer, Heads, Projection, Tokens};
+use srt_core::element::{Bf16, Element};
+use srt_core::quant::{Format, PackedKernel, PackedMatrix};
+
+use crate::boundary::{contiguous, overlap};
+use crate::to_py_err;
+
+/// A packed projection's buffers: its format, tiles, shape and optional float32 bias.
+struct ProjectionBuffers {
+    format: Format,
+    tiles: PyBuffer<u8>,
+    shape: (usize, usize),
+    bias: Option<PyBuffer<f32>>,
+}
+
+/// One layer's buffers, norms and caches of element `P` (f32, or i16 holding bf16 bits).
+struct LayerBuffers<P> {
+    input_norm: PyBuffer<P>,
+    qkv: ProjectionBuffers,
+    o: ProjectionBuffers,
+    post_norm: PyBuffer<P>,
+    gate_up: ProjectionBuffers,
+    down: ProjectionBuffers,
+    k_cache: PyBuffer<P>,
+    v_cache: PyBuffer<P>,
+}
+
+type Bias = Option<PyBuffer<f32>>;
+
+enum Layers {
+    F32(Vec<LayerBuffers<f32>>),
+    Bf16(Vec<LayerBuffers<i16>>),
+}
+
+/// A stack of decoder layers with packed projections, run one decode step at a time.
+#[pyclass(frozen, module = "srt._rust")]
+struct DecoderStack {
+    heads: Heads,
+    layers: Layers,
+}
+
+#[pymethods]
+impl DecoderStack {
+    /// `layers`: per layer, the tuple `(input_norm, qkv, o, post_norm, gate_up, down, k_cache,
+    /// v_cache)`, each projection a tuple `(format, tiles, out_features, in_features, bias or
+    /// None)`;
+    /// the norms and caches all float32 or all bfloat16 bits (int16).
+    #[new]
+    #[pyo3(signature = (heads, kv_heads, head_dim, eps, scale, layers))]
+    fn new(
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        eps: f32,
+        scale: f32,
+        layers: Vec<Bound<'_, PyTuple>>,
+    ) -> PyResult<Self> {
+        let heads = Heads {
+            heads,
+            kv_heads,
+            head_dim,
+            eps,
+            scale,
+        };
+        let float32 = match layers.first() {
+            Some(first) => PyBuffer::<f32>::get(&first.get_item(0)?).is_ok(),
+            None => true,
+        };
+        let layers = if float32 {
+            Layers::F32(collect(&layers)?)
+        } else {
+            Layers::Bf16(collect(&layers)?)
+        };
+        let stack = DecoderStack { heads, layers };
+        match &stack.layers {
+            Layers::F32(layers) => check_caches(layers, |b| b)?,
+            Layers::Bf16(layers) => check_caches(layers, bf16_cast)?,
+        }
+        Ok(stack)
+    }
+
+    /// The number of layers.
+    fn __len__(&self) -> usize {
+        match &self.layers {
+            Layers::F32(layers) => layers.len(),
+            Layers::Bf16(layers) => layers.len(),
+        }
+    }
+
+    /// One decode step: `hidden` (`[batch, hidden_size]`, the first layer's input, replaced by
+    /// the last layer's output) and `residual` (same shape, updated in place), each token's
+    /// rotary `cos` and signed `sin` (`[batch, head_dim]`), its output slot (int64), and each
+    /// sequence's slots (`[batch, width]` int32) and length (int32), the new token included.
+    #[allow(clippy::too_many_arguments)]
+    fn decode(
+        &self,
+        py: Python<'_>,
+        hidden: &Bound<'_, PyAny>,
+        residual: &Bound<'_, PyAny>,
+        cos: &Bound<'_, PyAny>,
+        sin: &Bound<'_, PyAny>,
+        out_slots: PyBuffer<i64>,
+        slots: PyBuffer<i32>,
+        seq_lens: PyBuffer<i32>,
+    ) -> PyResult<()> {
+        let ids = (out_slots, slots, seq_lens);
+        match &self.layers {
+            Layers::F32(layers) => {
+                let floats = [hidden, residual, cos, sin].map(PyBuffer::<f32>::get);
+                step(py, self, layers, floats, &ids, |b| b)
+            }
+            Layers::Bf16(layers) => {
+                let floats = [hidden, residual, cos, sin].map(PyBuffer::<i16>::get);
+                step(py, self, layers, floats, &ids, bf16_cast)
+            }
+        }
+    }
+}
+
+fn bf16_cast(buffer: NonNull<[i16]>) -> NonNull<[Bf16]> {
+    crate::boundary::bf16_bits(buffer)
+}
+
+fn collect<P: BufferElement>(layers: &[Bound<'_, PyTuple>]) -> PyResult<Vec<LayerBuffers<P>>> {
+    layers
+        .iter()
+        .map(|layer| {
+            let floats = |i: usize| -> PyResult<PyBuffer<P>> {
+                PyBuffer::get(&layer.get_item(i)?).map_err(|_| {
+                    PyValueError::new_err(
+                        "the norms and caches must all be float32 or all int16 (bfloat16 bits)",
+                    )
+                })
+            };
+            let projection = |i: usize| -> PyResult<ProjectionBuffers> {
+                let projection = layer.get_item(i)?;
+                let (fmt, tiles, n, k, bias): (String, PyBuffer<u8>, usize, usize, Bias) =
+                    projection.extract()?;
+                Ok(ProjectionBuffers {
+                    format: Format::parse(&fmt).map_err(to_py_err)?,
+                    tiles,
+                    shape: (n, k),
+                    bias,
+                })
+            };
+            Ok(LayerBuffers {
+                input_norm: floats(0)?,
+                qkv: projection(1)?,
+                o: projection(2)?,
+                post_norm: floats(3)?,
+                gate_up: projection(4)?,
+                down: projection(5)?,
+                k_cache: floats(6)?,
+                v_cache: floats(7)?,
+            })
+        })
+        .collect()
+}
+
+/// Every buffer the stack reads, as bytes: the caches, then everything else.
+fn read_only<P: BufferElement>(layer: &LayerBuffers<P>) -> PyResult<Vec<NonNull<[u8]>>> {
+    let mut buffers = vec![bytes(contiguous("a norm", &layer.input_norm, false)?)];
+    buffers.push(bytes(contiguous("a norm", &layer.post_norm, false)?));
+    for projection in [&layer.qkv, &layer.o, &layer.gate_up, &layer.down] {
+        buffers.push(contiguous("a projection", &projection.tiles, false)?);
+        if let Some(bias) = &projection.bias {
+            buffers.push(bytes(contiguous("a bias", bias, false)?));
+        }
+    }
+    Ok(buffers)
+}
+
+/// A buffer's memory as bytes (the same addresses), for overlap checks across element types.
+fn bytes<T>(buffer: NonNull<[T]>) -> NonNull<[u8]> {
+    NonNull::slice_from_raw_parts(buffer.cast::<u8>(), buffer.len() * size_of::<T>())
+}
+
+/// The caches: writable, contiguous, not overlapping one another or any weight of the stack.
+fn check_caches<P: BufferElement, T: Element>(
+    layers: &[LayerBuffers<P>],
+    cast: fn(NonNull<[P]>) -> NonNull<[T]>,
+) -> PyResult<()> {
+    let mut caches = Vec::new();
+    let mut weights = Vec::new();
+    for layer in layers {
+        for cache in [&layer.k_cache, &layer.v_cache] {
+            caches.push(bytes(cast(contiguous("a K/V cache", cache, true)?)));
+        }
+        weights.extend(read_only(layer)?);
+        for projection in [&layer.qkv, &layer.o, &layer.gate_up, &layer.down] {
+            let tiles = contiguous("a projection", &projection.tiles, false)?;
+            let (n, k) = projection.shape;
+            // SAFETY: the buffer stays acquired by the stack; only its length is read here.
+            PackedMatrix::new(projection.format, unsafe { tiles.as_ref() }, n, k)
+                .map_err(to_py_err)?;
+        }
+    }
+    for (i, cache) in caches.iter().enumerate() {
+        if caches[i + 1..]
+            .iter()
+            .chain(&weights)
+            .any(|&other| overlap(*cache, other))
+        {
+            return Err(PyValueError::new_err(
+                "a K/V cache overlaps another cache or a weight of the stack",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A step's id buffers: the output slots (int64), the sequences' slots and lengths (int32).
+type StepIds = (PyBuffer<i64>, PyBuffer<i32>, PyBuffer<i32>);
+
+fn step<P: BufferElement, T: Element>(
+    py: Python<'_>,
+    stack: &DecoderStack,
+    layers: &[LayerBuffers<P>],
+    floats: [PyResult<PyBuffer<P>>; 4],
+    (out_slots, slots, seq_lens): &StepIds,
+    cast: fn(NonNull<[P]>) -> NonNull<[T]>,
+) -> PyResult<()> {
+    let [hidden, residual, cos, sin] = floats.map(|buffer| {
+        buffer.map_err(|_| {
+            PyValueError::new_err(
+                "the hidden state, residual, cos and sin must be of the stack's type (float32 or \
+                 int16 bfloat16 bits)",
+            )
+        })
+    });
+    let (hidden, residual, cos, sin) = (hidden?, residual?, cos?, sin?);
+    let outputs = [
+        cast(contiguous("the hidden state", &hidden, true)?),
+        cast(contiguous("the residual", &residual, true)?),
+    ];
+    let (cos, sin) = (
+        cast(contiguous("the cosines", &cos, false)?),
+        cast(contiguous("the sines", &sin, false)?),
+    );
+    let out_slots = contiguous("the output slots", out_slots, false)?;
+    let (slots, seq_lens) = (
+        contiguous("the slots", slots, false)?,
+        contiguous("the sequence lengths", seq_lens, false)?,
+    );
+    let step_inputs = [
+        bytes(cos),
+        bytes(sin),
+        bytes(out_slots),
+        bytes(slots),
+        bytes(seq_lens),
+    ];
+    let mut caches = Vec::with_capacity(2 * layers.len());
+    let mut weights = Vec::new();
+    for layer in layers {
+        caches.push(cast(contiguous("a K/V cache", &layer.k_cache, true)?));
+        caches.push(cast(contiguous("a K/V cache", &layer.v_cache, true)?));
+        weights.extend(read_only(layer)?);
+    }
+    // The caches overlap neither one another nor the weights (checked when the stack was made).
+    let cache_bytes: Vec<NonNull<[u8]>> = caches.iter().map(|&c| bytes(c)).collect();
+    let [hidden_bytes, residual_bytes] = outputs.map(bytes);
+    if overlap(hidden_bytes, residual_bytes)
+        || [hidden_bytes, residual_bytes].iter().any(|&out| {
+            step_inputs
+                .iter()
+                .chain(&cache_bytes)
+                .chain(&weights)
+                .any(|&other| overlap(out, other))
+        })
+        || step_inputs
+            .iter()
+            .any(|&input| cache_bytes.iter().any(|&cache| overlap(input, cache)))
+    {
+        return Err(PyValueError::new_err(
+            "the hidden state, the residual, the step's inputs and the K/V caches must not \
+             overlap",
+        ));
+    }
+    let matrix = |projection: &ProjectionBuffers| -> PyResult<Projection<'_>> {
+        let tiles = contiguous("a projection", &projection.tiles, false)?;
+        let bias = projection
+            .bias
+            .as_ref()
+            .map(|b| contiguous("a bias", b, false))
+            .transpose()?;
+        let (n, k) = projection.shape;
+        // SAFETY: the stack holds these buffers acquired; nothing writes them during the step
+        // (every writable buffer was checked not to overlap them).
+        let (tiles, bias) = unsafe { (tiles.as_ref(), bias.map(|b| b.as_ref())) };
+        Ok(Projection {
+            weight: PackedMatrix::new(projection.format, tiles, n, k).map_err(to_py_err)?,
+            bias,
+        })
+    };
+    let mut core = Vec::with_capacity(layers.len());
+    for (layer, cache) in layers.iter().zip(caches.chunks_exact(2)) {
+        let norm = |buffer: &PyBuffer<P>| -> PyResult<&[T]> {
+            // SAFETY: as the projections'.
+            Ok(unsafe { cast(contiguous("a norm", buffer, false)?).as_ref() })
+        };
+        // SAFETY: the caches are writable, held by the stack, and overlap no other buffer of
+        // the step, so each mutable slice is the only reference to its memory.
+        let (k_cache, v_cache) = unsafe { (&mut *cache[0].as_ptr(), &mut *cache[1].as_ptr()) };
+        core.push(DecoderLayer {
+            input_norm: norm(&layer.input_norm)?,
+            qkv: matrix(&layer.qkv)?,
+            o: matrix(&layer.o)?,
+            post_norm: norm(&layer.post_norm)?,
+            gate_up: matrix(&layer.gate_up)?,
+            down: matrix(&layer.down)?,
+            k_cache,
+            v_cache,
+        });
+    }
+    // SAFETY: every buffer stays acquired until this function returns; the two outputs overlap
+    // nothing else of the step (checked above).
+    let (hidden, residual, tokens) = unsafe {
+        (
+            &mut *outputs[0].as_ptr(),
+            &mut *outputs[1].as_ptr(),
+            Tokens {
+                cos: cos.as_ref(),
+                sin: sin.as_ref(),
+                out_slots: out_slots.as_ref(),
+                slots: slots.as_ref(),
+                seq_lens: seq_lens.as_ref(),
+            },
+        )
+    };
+    let kernel = PackedKernel::best().unwrap_or(PackedKernel::Portable);
+    py.detach(|| decoder::decode_layers(kernel, &stack.heads, &mut core, &tokens, hidden, residual))
+        .map_err(to_py_err)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<DecoderStack>()
+}

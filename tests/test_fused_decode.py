@@ -1,0 +1,187 @@
+"""Decode steps of packed quantized layers in one Rust call (`srt.models.fused_decode`): the
+same logits, bit for bit, as the layers called one by one; the steps it leaves to them; and
+the binding's refusals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from runner_helpers import make_runner, runner_extend_and_decode_logits
+from test_quantized_loading import checkpoint, every_matrix
+
+from srt import _rust
+from srt.layers import cpu_kernels
+from srt.layers.quant_kernels import QuantizedWeight
+from srt.model_executor.model_runner import ModelRunner
+from srt.models.fused_decode import FusedDecode
+
+pytestmark = pytest.mark.skipif(
+    cpu_kernels.quant_packed_kernel() is None,
+    reason="the stack runs on packed tiles, which need the integer kernel (AVX-512 VNNI)",
+)
+
+
+def mixed_formats(name: str) -> str | None:
+    """Blocks of a different format per projection, as GGUF files mix them (the shards of a
+    fused projection share theirs, else it is dequantized)."""
+    if name.endswith("proj.weight"):
+        for parts, fmt in ((("q_", "k_", "v_"), "q8_0"), (("o_",), "q4_0"), (("down",), "q8_0")):
+            if any(f".{part}" in name for part in parts):
+                return fmt
+    return every_matrix("q4_1")(name)
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every `FusedDecode.run`'s answer, in order."""
+    answers: list[bool] = []
+    run = FusedDecode.run
+
+    def counting(self: FusedDecode, *args: object) -> bool:
+        answers.append(run(self, *args))  # type: ignore[arg-type]
+        return answers[-1]
+
+    monkeypatch.setattr(FusedDecode, "run", counting)
+    return answers
+
+
+def quantized_runner(
+    factory: Callable[[str], Path], arch: str, formats: Callable[[str], str | None], dtype: str
+) -> ModelRunner:
+    path = factory(arch)
+    runner = make_runner(path, load_format="dummy", max_total_tokens=256, dtype=dtype)
+    runner.model.load_weights(iter(checkpoint(path, formats)))  # type: ignore[operator]
+    return runner
+
+
+@pytest.mark.parametrize(
+    ("arch", "formats", "dtype"),
+    [
+        ("llama", every_matrix("q4_1"), "bfloat16"),
+        ("qwen2", mixed_formats, "float32"),  # q/k/v biases
+        ("mistral", every_matrix("q8_0"), "bfloat16"),
+    ],
+)
+def test_a_fused_step_gives_the_layers_bits(
+    tiny_model_factory: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    counted: list[bool],
+    arch: str,
+    formats: Callable[[str], str | None],
+    dtype: str,
+) -> None:
+    fused = runner_extend_and_decode_logits(
+        quantized_runner(tiny_model_factory, arch, formats, dtype)
+    )
+    # Two extends, then three decode steps of three sequences: the decode steps ran fused.
+    assert counted == [False, False, True, True, True]
+    monkeypatch.setattr(FusedDecode, "run", lambda *args: False)
+    layered = runner_extend_and_decode_logits(
+        quantized_runner(tiny_model_factory, arch, formats, dtype)
+    )
+    for ours, theirs in zip(fused, layered, strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_batches_at_a_crossover_and_float_weights_take_the_layers(
+    tiny_model_factory: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    counted: list[bool],
+) -> None:
+    # As if measured: products of 3 rows and more go dense, in the layers and so in the stack.
+    monkeypatch.setattr(QuantizedWeight, "crossover", lambda self, dtype=torch.float32: 3)
+    runner = quantized_runner(tiny_model_factory, "llama", every_matrix("q4_1"), "float32")
+    runner_extend_and_decode_logits(runner)  # decode steps of 3 sequences
+    assert counted == [False] * 5
+    counted.clear()
+    runner_extend_and_decode_logits(make_runner(tiny_model_factory("llama")))
+    assert counted == [False] * 5  # float weights: nothing packed
+
+
+def stack_args(dtype: torch.dtype) -> tuple[list[tuple[object, ...]], torch.Tensor, torch.Tensor]:
+    """One layer (hidden 32, 2 heads of 16 sharing one KV head, intermediate 32) with q8_0
+    weights; its K and V caches of 8 slots."""
+    generator = torch.Generator().manual_seed(0)
+
+    def projection(n: int, k: int) -> tuple[object, ...]:
+        weight = QuantizedWeight(
+            torch.randint(0, 256, (n, k // 32 * 34), dtype=torch.uint8, generator=generator),
+            "q8_0",
+            k,
+        )
+        # Scales of ordinary size (half precision 0.01) instead of random bits.
+        weight._unpacked_blocks().view(n, -1, 34)[:, :, :2] = torch.tensor(
+            [0x1F, 0x21], dtype=torch.uint8
+        )
+        assert weight.pack()
+        return ("q8_0", weight.packed_view, n, k, None)
+
+    k_cache, v_cache = (torch.randn(8, 1, 16, generator=generator).to(dtype) for _ in range(2))
+    norm = torch.ones(32, dtype=dtype)
+    view = cpu_kernels._view
+    layer = (
+        view(norm),
+        projection(64, 32),
+        projection(32, 32),
+        view(norm.clone()),
+        projection(64, 32),
+        projection(32, 32),
+        view(k_cache),
+        view(v_cache),
+    )
+    return [layer], k_cache, v_cache
+
+
+def step_inputs(dtype: torch.dtype, out_slot: int) -> list[np.ndarray]:
+    view = cpu_kernels._view
+    hidden, residual = torch.randn(1, 32).to(dtype), torch.zeros(1, 32, dtype=dtype)
+    cos, sin = torch.ones(1, 16, dtype=dtype), torch.zeros(1, 16, dtype=dtype)
+    slots = np.array([[3, 5, out_slot]], dtype=np.int32)
+    return [
+        view(hidden),
+        view(residual),
+        view(cos),
+        view(sin),
+        np.array([out_slot], dtype=np.int64),
+        slots,
+        np.array([3], dtype=np.int32),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_binding_refuses_bad_steps_and_changes_nothing(dtype: torch.dtype) -> None:
+    layers, k_cache, v_cache = stack_args(dtype)
+    stack = _rust.DecoderStack(2, 1, 16, 1e-5, 0.25, layers)
+    assert len(stack) == 1
+    before = v_cache.clone()
+    stack.decode(*step_inputs(dtype, 7))
+    written = k_cache.clone()
+    assert not torch.equal(v_cache[7], before[7])  # the new token's V
+    assert torch.equal(v_cache[:7], before[:7])
+    bad_slot = step_inputs(dtype, 8)  # the caches hold slots 0..7
+    with pytest.raises(ValueError, match="output slot 8 is outside"):
+        stack.decode(*bad_slot)
+    aliased = step_inputs(dtype, 6)
+    aliased[1] = aliased[0]  # the residual is the hidden state
+    with pytest.raises(ValueError, match="must not overlap"):
+        stack.decode(*aliased)
+    other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+    with pytest.raises(ValueError, match="stack's type"):
+        stack.decode(*step_inputs(other, 6))
+    assert torch.equal(k_cache, written)
+
+
+def test_the_binding_refuses_caches_that_overlap() -> None:
+    layers, k_cache, _ = stack_args(torch.float32)
+    shared = list(layers[0])
+    shared[7] = cpu_kernels._view(k_cache)  # V is K
+    with pytest.raises(ValueError, match="overlaps"):
+        _rust.DecoderStack(2, 1, 16, 1e-5, 0.25, [tuple(shared)])
+    mixed = list(layers[0])
+    mixed[6] = cpu_kernels._view(k_cache.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="all be float32 or all int16"):
+        _rust.DecoderStack(2, 1, 16, 1e-5, 0.25, [tuple(mixed)])
