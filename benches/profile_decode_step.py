@@ -10,7 +10,10 @@ Every call of the functions in `TIMED` is timed with `time.perf_counter` around 
 costs about a microsecond per call, counted in the step), and each total is reported in ms per
 step beside the whole step's. The integer or float kernel of quantized products is timed inside
 `QuantizedWeight.linear`, so `linear - kernel` is the Python around the products; what no row
-names (module calls, splits, views, logits) is the rest of the step.
+names (module calls, splits, views, logits) is the rest of the step. Where the layers run as
+one Rust call (`models/fused_decode.py`), that call is one row and the per-kernel rows count
+only what runs outside it (the final norm, the lm_head); `SRT_FUSED_DECODE=0` times the layers
+kernel by kernel.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from typing import Any
 import torch
 from bench_utils import emit
 
-from srt import _rust
+from srt import _rust, envs
 from srt.layers import cpu_kernels, quant_kernels
 from srt.mem_cache import memory_pool
 from srt.model_executor.cpu_threads import bind_cpu_threads
 from srt.model_executor.model_runner import ModelRunner
+from srt.models import fused_decode
 from srt.server_args import ServerArgs
 from srt.testing.smollm2 import smollm2_gguf_in_cache
 
@@ -44,6 +48,7 @@ TIMED: tuple[tuple[Any, str, str], ...] = (
     (cpu_kernels, "rotary", "rotary"),
     (cpu_kernels, "silu_and_mul", "silu_and_mul"),
     (memory_pool.KVPool, "store", "KV store"),
+    (fused_decode.FusedDecode, "run", "fused layers (one call)"),
 )
 WARMUP_STEPS = 5
 
@@ -125,6 +130,7 @@ def main() -> None:
             "dtype": str(runner.model_config.dtype).removeprefix("torch."),
             "quantization": runner.model_config.quantization,
             "integer_kernel": cpu_kernels.quant_packed_kernel(),
+            "fused_decode": envs.fused_decode(),
             "batch_size": batch,
             "context": context,
             "steps": counted,

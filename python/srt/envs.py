@@ -46,3 +46,10 @@ def cpu_isa() -> str | None:
     a CPU without native bf16 products, and below `avx2` the linear layers take PyTorch's
     product."""
     return os.environ.get("SRT_CPU_ISA") or None
+
+
+def fused_decode() -> bool:
+    """Whether decode steps of packed quantized layers run as one Rust call
+    (`models/fused_decode.py`; `SRT_FUSED_DECODE=0` runs the layers one by one, to compare: both
+    give the same bits)."""
+    return os.environ.get("SRT_FUSED_DECODE", "1") != "0"

@@ -12,8 +12,8 @@ When it runs: decode steps on the CPU, float32 or bf16, whose attention reads th
 place (`TorchNativeAttnBackend.in_place_decode`, not the cascade over shared prefixes), in
 models without per-head q/k norms, with fewer sequences than the smallest of the projections'
 measured crossovers (below it the layers' path runs the same integer kernel; at or past it
-they switch to a dequantized matrix multiply, and so does the step). Elsewhere the layers run
-one by one, as before.
+they switch to a dequantized matrix multiply, and so does the step). Elsewhere, or with
+`SRT_FUSED_DECODE=0`, the layers run one by one.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 
-from srt import _rust
+from srt import _rust, envs
 from srt.forward_mode import ForwardMode
 from srt.layers import cpu_kernels
 from srt.layers.attention.torch_native import TorchNativeAttnBackend
@@ -52,6 +52,7 @@ class FusedDecode:
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
+        self.enabled = envs.fused_decode()
         self._pool: KVPool | None = None
         self._stack: Any = None
         # Steps of at least this many sequences take the layers' path.
@@ -66,7 +67,8 @@ class FusedDecode:
         `residual` (updated in place) when this step qualifies; whether it did."""
         backend = forward_batch.attn_backend
         if (
-            forward_batch.forward_mode is not ForwardMode.DECODE
+            not self.enabled
+            or forward_batch.forward_mode is not ForwardMode.DECODE
             or not isinstance(backend, TorchNativeAttnBackend)
             or not cpu_kernels.runs_in_rust(hidden, residual)
         ):
