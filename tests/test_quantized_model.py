@@ -4,6 +4,8 @@ file dequantized to float32 (`--quantization none`): logits, greedy output, weig
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,3 +175,8 @@ def test_srt_serve_without_a_model_chats_from_the_blocks(default_server: Any) ->
     )
     assert "Shakespeare" in (answer.choices[0].message.content or "")
     assert "quantization gguf" in default_server.output()
+    # The tokenizer a client can load (bench_serving does): the directory beside the file.
+    with urllib.request.urlopen(f"{default_server.url}/get_model_info") as response:
+        info = json.load(response)
+    assert info["model_path"].endswith(".gguf")
+    assert (Path(info["tokenizer_path"]) / "tokenizer.json").is_file()

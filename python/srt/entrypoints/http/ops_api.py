@@ -13,6 +13,7 @@ from srt import __version__
 from srt.entrypoints.http.context import Phase, context_of, request_errors
 from srt.entrypoints.http.errors import ApiError, bad_request, json_response, read_json_object
 from srt.managers.generate_req_input import GenerateReqInput
+from srt.managers.hf_tokenizer import tokenizer_files
 from srt.managers.metrics import CONTENT_TYPE
 
 routes = web.RouteTableDef()
@@ -62,14 +63,15 @@ async def metrics(request: web.Request) -> web.Response:
 
 @routes.get("/get_model_info")
 async def get_model_info(request: web.Request) -> web.Response:
-    """The served model: its path, tokenizer, name and context length."""
+    """The served model: its path, tokenizer (the local directory of its files, which for a
+    GGUF model is not the model's path), name and context length."""
     context = context_of(request)
     manager = context.tokenizer_manager()
     args = context.server_args
     return json_response(
         {
             "model_path": args.model_path,
-            "tokenizer_path": args.tokenizer_path,
+            "tokenizer_path": str(tokenizer_files(args)),
             "served_model_name": context.model_name,
             "is_generation": True,
             "context_length": manager.context_length,
