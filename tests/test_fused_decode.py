@@ -1,10 +1,11 @@
-"""Decode steps of packed quantized layers in one Rust call (`srt.models.fused_decode`): the
-same logits, bit for bit, as the layers called one by one; the steps it leaves to them; and
-the binding's refusals."""
+"""Decode steps of quantized layers in one Rust call (`srt.models.fused_decode`), on the integer
+kernel's tiles and on blocks (the float kernel, as on CPUs without AVX-512 VNNI): the same
+logits, bit for bit, as the layers called one by one; the steps it leaves to them; and the
+binding's refusals."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +20,19 @@ from srt.layers.quant_kernels import QuantizedWeight
 from srt.model_executor.model_runner import ModelRunner
 from srt.models.fused_decode import FusedDecode
 
-pytestmark = pytest.mark.skipif(
-    cpu_kernels.quant_packed_kernel() is None,
-    reason="the stack runs on packed tiles, which need the integer kernel (AVX-512 VNNI)",
-)
+ACTIVE_ISA = cpu_kernels.isa()[0]
+
+
+@pytest.fixture(params=["tiles", "blocks"])
+def form(request: pytest.FixtureRequest) -> Iterator[str]:
+    """How quantized weights are held: in tiles (where the CPU has the integer kernel), or in
+    blocks (the kernels capped at AVX2, as on a CPU without VNNI)."""
+    if request.param == "tiles" and cpu_kernels.quant_packed_kernel() is None:
+        pytest.skip("tiles need the integer kernel (AVX-512 VNNI)")
+    if request.param == "blocks":
+        cpu_kernels.set_isa("avx2")
+    yield request.param
+    cpu_kernels.set_isa(ACTIVE_ISA)
 
 
 def mixed_formats(name: str) -> str | None:
@@ -70,13 +80,16 @@ def test_a_fused_step_gives_the_layers_bits(
     tiny_model_factory: Callable[[str], Path],
     monkeypatch: pytest.MonkeyPatch,
     counted: list[bool],
+    form: str,
     arch: str,
     formats: Callable[[str], str | None],
     dtype: str,
 ) -> None:
-    fused = runner_extend_and_decode_logits(
-        quantized_runner(tiny_model_factory, arch, formats, dtype)
-    )
+    runner = quantized_runner(tiny_model_factory, arch, formats, dtype)
+    fused = runner_extend_and_decode_logits(runner)
+    qkv = runner.model.get_submodule("model.layers.0.self_attn.qkv_proj").quant
+    assert isinstance(qkv, QuantizedWeight)
+    assert qkv.packed == (form == "tiles")
     # Two extends, then three decode steps of three sequences: the decode steps ran fused.
     assert counted == [False, False, True, True, True]
     counted.clear()
@@ -101,12 +114,12 @@ def test_batches_at_a_crossover_and_float_weights_take_the_layers(
     assert counted == [False] * 5
     counted.clear()
     runner_extend_and_decode_logits(make_runner(tiny_model_factory("llama")))
-    assert counted == [False] * 5  # float weights: nothing packed
+    assert counted == [False] * 5  # float weights: no quantized projection
 
 
 def stack_args(dtype: torch.dtype) -> tuple[list[tuple[object, ...]], torch.Tensor, torch.Tensor]:
     """One layer (hidden 32, 2 heads of 16 sharing one KV head, intermediate 32) with q8_0
-    weights; its K and V caches of 8 slots."""
+    weights in blocks; its K and V caches of 8 slots."""
     generator = torch.Generator().manual_seed(0)
 
     def projection(n: int, k: int) -> tuple[object, ...]:
@@ -119,8 +132,7 @@ def stack_args(dtype: torch.dtype) -> tuple[list[tuple[object, ...]], torch.Tens
         weight._unpacked_blocks().view(n, -1, 34)[:, :, :2] = torch.tensor(
             [0x1F, 0x21], dtype=torch.uint8
         )
-        assert weight.pack()
-        return ("q8_0", weight.packed_view, n, k, None)
+        return ("q8_0", False, weight.held, n, k, None)
 
     k_cache, v_cache = (torch.randn(8, 1, 16, generator=generator).to(dtype) for _ in range(2))
     norm = torch.ones(32, dtype=dtype)

@@ -354,7 +354,8 @@ class DecoderStack:
         layers: list[tuple[object, ...]],
     ) -> None:
         """Per layer `(input_norm, qkv, o, post_norm, gate_up, down, k_cache, v_cache)`, each
-        projection `(format, tiles, out_features, in_features, float32 bias or None)`, the
+        projection `(format, packed, tiles or blocks, out_features, in_features, float32 bias
+        or None)`, the
         norms and caches all float32 or all bfloat16 bits (int16); the buffers are held."""
 
     def __len__(self) -> int: ...

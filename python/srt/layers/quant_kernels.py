@@ -90,10 +90,9 @@ class QuantizedWeight:
         return self._packed is not None
 
     @property
-    def packed_view(self) -> np.ndarray:
-        """The integer kernel's tiles as a numpy uint8 view (the weight must be packed)."""
-        if self._packed is None:
-            raise ValueError(f"{self!r} is not packed")
+    def held(self) -> np.ndarray:
+        """What the products read, as a numpy uint8 view: the tiles once packed, else the
+        blocks."""
         return self._held
 
     def __repr__(self) -> str:

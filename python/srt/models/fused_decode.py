@@ -1,6 +1,7 @@
 """A CPU decode step of a Llama-family model's layers in one call to the Rust core
-(`srt._rust.DecoderStack`, rust/core/src/decoder.rs), where every projection is held in the
-integer kernel's packed tiles (the default GGUF path on CPUs with AVX-512 VNNI).
+(`srt._rust.DecoderStack`, rust/core/src/decoder.rs), where every projection is a quantized
+weight (`QuantizedWeight`: the default GGUF path), in the integer kernel's tiles on CPUs with
+AVX-512 VNNI, in its blocks through the float kernel elsewhere.
 
 Why: at one sequence, a SmolLM2 decode step calls about 300 kernels, and the Python around
 each call (module calls, output tensors, numpy views of its arguments) cost more than the
@@ -41,14 +42,16 @@ def _view(t: torch.Tensor) -> np.ndarray:
     return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy()
 
 
-def _packed(linear: Linear) -> QuantizedWeight | None:
+def _quantized(linear: Linear) -> QuantizedWeight | None:
     quant = linear.quant
-    return quant if isinstance(quant, QuantizedWeight) and quant.packed else None
+    return quant if isinstance(quant, QuantizedWeight) else None
 
 
 class FusedDecode:
     """The decode path of one `LlamaModel` through `DecoderStack`, built at its first use
-    for the model's KV pool (and again for another pool)."""
+    for the model's KV pool (and again for another pool). The stack holds the weights in the
+    form the layers' products read (tiles where the CPU has the integer kernel, else blocks:
+    `QuantizedWeight.pack` decides once, and the crossover's measurement calls it first)."""
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
@@ -124,13 +127,15 @@ class FusedDecode:
         self, layer: LlamaDecoderLayer, pool: KVPool, dtype: torch.dtype
     ) -> tuple[tuple[Any, ...], list[int]] | None:
         """A layer's tuple for `DecoderStack` and its projections' crossovers, or None when a
-        projection is not held in packed tiles or a norm is not of `dtype`."""
+        projection is not quantized or a norm is not of `dtype`."""
         attention, mlp = layer.self_attn, layer.mlp
         projections, crossovers = [], []
         for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
-            weight = _packed(linear)
+            weight = _quantized(linear)
             if weight is None:
                 return None
+            # First: measuring the crossover packs the weight where it will be packed.
+            crossovers.append(weight.crossover(dtype))
             bias = None
             if linear.bias is not None:
                 bias = linear.bias.detach().to(torch.float32).contiguous()
@@ -138,13 +143,13 @@ class FusedDecode:
             projections.append(
                 (
                     weight.fmt,
-                    weight.packed_view,
+                    weight.packed,
+                    weight.held,
                     weight.out_features,
                     weight.in_features,
                     None if bias is None else bias.numpy(),
                 )
             )
-            crossovers.append(weight.crossover(dtype))
         norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
         if any(norm.dtype != dtype for norm in norms):
             return None

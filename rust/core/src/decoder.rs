@@ -1,5 +1,5 @@
-//! A decode step through a stack of Llama-style decoder layers whose projections are packed
-//! quantized weights, in one call: the kernels the model's Python layers call one by one
+//! A decode step through a stack of Llama-style decoder layers whose projections are quantized
+//! weights (packed tiles or GGUF blocks), in one call: the kernels the model's Python layers call one by one
 //! (`ops`, `quant::linear_packed`, `attention::decode_attention`), called here in the same order
 //! on the same values, so the results are the same bits.
 //!
@@ -22,16 +22,34 @@ use crate::attention::{self, DecodeShape};
 use crate::element::Element;
 use crate::error::{check_len, elements};
 use crate::ops;
-use crate::quant::{linear_packed, PackedKernel, PackedMatrix};
+use crate::quant::{self, linear_packed, PackedKernel, PackedMatrix, QuantMatrix};
 use crate::{Error, Result};
 
 #[cfg(test)]
 mod tests;
 
-/// A packed projection and its bias.
+/// A projection's weight: packed tiles (the integer kernel) or GGUF blocks (the float
+/// kernel, on CPUs without the integer one).
+#[derive(Debug, Clone, Copy)]
+pub enum Weight<'a> {
+    Packed(PackedMatrix<'a>),
+    Blocks(QuantMatrix<'a>),
+}
+
+impl Weight<'_> {
+    /// `(out_features, in_features)`.
+    pub fn shape(&self) -> (usize, usize) {
+        match self {
+            Weight::Packed(w) => (w.out_features(), w.in_features()),
+            Weight::Blocks(w) => (w.out_features(), w.in_features()),
+        }
+    }
+}
+
+/// A projection and its bias.
 #[derive(Debug, Clone, Copy)]
 pub struct Projection<'a> {
-    pub weight: PackedMatrix<'a>,
+    pub weight: Weight<'a>,
     /// `out_features` floats, when the projection has a bias.
     pub bias: Option<&'a [f32]>,
 }
@@ -97,7 +115,7 @@ pub fn decode_layers<T: Element>(
         heads.kv_heads * heads.head_dim,
     );
     let qkv_width = q_width + 2 * kv_width;
-    let intermediate = first.gate_up.weight.out_features() / 2;
+    let intermediate = first.gate_up.weight.shape().0 / 2;
     let zeros = |width: usize| vec![T::store(0.0); batch * width];
     let (mut normed, mut qkv) = (zeros(dim), zeros(qkv_width));
     let (mut q, mut q_rotated) = (zeros(q_width), zeros(q_width));
@@ -154,6 +172,8 @@ pub fn decode_layers<T: Element>(
     Ok(())
 }
 
+/// `out = x · Wᵀ + bias`, as `QuantizedWeight.linear` computes it for few rows: on tiles in
+/// the activations' type; on blocks in float32, the output then rounded to `T`.
 fn project<T: Element>(
     kernel: PackedKernel,
     projection: &Projection<'_>,
@@ -161,7 +181,18 @@ fn project<T: Element>(
     rows: usize,
     out: &mut [T],
 ) -> Result<()> {
-    linear_packed(kernel, &projection.weight, x, rows, projection.bias, out)
+    match &projection.weight {
+        Weight::Packed(weight) => linear_packed(kernel, weight, x, rows, projection.bias, out),
+        Weight::Blocks(weight) => {
+            let input: Vec<f32> = x.iter().map(|v| v.load()).collect();
+            let mut product = vec![0f32; out.len()];
+            quant::linear(weight, &input, rows, projection.bias, &mut product)?;
+            for (o, &p) in out.iter_mut().zip(&product) {
+                *o = T::store(p);
+            }
+            Ok(())
+        }
+    }
 }
 
 fn invalid(message: String) -> Error {
@@ -261,7 +292,7 @@ fn check_layer<T: Element>(
 ) -> Result<usize> {
     check_len("the input norm", layer.input_norm.len(), dim)?;
     check_len("the post-attention norm", layer.post_norm.len(), dim)?;
-    let intermediate = layer.gate_up.weight.out_features() / 2;
+    let intermediate = layer.gate_up.weight.shape().0 / 2;
     let expected = [
         ("qkv", &layer.qkv, q_width + 2 * kv_width, dim),
         ("o", &layer.o, dim, q_width),
@@ -269,12 +300,10 @@ fn check_layer<T: Element>(
         ("down", &layer.down, dim, intermediate),
     ];
     for (what, projection, out, input) in expected {
-        let weight = &projection.weight;
-        if (weight.out_features(), weight.in_features()) != (out, input) || out == 0 {
+        let (n, k) = projection.weight.shape();
+        if (n, k) != (out, input) || out == 0 {
             return Err(invalid(format!(
-                "the {what} projection is [{}, {}], expected [{out}, {input}]",
-                weight.out_features(),
-                weight.in_features()
+                "the {what} projection is [{n}, {k}], expected [{out}, {input}]"
             )));
         }
         if let Some(bias) = projection.bias {

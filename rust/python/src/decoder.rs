@@ -1,5 +1,5 @@
 //! `srt._rust.DecoderStack`: the binding of `srt_core::decoder`. A stack holds the buffers of
-//! every layer (norm weights, packed projections and their float32 biases, the layer's K/V
+//! every layer (norm weights, quantized projections and their float32 biases, the layer's K/V
 //! caches), acquired once when it is made, so that a decode step passes only its own tensors:
 //! the hidden state, the residual stream, the rotary tables, the output slots, the sequences'
 //! slots and lengths. Float32 buffers, or bfloat16 bits as int16, all of one type. The core
@@ -12,17 +12,19 @@ use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
-use srt_core::decoder::{self, DecoderLayer, Heads, Projection, Tokens};
+use srt_core::decoder::{self, DecoderLayer, Heads, Projection, Tokens, Weight};
 use srt_core::element::{Bf16, Element};
-use srt_core::quant::{Format, PackedKernel, PackedMatrix};
+use srt_core::quant::{Format, PackedKernel, PackedMatrix, QuantMatrix};
 
 use crate::boundary::{contiguous, overlap};
 use crate::to_py_err;
 
-/// A packed projection's buffers: its format, tiles, shape and optional float32 bias.
+/// A projection's buffers: its format, its tiles (`packed`) or blocks, its shape and optional
+/// float32 bias.
 struct ProjectionBuffers {
     format: Format,
-    tiles: PyBuffer<u8>,
+    packed: bool,
+    bytes: PyBuffer<u8>,
     shape: (usize, usize),
     bias: Option<PyBuffer<f32>>,
 }
@@ -39,14 +41,22 @@ struct LayerBuffers<P> {
     v_cache: PyBuffer<P>,
 }
 
-type Bias = Option<PyBuffer<f32>>;
+/// `(format, packed, tiles or blocks, out_features, in_features, bias or None)`.
+type ProjectionTuple = (
+    String,
+    bool,
+    PyBuffer<u8>,
+    usize,
+    usize,
+    Option<PyBuffer<f32>>,
+);
 
 enum Layers {
     F32(Vec<LayerBuffers<f32>>),
     Bf16(Vec<LayerBuffers<i16>>),
 }
 
-/// A stack of decoder layers with packed projections, run one decode step at a time.
+/// A stack of decoder layers with quantized projections, run one decode step at a time.
 #[pyclass(frozen, module = "srt._rust")]
 struct DecoderStack {
     heads: Heads,
@@ -56,8 +66,8 @@ struct DecoderStack {
 #[pymethods]
 impl DecoderStack {
     /// `layers`: per layer, the tuple `(input_norm, qkv, o, post_norm, gate_up, down, k_cache,
-    /// v_cache)`, each projection a tuple `(format, tiles, out_features, in_features, bias or
-    /// None)`;
+    /// v_cache)`, each projection a tuple `(format, packed, tiles or blocks, out_features,
+    /// in_features, bias or None)`;
     /// the norms and caches all float32 or all bfloat16 bits (int16).
     #[new]
     #[pyo3(signature = (heads, kv_heads, head_dim, eps, scale, layers))]
@@ -148,11 +158,11 @@ fn collect<P: BufferElement>(layers: &[Bound<'_, PyTuple>]) -> PyResult<Vec<Laye
             };
             let projection = |i: usize| -> PyResult<ProjectionBuffers> {
                 let projection = layer.get_item(i)?;
-                let (fmt, tiles, n, k, bias): (String, PyBuffer<u8>, usize, usize, Bias) =
-                    projection.extract()?;
+                let (fmt, packed, bytes, n, k, bias): ProjectionTuple = projection.extract()?;
                 Ok(ProjectionBuffers {
                     format: Format::parse(&fmt).map_err(to_py_err)?,
-                    tiles,
+                    packed,
+                    bytes,
                     shape: (n, k),
                     bias,
                 })
@@ -176,7 +186,7 @@ fn read_only<P: BufferElement>(layer: &LayerBuffers<P>) -> PyResult<Vec<NonNull<
     let mut buffers = vec![bytes(contiguous("a norm", &layer.input_norm, false)?)];
     buffers.push(bytes(contiguous("a norm", &layer.post_norm, false)?));
     for projection in [&layer.qkv, &layer.o, &layer.gate_up, &layer.down] {
-        buffers.push(contiguous("a projection", &projection.tiles, false)?);
+        buffers.push(contiguous("a projection", &projection.bytes, false)?);
         if let Some(bias) = &projection.bias {
             buffers.push(bytes(contiguous("a bias", bias, false)?));
         }
@@ -187,6 +197,37 @@ fn read_only<P: BufferElement>(layer: &LayerBuffers<P>) -> PyResult<Vec<NonNull<
 /// A buffer's memory as bytes (the same addresses), for overlap checks across element types.
 fn bytes<T>(buffer: NonNull<[T]>) -> NonNull<[u8]> {
     NonNull::slice_from_raw_parts(buffer.cast::<u8>(), buffer.len() * size_of::<T>())
+}
+
+/// A projection's weight over its held buffer, its length checked against its shape.
+fn weight(projection: &ProjectionBuffers) -> PyResult<Weight<'_>> {
+    let bytes = contiguous("a projection", &projection.bytes, false)?;
+    let (format, (n, k)) = (projection.format, projection.shape);
+    // SAFETY: the buffer is held by the stack, which outlives the returned borrow; nothing
+    // writes it while a step runs (every writable buffer is checked not to overlap it).
+    let bytes = unsafe { bytes.as_ref() };
+    if projection.packed {
+        PackedMatrix::new(format, bytes, n, k).map(Weight::Packed)
+    } else {
+        QuantMatrix::new(format, bytes, n, k).map(Weight::Blocks)
+    }
+    .map_err(to_py_err)
+}
+
+/// A projection over its held buffers.
+fn projection(buffers: &ProjectionBuffers) -> PyResult<Projection<'_>> {
+    let bias = buffers
+        .bias
+        .as_ref()
+        .map(|b| contiguous("a bias", b, false))
+        .transpose()?;
+    // SAFETY: the stack holds the bias acquired; nothing writes it during the step (every
+    // writable buffer is checked not to overlap it).
+    let bias = bias.map(|b| unsafe { b.as_ref() });
+    Ok(Projection {
+        weight: weight(buffers)?,
+        bias,
+    })
 }
 
 /// The caches: writable, contiguous, not overlapping one another or any weight of the stack.
@@ -202,11 +243,7 @@ fn check_caches<P: BufferElement, T: Element>(
         }
         weights.extend(read_only(layer)?);
         for projection in [&layer.qkv, &layer.o, &layer.gate_up, &layer.down] {
-            let tiles = contiguous("a projection", &projection.tiles, false)?;
-            let (n, k) = projection.shape;
-            // SAFETY: the buffer stays acquired by the stack; only its length is read here.
-            PackedMatrix::new(projection.format, unsafe { tiles.as_ref() }, n, k)
-                .map_err(to_py_err)?;
+            weight(projection)?;
         }
     }
     for (i, cache) in caches.iter().enumerate() {
@@ -290,22 +327,6 @@ fn step<P: BufferElement, T: Element>(
              overlap",
         ));
     }
-    let matrix = |projection: &ProjectionBuffers| -> PyResult<Projection<'_>> {
-        let tiles = contiguous("a projection", &projection.tiles, false)?;
-        let bias = projection
-            .bias
-            .as_ref()
-            .map(|b| contiguous("a bias", b, false))
-            .transpose()?;
-        let (n, k) = projection.shape;
-        // SAFETY: the stack holds these buffers acquired; nothing writes them during the step
-        // (every writable buffer was checked not to overlap them).
-        let (tiles, bias) = unsafe { (tiles.as_ref(), bias.map(|b| b.as_ref())) };
-        Ok(Projection {
-            weight: PackedMatrix::new(projection.format, tiles, n, k).map_err(to_py_err)?,
-            bias,
-        })
-    };
     let mut core = Vec::with_capacity(layers.len());
     for (layer, cache) in layers.iter().zip(caches.chunks_exact(2)) {
         let norm = |buffer: &PyBuffer<P>| -> PyResult<&[T]> {
@@ -317,11 +338,11 @@ fn step<P: BufferElement, T: Element>(
         let (k_cache, v_cache) = unsafe { (&mut *cache[0].as_ptr(), &mut *cache[1].as_ptr()) };
         core.push(DecoderLayer {
             input_norm: norm(&layer.input_norm)?,
-            qkv: matrix(&layer.qkv)?,
-            o: matrix(&layer.o)?,
+            qkv: projection(&layer.qkv)?,
+            o: projection(&layer.o)?,
             post_norm: norm(&layer.post_norm)?,
-            gate_up: matrix(&layer.gate_up)?,
-            down: matrix(&layer.down)?,
+            gate_up: projection(&layer.gate_up)?,
+            down: projection(&layer.down)?,
             k_cache,
             v_cache,
         });

@@ -19,8 +19,9 @@ const INTERMEDIATE: usize = 96;
 const POOL: usize = 32;
 const LAYERS: usize = 2;
 
-/// A random projection: its tiles and its dequantized `[n, k]` weight.
-struct Weight {
+/// A random projection: its blocks, their tiles and its dequantized `[n, k]` weight.
+struct Random {
+    blocks: Vec<u8>,
     tiles: Vec<u8>,
     dense: Vec<f32>,
     bias: Option<Vec<f32>>,
@@ -28,8 +29,8 @@ struct Weight {
     k: usize,
 }
 
-impl Weight {
-    fn new(n: usize, k: usize, seed: u64, bias: bool) -> Weight {
+impl Random {
+    fn new(n: usize, k: usize, seed: u64, bias: bool) -> Random {
         let format = Format::Q4_1;
         let data = blocks(format, n, k, seed);
         let matrix = QuantMatrix::new(format, &data, n, k).unwrap();
@@ -37,7 +38,8 @@ impl Weight {
         pack(&matrix, &mut tiles).unwrap();
         let bias = bias.then(|| values(n, seed + 1));
         let dense = dequantized(&matrix);
-        Weight {
+        Random {
+            blocks: data,
             tiles,
             dense,
             bias,
@@ -46,9 +48,15 @@ impl Weight {
         }
     }
 
-    fn projection(&self) -> Projection<'_> {
+    fn projection(&self, packed: bool) -> Projection<'_> {
+        let (n, k) = (self.n, self.k);
+        let weight = if packed {
+            Weight::Packed(PackedMatrix::new(Format::Q4_1, &self.tiles, n, k).unwrap())
+        } else {
+            Weight::Blocks(QuantMatrix::new(Format::Q4_1, &self.blocks, n, k).unwrap())
+        };
         Projection {
-            weight: PackedMatrix::new(Format::Q4_1, &self.tiles, self.n, self.k).unwrap(),
+            weight,
             bias: self.bias.as_deref(),
         }
     }
@@ -70,10 +78,10 @@ impl Weight {
 struct Layer {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
-    qkv: Weight,
-    o: Weight,
-    gate_up: Weight,
-    down: Weight,
+    qkv: Random,
+    o: Random,
+    gate_up: Random,
+    down: Random,
 }
 
 fn layers() -> Vec<Layer> {
@@ -85,10 +93,10 @@ fn layers() -> Vec<Layer> {
         .map(|i| Layer {
             input_norm: values(DIM, 10 * i + 1).iter().map(|v| 1.0 + v).collect(),
             post_norm: values(DIM, 10 * i + 2).iter().map(|v| 1.0 + v).collect(),
-            qkv: Weight::new(q + 2 * kv, DIM, 10 * i + 3, true),
-            o: Weight::new(DIM, q, 10 * i + 4, false),
-            gate_up: Weight::new(2 * INTERMEDIATE, DIM, 10 * i + 5, false),
-            down: Weight::new(DIM, INTERMEDIATE, 10 * i + 6, false),
+            qkv: Random::new(q + 2 * kv, DIM, 10 * i + 3, true),
+            o: Random::new(DIM, q, 10 * i + 4, false),
+            gate_up: Random::new(2 * INTERMEDIATE, DIM, 10 * i + 5, false),
+            down: Random::new(DIM, INTERMEDIATE, 10 * i + 6, false),
         })
         .collect()
 }
@@ -145,8 +153,10 @@ fn caches() -> Vec<(Vec<f32>, Vec<f32>)> {
         .collect()
 }
 
-/// Runs the stack on f32 buffers: the last layer's output and the residual.
+/// Runs the stack on f32 buffers, on tiles or on blocks: the last layer's output and the
+/// residual.
 fn run(
+    packed: bool,
     layers: &[Layer],
     batch: &Batch,
     caches: &mut [(Vec<f32>, Vec<f32>)],
@@ -157,11 +167,11 @@ fn run(
         .zip(caches.iter_mut())
         .map(|(layer, (k, v))| DecoderLayer {
             input_norm: &layer.input_norm,
-            qkv: layer.qkv.projection(),
-            o: layer.o.projection(),
+            qkv: layer.qkv.projection(packed),
+            o: layer.o.projection(packed),
             post_norm: &layer.post_norm,
-            gate_up: layer.gate_up.projection(),
-            down: layer.down.projection(),
+            gate_up: layer.gate_up.projection(packed),
+            down: layer.down.projection(packed),
             k_cache: k,
             v_cache: v,
         })
@@ -288,23 +298,26 @@ fn close(got: &[f32], want: &[f64], tolerance: f64) -> bool {
 
 #[test]
 fn the_stack_matches_a_float64_reference_and_writes_the_caches() {
-    let (layers, batch) = (layers(), batch());
-    let hidden = values(batch.seq_lens.len() * DIM, 7);
-    let mut caches = caches();
-    let mut wide: Vec<(Vec<f64>, Vec<f64>)> = caches
-        .iter()
-        .map(|(k, v)| {
-            let widen = |x: &Vec<f32>| x.iter().map(|&v| f64::from(v)).collect();
-            (widen(k), widen(v))
-        })
-        .collect();
-    let (h, r) = run(&layers, &batch, &mut caches, &hidden).unwrap();
-    let (want_h, want_r) = reference(&layers, &batch, &mut wide, &hidden);
-    // Activations are rounded to about 15 bits per block of 32 before each product.
-    assert!(close(&h, &want_h, 2e-3), "{h:?}\n{want_h:?}");
-    assert!(close(&r, &want_r, 2e-3));
-    for ((k, v), (want_k, want_v)) in caches.iter().zip(&wide) {
-        assert!(close(k, want_k, 2e-3) && close(v, want_v, 2e-3));
+    // On tiles, activations are rounded to about 15 bits per block of 32 before each product;
+    // on blocks, the products are float32.
+    for (packed, tolerance) in [(true, 2e-3), (false, 1e-5)] {
+        let (layers, batch) = (layers(), batch());
+        let hidden = values(batch.seq_lens.len() * DIM, 7);
+        let mut caches = caches();
+        let mut wide: Vec<(Vec<f64>, Vec<f64>)> = caches
+            .iter()
+            .map(|(k, v)| {
+                let widen = |x: &Vec<f32>| x.iter().map(|&v| f64::from(v)).collect();
+                (widen(k), widen(v))
+            })
+            .collect();
+        let (h, r) = run(packed, &layers, &batch, &mut caches, &hidden).unwrap();
+        let (want_h, want_r) = reference(&layers, &batch, &mut wide, &hidden);
+        assert!(close(&h, &want_h, tolerance), "{h:?}\n{want_h:?}");
+        assert!(close(&r, &want_r, tolerance));
+        for ((k, v), (want_k, want_v)) in caches.iter().zip(&wide) {
+            assert!(close(k, want_k, tolerance) && close(v, want_v, tolerance));
+        }
     }
 }
 
@@ -313,7 +326,7 @@ fn a_sequence_gets_the_same_bits_alone_as_in_the_batch() {
     let (layers, all) = (layers(), batch());
     let hidden = values(all.seq_lens.len() * DIM, 7);
     let mut caches = caches();
-    let (h, r) = run(&layers, &all, &mut caches, &hidden).unwrap();
+    let (h, r) = run(true, &layers, &all, &mut caches, &hidden).unwrap();
     let d = HEADS.head_dim;
     let alone = Batch {
         slots: all.slots[2 * WIDTH..].to_vec(),
@@ -323,7 +336,7 @@ fn a_sequence_gets_the_same_bits_alone_as_in_the_batch() {
         sin: all.sin[2 * d..].to_vec(),
     };
     let mut fresh = self::caches();
-    let (h2, r2) = run(&layers, &alone, &mut fresh, &hidden[2 * DIM..]).unwrap();
+    let (h2, r2) = run(true, &layers, &alone, &mut fresh, &hidden[2 * DIM..]).unwrap();
     assert_eq!(h[2 * DIM..], h2[..]);
     assert_eq!(r[2 * DIM..], r2[..]);
 }
@@ -342,15 +355,15 @@ fn a_refused_call_changes_nothing() {
     for bad in [bad_slot, bad_len, short_table] {
         let mut caches = original.clone();
         assert!(matches!(
-            run(&layers, &bad, &mut caches, &hidden),
+            run(true, &layers, &bad, &mut caches, &hidden),
             Err(Error::InvalidArgument(_))
         ));
         assert_eq!(caches, original);
     }
     let mut wrong = self::layers();
-    wrong[1].down = Weight::new(DIM, DIM, 9, false);
+    wrong[1].down = Random::new(DIM, DIM, 9, false);
     let mut caches = original.clone();
-    let refused = run(&wrong, &batch(), &mut caches, &hidden);
+    let refused = run(false, &wrong, &batch(), &mut caches, &hidden);
     assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.starts_with("layer 1")));
     assert_eq!(caches, original);
 }
