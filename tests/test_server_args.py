@@ -213,9 +213,11 @@ def test_the_tokenizer_and_served_name_default_to_the_model_once_in_server_args(
 
 
 def test_the_cli_choices_are_the_registries_names() -> None:
+    from srt.function_call.registry import TOOL_CALL_PARSERS
     from srt.layers.attention import registry
     from srt.managers import schedule_policy
 
     choices = {action.dest: action.choices for action in build_parser()._actions}
     assert choices["schedule_policy"] == tuple(schedule_policy.SCHEDULE_POLICIES)
     assert choices["attention_backend"] == tuple(registry.ATTENTION_BACKENDS)
+    assert choices["tool_call_parser"] == tuple(TOOL_CALL_PARSERS)
