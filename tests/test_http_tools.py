@@ -256,6 +256,26 @@ def test_a_conversation_with_tool_results(client: openai.OpenAI) -> None:
     # the call and its result are in the prompt; the tools too unless the choice is none
     assert answer.usage.prompt_tokens > plain.usage.prompt_tokens + 20
     assert with_tools.usage.prompt_tokens > answer.usage.prompt_tokens + 50
+    # the client's own message object goes back as it came, with a result for its call
+    called = client.chat.completions.create(
+        model=MODEL,
+        messages=history,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=MAX_TOKENS,
+    )
+    message: Any = called.choices[0].message  # a pydantic object, which the client sends back
+    (made,) = message.tool_calls or []
+    result: Any = {"role": "tool", "tool_call_id": made.id, "content": "12"}
+    again = client.chat.completions.create(
+        messages=[*history, message, result],
+        tools=TOOLS,
+        tool_choice="none",
+        **fields,
+    )
+    assert again.usage is not None
+    assert again.usage.prompt_tokens > answer.usage.prompt_tokens
 
 
 # Calls the model writes itself, in Hermes' format, with text before them.

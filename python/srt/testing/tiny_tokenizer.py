@@ -33,7 +33,7 @@ SPECIAL_TOKENS = {
 CHAT_TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\n<tools>' }}"
     "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
-    "{{ '\n</tools>\nCall one with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>"
+    '{{ \'\n</tools>\nCall one with <tool_call>{"name": ..., "arguments": ...}</tool_call>'
     "<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] }}"
