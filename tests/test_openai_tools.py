@@ -197,3 +197,23 @@ def test_tools_and_a_conversation_with_tool_results_render(tokenizer: RequestTok
     plain = prompt(tokenizer, chat(tokenizer, tools=TOOLS, tool_choice="none", messages=messages))
     assert "<tools>" not in plain
     assert "Sunny, 21 C" in plain
+
+
+def test_required_lifts_each_tools_defs_to_the_root(tokenizer: RequestTokenizer) -> None:
+    def tool(name: str, unit: list[str]) -> dict[str, Any]:
+        parameters = {
+            "type": "object",
+            "properties": {"unit": {"$ref": "#/$defs/unit"}},
+            "required": ["unit"],
+            "$defs": {"unit": {"enum": unit}},
+        }
+        return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+    req = chat(
+        tokenizer, tools=[tool("a", ["c", "f"]), tool("b", ["c", "f"])], tool_choice="required"
+    )
+    schema = req.obj.sampling_params["json_schema"]
+    assert accepts(schema, '[{"name": "b", "parameters": {"unit": "f"}}]')
+    assert not accepts(schema, '[{"name": "b", "parameters": {"unit": "k"}}]')
+    clash = [tool("a", ["c"]), tool("b", ["f"])]
+    refused(lambda: chat(tokenizer, tools=clash, tool_choice="required"), "tools")

@@ -23,19 +23,28 @@ def arguments_schema(tool: Tool) -> dict[str, Any]:
 
 def required_schema(tools: Sequence[Tool], parallel: bool) -> str:
     """JSON Schema text: an array of calls to `tools`, one or more (exactly one unless
-    `parallel`)."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": tool.name}, "parameters": arguments_schema(tool)},
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
-        }
-        for tool in tools
-    ]
+    `parallel`). Each tool's `$defs` move to the root, where its `#/$defs/...` references
+    point once its parameters are nested; ValueError if two tools define one name apart."""
+    calls: list[dict[str, Any]] = []
+    defs: dict[str, Any] = {}
+    for tool in tools:
+        parameters = arguments_schema(tool)
+        for name, definition in parameters.pop("$defs", {}).items():
+            if defs.setdefault(name, definition) != definition:
+                raise ValueError(f"two tools define $defs/{name} differently")
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, "parameters": parameters},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+        )
     schema: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
     if not parallel:
         schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
     return json.dumps(schema)
 
 

@@ -45,9 +45,13 @@ class ToolPlan:
         return make_parser(self.choice, self.tools, self.format_name, eager)
 
     def json_schema(self) -> str | None:
-        """The schema that forces a call, for "required" and "named"."""
+        """The schema that forces a call, for "required" and "named"; ApiError 400 if the
+        tools' schemas cannot be combined."""
         if self.choice == "required":
-            return required_schema(self.tools, self.parallel)
+            try:
+                return required_schema(self.tools, self.parallel)
+            except ValueError as e:
+                raise bad_request(str(e), "tools") from e
         if self.choice == "named":
             return named_schema(self.tools[0])
         return None
