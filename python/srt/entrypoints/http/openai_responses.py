@@ -77,7 +77,7 @@ class ResponseBuilder:
         self.started: set[int] = set()  # choices whose first chunk went out
         self.text_offset: dict[int, int] = {}  # completions logprobs: offset of the next token
         self.metas: dict[int, Mapping[str, Any]] = {}  # each choice's latest meta_info
-        self.tool_streams: dict[int, ToolCallStream] = {}  # chats with tools: each choice's
+        self.tool_streams: dict[int, ToolCallStream] = {}  # chats with tools: calls per choice
 
     # ---- whole responses ---------------------------------------------------------------------
 
