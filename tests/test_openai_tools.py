@@ -16,6 +16,7 @@ from test_openai_protocol import LIMITS, MODEL, checked, refused
 from xgrammar.testing import _is_grammar_accept_string
 
 from srt.entrypoints.http.openai_protocol import OpenAIRequest, parse_chat_request
+from srt.entrypoints.http.openai_tool_output import ToolCallStream, chat_message
 from srt.managers.generate_req_input import expand
 from srt.managers.request_tokenizer import RequestTokenizer
 from srt.server_args import ServerArgs
@@ -217,3 +218,30 @@ def test_required_lifts_each_tools_defs_to_the_root(tokenizer: RequestTokenizer)
     assert not accepts(schema, '[{"name": "b", "parameters": {"unit": "k"}}]')
     clash = [tool("a", ["c"]), tool("b", ["f"])]
     refused(lambda: chat(tokenizer, tools=clash, tool_choice="required"), "tools")
+
+
+def test_answers_and_stream_deltas_in_openai_shape(tokenizer: RequestTokenizer) -> None:
+    plan = chat(tokenizer, tools=TOOLS).tools
+    text = 'Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    message, reason = chat_message(plan, text, "stop")
+    assert (reason, message["content"]) == ("tool_calls", "Sure. ")
+    (call,) = message["tool_calls"]
+    assert call["type"] == "function"
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert chat_message(plan, text, "length")[1] == "length"  # cut short: no "tool_calls"
+    assert chat_message(plan, "No call.", "stop") == (
+        {"role": "assistant", "content": "No call."},
+        "stop",
+    )
+    stream = ToolCallStream(plan)
+    first, _ = stream.delta(text[:40], None)
+    assert first["content"] == "Sure. "
+    (announce,) = first["tool_calls"]
+    assert announce["function"]["name"] == "get_weather"
+    assert set(announce) == {"index", "id", "type", "function"}
+    last, reason = stream.delta(text[40:], "stop")
+    assert reason == "tool_calls"
+    assert "content" not in last
+    assert [set(d) for d in last["tool_calls"]] == [{"index", "function"}]
+    arguments = announce["function"]["arguments"] + last["tool_calls"][0]["function"]["arguments"]
+    assert arguments == call["function"]["arguments"]
