@@ -98,3 +98,55 @@ def test_smollm2_answers_in_a_json_schema(smollm2_server: ServerProcess) -> None
     reply = json.loads(choice.message.content)
     jsonschema.validate(reply, schema)
     assert "Paris" in reply["city"]
+
+
+def test_smollm2_calls_a_tool(smollm2_server: ServerProcess) -> None:
+    """The README's tools example on a real model: a forced call whose arguments are a real
+    answer, then the call and its result sent back for a text answer."""
+    client = openai.OpenAI(base_url=f"{smollm2_server.url}/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    parameters = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    }
+    tools: Any = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The current weather in a city.",
+                "parameters": parameters,
+            },
+        }
+    ]
+    messages: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+    answer = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=48,
+        temperature=0,
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls: Any = choice.message.tool_calls
+    (call,) = calls
+    assert call.function.name == "get_weather"
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, parameters)
+    assert "Paris" in arguments["city"]
+    result = {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees."}
+    history: Any = [*messages, choice.message, result]  # the client's message object, as it came
+    final = client.chat.completions.create(
+        model=model,
+        messages=history,
+        tools=tools,
+        tool_choice="none",
+        max_tokens=24,
+        temperature=0,
+    )
+    assert final.choices[0].message.tool_calls is None
+    assert final.choices[0].message.content

@@ -34,6 +34,7 @@ FLOORS = {
     "mem_cache": 6,
     "ipc": 6,
     "constrained": 2,  # grammars for the model runner (xgrammar, torch)
+    "function_call": 1,  # tool calls read from output text, for the OpenAI API (no torch)
 }
 GROUND = 7
 TOP_MODULES = {"srt", "srt.__main__"}  # `import srt` lazily offers the Engine

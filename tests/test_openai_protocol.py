@@ -261,7 +261,7 @@ def test_chat_logprobs(tokenizer: RequestTokenizer) -> None:
         ({"messages": "hi"}, "messages"),
         ({"messages": ["hi"]}, "messages[0]"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
         ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         (
@@ -270,9 +270,9 @@ def test_chat_logprobs(tokenizer: RequestTokenizer) -> None:
         ),
         (
             {"messages": [{"role": "assistant", "content": "", "tool_calls": [{}]}]},
-            "messages[0].tool_calls",
+            "messages[0].tool_calls[0]",
         ),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),

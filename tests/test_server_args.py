@@ -65,7 +65,7 @@ def test_every_field_has_a_flag() -> None:
             "--max-stop-sequences", "2", "--max-stop-sequence-length", "9", "--max-logprobs", "1",
             "--max-logit-bias-entries", "7", "--allowed-hosts", "srt.example",
             "--cpu-omp-threads-bind", "0-1",
-            "--quantization", "int8",
+            "--quantization", "int8", "--tool-call-parser", "hermes",
         ]
     )  # fmt: skip
     expected = ServerArgs(
@@ -82,6 +82,7 @@ def test_every_field_has_a_flag() -> None:
         max_n=4, max_client_batch_size=3, max_samples_per_request=6, max_stop_sequences=2,
         max_stop_sequence_length=9, max_logprobs=1, max_logit_bias_entries=7,
         allowed_hosts=("srt.example",), cpu_omp_threads_bind="0-1", quantization="int8",
+        tool_call_parser="hermes",
     )  # fmt: skip
     assert args == expected
     # The command line above sets every field away from its default, so each flag is exercised.
@@ -213,9 +214,11 @@ def test_the_tokenizer_and_served_name_default_to_the_model_once_in_server_args(
 
 
 def test_the_cli_choices_are_the_registries_names() -> None:
+    from srt.function_call.registry import TOOL_CALL_PARSERS
     from srt.layers.attention import registry
     from srt.managers import schedule_policy
 
     choices = {action.dest: action.choices for action in build_parser()._actions}
     assert choices["schedule_policy"] == tuple(schedule_policy.SCHEDULE_POLICIES)
     assert choices["attention_backend"] == tuple(registry.ATTENTION_BACKENDS)
+    assert choices["tool_call_parser"] == tuple(TOOL_CALL_PARSERS)

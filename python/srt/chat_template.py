@@ -83,14 +83,19 @@ class ChatTemplate:
         self.special_tokens = dict(special_tokens)
 
     def render(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """The prompt text of `messages`; ChatTemplateError if the template refuses them."""
+        """The prompt text of `messages`, offered `tools` (JSON Schemas of functions, as
+        transformers takes them; None: none); ChatTemplateError if the template refuses
+        them."""
         try:
             return self.template.render(
                 **self.special_tokens,
                 messages=[dict(m) for m in messages],
-                tools=None,
+                tools=[dict(t) for t in tools] if tools is not None else None,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
             )

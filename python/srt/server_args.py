@@ -28,6 +28,8 @@ ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOAD_FORMATS = ("auto", "dummy")
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
+# `function_call.registry.TOOL_CALL_PARSERS`' names (tests/test_server_args.py holds them equal).
+TOOL_CALL_PARSERS = ("hermes", "llama3")
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d+)?")
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
 
@@ -154,6 +156,15 @@ class ServerArgs:
         default=None,
         metadata=_arg(
             "HTTP server", "The model name the OpenAI API answers to (default: the model path)."
+        ),
+    )
+    tool_call_parser: str | None = field(
+        default=None,
+        metadata=_arg(
+            "HTTP server",
+            "The format the model writes tool calls in, parsed into the chat API's tool_calls "
+            "(needed for tool_choice auto; required and named choices are forced by a grammar).",
+            choices=TOOL_CALL_PARSERS,
         ),
     )
     allowed_origins: tuple[str, ...] = field(

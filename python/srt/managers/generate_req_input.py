@@ -38,6 +38,9 @@ class GenerateReqInput:
     """A chat's messages as a chat template takes them (`role`, `content`, ...): one prompt,
     rendered and tokenized by the tokenizer manager. Not part of SGLang's `/generate` schema:
     the OpenAI chat API and the Engine give it."""
+    tools: list[Mapping[str, Any]] | None = None
+    """With `messages`: the tools the chat template renders into the prompt (OpenAI's
+    `{"type": "function", "function": {...}}` objects, as transformers' templates take them)."""
     sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None = None
     rid: str | list[str] | None = None
     return_logprob: bool | list[bool] = False
@@ -72,6 +75,8 @@ class ReqInput:
     logprob_start_len: int = -1
     messages: list[Mapping[str, Any]] | None = None
     """A chat to render into the prompt (then `text` and `input_ids` are None)."""
+    tools: list[Mapping[str, Any]] | None = None
+    """The tools the chat's template renders."""
 
 
 def expand(obj: GenerateReqInput, limits: RequestLimits) -> list[ReqInput]:
@@ -129,6 +134,7 @@ def expand(obj: GenerateReqInput, limits: RequestLimits) -> list[ReqInput]:
                     stream=obj.stream,
                     logprob_start_len=starts[i] if logprob[i] and starts[i] is not None else -1,
                     messages=obj.messages,
+                    tools=obj.tools,
                 )
             )
     return out

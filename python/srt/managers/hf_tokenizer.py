@@ -80,13 +80,16 @@ class Tokenizer:
         return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """The prompt text of a chat (`ChatTemplateError` if refused; ValueError if the model
-        has no chat template)."""
+        """The prompt text of a chat offered `tools` (`ChatTemplateError` if refused;
+        ValueError if the model has no chat template)."""
         if self.chat_template is None:
             raise ValueError("the model has no chat template")
-        return self.chat_template.render(messages, add_generation_prompt)
+        return self.chat_template.render(messages, add_generation_prompt, tools)
 
 
 def load_tokenizer(server_args: ServerArgs) -> Tokenizer:

@@ -57,7 +57,7 @@ class RequestTokenizer:
                 self.check_ids(ids, "input_ids")
             elif req.messages is not None:
                 if id(req.messages) not in chats:
-                    chats[id(req.messages)] = self.render_chat(req.messages)
+                    chats[id(req.messages)] = self.render_chat(req.messages, req.tools)
                 ids = chats[id(req.messages)]
             else:
                 assert req.text is not None
@@ -65,15 +65,22 @@ class RequestTokenizer:
             out.append(self.build_req(req, ids))
         return out
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """The prompt ids of a chat. The template's text is tokenized without adding special
-        tokens: a template that writes the BOS itself must not get a second one."""
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
+        """The prompt ids of a chat (offered `tools`). The template's text is tokenized without
+        adding special tokens: a template that writes the BOS itself must not get a second
+        one."""
         if self.tokenizer.chat_template is None:
             raise RequestError(
                 "the model has no chat template: use /v1/completions with a prompt", "messages"
             )
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tools=tools
+            )
         except ChatTemplateError as e:
             raise RequestError(f"the chat template refused the messages: {e}", "messages") from e
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -28,10 +28,21 @@ SPECIAL_TOKENS = {
     "unk": "<|endoftext|>",
 }
 
-# ChatML, as SmolLM2 and Qwen use it.
+# ChatML, as SmolLM2 and Qwen use it, with tools the Hermes way (as Qwen 2.5's template offers
+# them: a system block listing them, calls in <tool_call> tags); without tools, plain ChatML.
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\n<tools>' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    '{{ \'\n</tools>\nCall one with <tool_call>{"name": ..., "arguments": ...}</tool_call>'
+    "<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% set f = call['function'] %}"
+    "{{ '<tool_call>' + ({'name': f['name'], 'arguments': f['arguments']} | tojson) }}"
+    "{{ '</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

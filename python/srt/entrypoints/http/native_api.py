@@ -26,9 +26,9 @@ from srt.entrypoints.http.errors import bad_request, json_response, read_json_ob
 from srt.managers.generate_req_input import GenerateReqInput
 
 routes = web.RouteTableDef()
-# SGLang's schema: a chat (`messages`) is the OpenAI chat API's.
+# SGLang's schema: a chat (`messages`, with its `tools`) is the OpenAI chat API's.
 GENERATE_FIELDS = tuple(
-    f.name for f in dataclasses.fields(GenerateReqInput) if f.name != "messages"
+    f.name for f in dataclasses.fields(GenerateReqInput) if f.name not in ("messages", "tools")
 )
 ACCUMULATED_META = (
     "output_token_logprobs",

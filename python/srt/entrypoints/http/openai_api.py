@@ -15,6 +15,7 @@ status would make OpenAI's clients retry a request that was stopped on purpose.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
@@ -76,12 +77,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     context length), `temperature`, `top_p`, `n`, `stop`, `seed`, `presence_penalty`,
     `frequency_penalty`, `logit_bias`, `logprobs` with `top_logprobs`, `stream` with
     `stream_options.include_usage`, `user`, and SGLang's extra sampling fields as for
-    `/v1/completions`, `response_format` (`json_object`, `json_schema`) among them. Tool calling
-    and audio are refused. Answers a
-    `chat.completion` with `usage`, or `chat.completion.chunk` server-sent events (each choice's
-    first delta carries the assistant role) ending with `[DONE]`. An aborted request's choices
-    end with finish reason "abort" (see the module's note)."""
-    return await serve(request, parse_chat_request)
+    `/v1/completions`, `response_format` (`json_object`, `json_schema`) among them, and tools:
+    `tools`, `tool_choice` (`none`, `auto` with the server's `--tool-call-parser`, `required`
+    and a named function forced by a grammar), `parallel_tool_calls`, with assistant
+    `tool_calls` and `tool` results in `messages` (see `openai_tools`). Audio is refused.
+    Answers a `chat.completion` with `usage` (calls in `message.tool_calls`, finish reason
+    "tool_calls"), or `chat.completion.chunk` server-sent events (each choice's first delta
+    carries the assistant role; a call's first delta its id and name, later ones fragments of
+    its arguments) ending with `[DONE]`. An aborted request's choices end with finish reason
+    "abort" (see the module's note)."""
+    parser = context_of(request).server_args.tool_call_parser
+    return await serve(request, functools.partial(parse_chat_request, tool_call_parser=parser))
 
 
 def model_card(request: web.Request) -> dict[str, Any]:

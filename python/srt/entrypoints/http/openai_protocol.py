@@ -3,10 +3,11 @@
 
 This module only maps: OpenAI's names onto SGLang's (`max_tokens` → `max_new_tokens`,
 `min_tokens` → `min_new_tokens`, `logprobs` → `top_logprobs_num`, a chat's `messages` onto
-template messages, `response_format` onto `json_schema`), with SGLang's extra sampling fields
+template messages, `response_format` onto `json_schema`, `tools` onto the template's tools and
+a `ToolPlan`: `openai_tools`), with SGLang's extra sampling fields
 (`json_schema`, `regex` and `ebnf` among them) passed through. It refuses only what has
 no SGLang counterpart to check it: unknown fields (as OpenAI does), OpenAI fields srt does not
-implement (`tools`, `suffix`, audio, ...; those that cannot change the answer, `user`, `store`,
+implement (`functions`, `suffix`, audio, ...; those that cannot change the answer, `user`, `store`,
 `metadata`, ..., are ignored), the served model's name, the shape of `prompt` and `messages`,
 and OpenAI's own ranges (`logit_bias` within ±100). Everything it maps is checked once, by the
 tokenizer manager (`generate_req_input.expand`, `RequestTokenizer`), whose errors name the
@@ -22,11 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from srt.entrypoints.http.errors import ApiError, bad_request
+from srt.entrypoints.http.openai_messages import parse_messages
+from srt.entrypoints.http.openai_tools import ToolPlan, parse_tools
 from srt.managers.generate_req_input import GenerateReqInput
 
 MAX_LOGIT_BIAS = 100.0
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
 # OpenAI name → SGLang sampling name, for the fields both endpoints take.
 SAMPLING_FIELDS = {
     "temperature": "temperature",
@@ -65,7 +66,6 @@ JSON_OBJECT_SCHEMA = '{"type": "object"}'
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix"}
 # Chat fields that cannot change a plain text answer: accepted with any value, unused.
 HARMLESS_CHAT_FIELDS = {
-    "parallel_tool_calls",
     "store",
     "metadata",
     "service_tier",
@@ -75,8 +75,6 @@ HARMLESS_CHAT_FIELDS = {
 }
 # Chat fields accepted only with values that ask for a plain text answer (`check_chat_extras`).
 TEXT_ONLY_CHAT_FIELDS = {
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
     "modalities",
@@ -88,6 +86,7 @@ CHAT_FIELDS = (
     | {"messages", "top_logprobs", "max_completion_tokens"}
     | HARMLESS_CHAT_FIELDS
     | TEXT_ONLY_CHAT_FIELDS
+    | {"tools", "tool_choice", "parallel_tool_calls"}
 )
 
 
@@ -108,7 +107,10 @@ class OpenAIRequest:
     max_tokens_field: str = "max_tokens"
     """The body's name for the output length (chat may say `max_completion_tokens`)."""
     json_schema_field: str = "json_schema"
-    """The body's name for the JSON Schema (`response_format` when it gave one)."""
+    """The body's name for the JSON Schema (`response_format` when it gave one, `tools` when
+    a `tool_choice` forces a call)."""
+    tools: ToolPlan | None = None
+    """How the output may call tools (chat with tools, `tool_choice` not none)."""
 
     @property
     def stream(self) -> bool:
@@ -159,13 +161,16 @@ def parse_completion_request(body: Mapping[str, Any], model_name: str) -> OpenAI
     )
 
 
-def parse_chat_request(body: Mapping[str, Any], model_name: str) -> OpenAIRequest:
+def parse_chat_request(
+    body: Mapping[str, Any], model_name: str, tool_call_parser: str | None = None
+) -> OpenAIRequest:
     """The request of a `/v1/chat/completions` body (its messages rendered later, by the
-    tokenizer manager); ApiError 400 (or 404 for the model) for what only OpenAI's schema
-    refuses."""
+    tokenizer manager) on a server whose `--tool-call-parser` is `tool_call_parser`; ApiError
+    400 (or 404 for the model) for what only OpenAI's schema refuses."""
     check_fields(body, CHAT_FIELDS)
     check_model(body, model_name)
     check_chat_extras(body)
+    template_tools, plan = parse_tools(body, tool_call_parser)
     n = sample_count(body)
     logprobs = optional(body, "logprobs", is_bool, "true or false") or False
     top = body.get("top_logprobs")
@@ -179,8 +184,19 @@ def parse_chat_request(body: Mapping[str, Any], model_name: str) -> OpenAIReques
     top_logprobs = (top if top is not None else 0) if logprobs else None
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     params = sampling_params(body, tokens)
+    schema_field = schema_field_of(body)
+    forced = plan.json_schema() if plan is not None else None
+    if forced is not None:
+        if any(params.get(name) for name in ("json_schema", "regex", "ebnf")):
+            raise bad_request(
+                "a required or named tool_choice forces a grammar of its own: give no "
+                "response_format, json_schema, regex or ebnf with it",
+                "tool_choice",
+            )
+        params["json_schema"], schema_field = forced, "tools"
     obj = make_input(body, rid, None, None, params, top_logprobs)
     obj.messages = parse_messages(body.get("messages"))
+    obj.tools = template_tools
     return OpenAIRequest(
         True,
         rid,
@@ -190,7 +206,8 @@ def parse_chat_request(body: Mapping[str, Any], model_name: str) -> OpenAIReques
         top_logprobs,
         False,
         tokens,
-        json_schema_field=schema_field_of(body),
+        json_schema_field=schema_field,
+        tools=plan,
     )
 
 
@@ -239,55 +256,13 @@ def sample_count(body: Mapping[str, Any]) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) else 1
 
 
-def parse_messages(messages: Any) -> list[Mapping[str, Any]]:
-    """The messages as a chat template takes them: role and text content."""
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list of messages", "messages")
-    out: list[Mapping[str, Any]] = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, Mapping):
-            raise bad_request(f"{where} must be an object with role and content", where)
-        for key, value in message.items():
-            if key not in ("role", "content", "name", "refusal") and value is not None:
-                raise bad_request(f"{where}.{key} is not supported", f"{where}.{key}")
-        role = message.get("role")
-        if role not in CHAT_ROLES:
-            known = ", ".join(CHAT_ROLES)
-            raise bad_request(f"{where}.role must be one of {known}, got {role!r}", f"{where}.role")
-        out.append({"role": CHAT_ROLES[role], "content": message_text(message, where)})
-    return out
-
-
-def message_text(message: Mapping[str, Any], where: str) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    wanted = "a string or a list of text parts"
-    if not isinstance(content, list):
-        raise bad_request(f"{where}.content must be {wanted}", f"{where}.content")
-    texts = []
-    for part in content:
-        if not isinstance(part, Mapping) or part.get("type") != "text":
-            raise bad_request(
-                f"{where}.content must be {wanted}: srt serves text models only",
-                f"{where}.content",
-            )
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise bad_request(f"{where}.content text parts need a string text", f"{where}.content")
-        texts.append(text)
-    return "".join(texts)
-
-
 def check_chat_extras(body: Mapping[str, Any]) -> None:
-    """Refuses what asks for more than plain text out; accepts what asks for exactly that."""
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise bad_request(f"{name} (tool calling) is not supported", name)
-    for name in ("tool_choice", "function_call"):
-        if body.get(name) not in (None, "none", "auto"):
-            raise bad_request(f"{name} must be none or auto: srt has no tool calling", name)
+    """Refuses what asks for more than text or tool calls out (the deprecated `functions`
+    among them); accepts what asks for exactly that."""
+    if body.get("functions"):
+        raise bad_request("functions is not supported: use tools", "functions")
+    if body.get("function_call") not in (None, "none", "auto"):
+        raise bad_request("function_call must be none or auto: use tool_choice", "function_call")
     for name in ("audio", "web_search_options"):
         if body.get(name) is not None:
             raise bad_request(f"{name} is not supported", name)

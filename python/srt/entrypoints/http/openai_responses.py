@@ -17,6 +17,7 @@ from typing import Any
 
 from srt.entrypoints.http.context import abort_error
 from srt.entrypoints.http.openai_protocol import OpenAIRequest
+from srt.entrypoints.http.openai_tool_output import ToolCallStream, chat_message
 from srt.managers.hf_tokenizer import Tokenizer
 
 Result = Mapping[str, Any]
@@ -76,6 +77,7 @@ class ResponseBuilder:
         self.started: set[int] = set()  # choices whose first chunk went out
         self.text_offset: dict[int, int] = {}  # completions logprobs: offset of the next token
         self.metas: dict[int, Mapping[str, Any]] = {}  # each choice's latest meta_info
+        self.tool_streams: dict[int, ToolCallStream] = {}  # chats with tools: calls per choice
 
     # ---- whole responses ---------------------------------------------------------------------
 
@@ -86,12 +88,13 @@ class ResponseBuilder:
             meta = result["meta_info"]
             choice: dict[str, Any] = {"index": i}
             text = self.echo(i) + result["text"]
+            reason = finish_reason(meta)
             if self.req.chat:
-                choice["message"] = {"role": "assistant", "content": text}
+                choice["message"], reason = chat_message(self.req.tools, text, reason)
             else:
                 choice["text"] = text
             choice["logprobs"] = self.logprobs(i, result)
-            choice["finish_reason"] = finish_reason(meta)
+            choice["finish_reason"] = reason
             choice["matched_stop"] = matched_stop(meta)
             choices.append(choice)
         return {
@@ -112,12 +115,18 @@ class ResponseBuilder:
         self.started.add(i)
         text = (self.echo(i) if first else "") + result["text"]
         choice: dict[str, Any] = {"index": i}
+        reason = finish_reason(meta)
         if self.req.chat:
-            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+            delta: dict[str, Any] = {"content": text}
+            if self.req.tools is not None:
+                if first:
+                    self.tool_streams[i] = ToolCallStream(self.req.tools)
+                delta, reason = self.tool_streams[i].delta(text, reason)
+            choice["delta"] = {"role": "assistant", **delta} if first else delta
         else:
             choice["text"] = text
         choice["logprobs"] = self.logprobs(i, result)
-        choice["finish_reason"] = finish_reason(meta)
+        choice["finish_reason"] = reason
         if choice["finish_reason"] is not None:
             choice["matched_stop"] = matched_stop(meta)
         object_ = "chat.completion.chunk" if self.req.chat else "text_completion"

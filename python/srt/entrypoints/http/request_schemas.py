@@ -14,8 +14,8 @@ import dataclasses
 import typing
 from typing import Any
 
+from srt.entrypoints.http.openai_messages import CHAT_ROLES
 from srt.entrypoints.http.openai_protocol import (
-    CHAT_ROLES,
     HARMLESS_CHAT_FIELDS,
     MAX_LOGIT_BIAS,
     SAMPLING_FIELDS,
@@ -286,8 +286,49 @@ def completion_schema(limits: ModelLimits) -> Schema:
     }
 
 
+FUNCTION: Schema = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+        "description": {"type": ["string", "null"]},
+        "parameters": {"type": ["object", "null"]},
+        "strict": {"type": ["boolean", "null"]},
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+TOOL: Schema = {
+    "type": "object",
+    "properties": {"type": {"const": "function"}, "function": FUNCTION},
+    "required": ["type", "function"],
+    "additionalProperties": False,
+}
+TOOL_CALL: Schema = {
+    "type": "object",
+    "properties": {
+        "id": STRING,
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "properties": {"name": STRING, "arguments": STRING},
+            "required": ["name", "arguments"],
+        },
+    },
+    "required": ["id", "type", "function"],
+}
+NAMED_TOOL_CHOICE: Schema = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "properties": {"name": STRING}, "required": ["name"]},
+    },
+    "required": ["type", "function"],
+}
+
+
 def chat_schema(limits: ModelLimits) -> Schema:
-    """`/v1/chat/completions`: text messages, text answers."""
+    """`/v1/chat/completions`: text messages (tool calls and results among them), text or tool
+    call answers."""
     text_part = {
         "type": "object",
         "properties": {"type": {"const": "text"}, "text": STRING},
@@ -297,9 +338,11 @@ def chat_schema(limits: ModelLimits) -> Schema:
         "type": "object",
         "properties": {
             "role": {"enum": list(CHAT_ROLES)},
-            "content": {"anyOf": [STRING, {"type": "array", "items": text_part}]},
+            "content": {"anyOf": [STRING, {"type": "array", "items": text_part}, {"type": "null"}]},
             "name": {"type": ["string", "null"]},
             "refusal": {"type": ["string", "null"]},
+            "tool_calls": {"type": ["array", "null"], "items": TOOL_CALL},
+            "tool_call_id": {"type": ["string", "null"]},
         },
         "required": ["role", "content"],
         "additionalProperties": False,
@@ -310,10 +353,11 @@ def chat_schema(limits: ModelLimits) -> Schema:
         "logprobs": {"type": ["boolean", "null"]},
         "top_logprobs": _top_logprobs(limits, nullable=True),
         "max_completion_tokens": _token_count(limits),
+        "tools": {"type": ["array", "null"], "items": TOOL, "minItems": 1},
+        "tool_choice": {"anyOf": [{"enum": ["none", "auto", "required", None]}, NAMED_TOOL_CHOICE]},
+        "parallel_tool_calls": {"type": ["boolean", "null"]},
         # Accepted only when they ask for plain text (openai_protocol.check_chat_extras).
-        "tools": {"type": ["array", "null"], "maxItems": 0},
         "functions": {"type": ["array", "null"], "maxItems": 0},
-        "tool_choice": {"enum": ["none", "auto", None]},
         "function_call": {"enum": ["none", "auto", None]},
         "modalities": {"anyOf": [{"const": ["text"]}, {"type": "null"}]},
         "audio": {"type": "null"},
