@@ -55,6 +55,26 @@ class ToolCallParser(ABC):
         return self.current
 
 
+class BufferedParser(ToolCallParser):
+    """A parser that scans a buffer of the text received, step by step (`_step`), each step
+    accounting for what it can."""
+
+    def __init__(self, tools: Sequence[Tool], eager: bool = False) -> None:
+        super().__init__(tools, eager)
+        self.buffer = ""  # text received and not yet accounted for
+
+    def feed(self, text: str) -> ParseDelta:
+        self.buffer += text
+        out = ParseDelta()
+        while self._step(out):
+            pass
+        return out
+
+    @abstractmethod
+    def _step(self, out: ParseDelta) -> bool:
+        """Accounts for what it can of `buffer` into `out`; whether to go on."""
+
+
 def held_suffix(text: str, marker: str) -> int:
     """The length of the longest end of `text` that `marker` starts with (and is shorter than
     it): text to hold back, since the marker may be arriving."""

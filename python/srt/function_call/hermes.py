@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from srt.function_call.base_parser import ToolCallParser, held_suffix
+from srt.function_call.base_parser import BufferedParser, held_suffix
 from srt.function_call.call_streamer import MalformedCall
 from srt.function_call.core_types import ParseDelta, Tool
 
@@ -20,22 +20,14 @@ START = "<tool_call>"
 END = "</tool_call>"
 
 
-class HermesParser(ToolCallParser):
+class HermesParser(BufferedParser):
     """Calls in `<tool_call>` blocks."""
 
     args_keys = ("arguments", "parameters")
 
     def __init__(self, tools: Sequence[Tool], eager: bool = False) -> None:
         super().__init__(tools, eager)
-        self.buffer = ""  # text not yet accounted for (in a call block: from after its tag)
         self.mode = "text"  # text | call | pass (a rejected block, as content) | drop
-
-    def feed(self, text: str) -> ParseDelta:
-        self.buffer += text
-        out = ParseDelta()
-        while self._step(out):
-            pass
-        return out
 
     def finish(self) -> ParseDelta:
         out = ParseDelta()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from srt.function_call.base_parser import ToolCallParser
+from srt.function_call.base_parser import BufferedParser, ToolCallParser
 from srt.function_call.call_streamer import MalformedCall
 from srt.function_call.core_types import ParseDelta, Tool, ToolCallDelta, new_call_id
 from srt.function_call.json_scan import WHITESPACE
@@ -20,22 +20,14 @@ from srt.function_call.json_scan import WHITESPACE
 _BETWEEN = WHITESPACE + ",[]"
 
 
-class JsonArrayParser(ToolCallParser):
+class JsonArrayParser(BufferedParser):
     """Calls as the items of one JSON array."""
 
     args_keys = ("parameters", "arguments")
 
     def __init__(self, tools: Sequence[Tool], eager: bool = False) -> None:
         super().__init__(tools, eager)
-        self.buffer = ""
         self.mode = "start"  # start | between (calls) | call | text (the rest is content)
-
-    def feed(self, text: str) -> ParseDelta:
-        self.buffer += text
-        out = ParseDelta()
-        while self._step(out):
-            pass
-        return out
 
     def finish(self) -> ParseDelta:
         out = ParseDelta()

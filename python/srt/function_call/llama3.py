@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from srt.function_call.base_parser import ToolCallParser, held_suffix
+from srt.function_call.base_parser import BufferedParser, held_suffix
 from srt.function_call.call_streamer import MalformedCall
 from srt.function_call.core_types import ParseDelta, Tool
 
@@ -20,22 +20,14 @@ TAG = "<|python_tag|>"
 SEPARATORS = " \t\n\r;"
 
 
-class Llama3Parser(ToolCallParser):
+class Llama3Parser(BufferedParser):
     """Calls as JSON objects at the start of the output or after `<|python_tag|>`."""
 
     args_keys = ("parameters", "arguments")
 
     def __init__(self, tools: Sequence[Tool], eager: bool = False) -> None:
         super().__init__(tools, eager)
-        self.buffer = ""  # text not yet accounted for (in a call: from its opening brace)
         self.mode = "start"  # start | text | calls (between calls) | call | drop
-
-    def feed(self, text: str) -> ParseDelta:
-        self.buffer += text
-        out = ParseDelta()
-        while self._step(out):
-            pass
-        return out
 
     def finish(self) -> ParseDelta:
         out = ParseDelta()
