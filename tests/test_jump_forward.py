@@ -1,0 +1,367 @@
+"""Jump-forward decoding (`--enable-jump-forward`).
+
+The scheduler's bookkeeping runs over the scripted runner, which makes the jumps a test scripts
+and checks at every pass that each request's row holds exactly its KV slots: forced ids are
+extended over after the cached prefix, rolled-back ids are replaced, budgets and stop tokens cut
+a jump, nothing leaks (`run_to_completion` checks the KV invariant after every step). The
+guarantee runs on the tiny random model through the real runner, whose grammar forces long
+keys: outputs still validate, for many seeds, streamed or not, retracted or not, with fewer
+forward passes; stop strings and `max_new_tokens` still end outputs exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from scheduler_helpers import (
+    Finished,
+    ScriptedRunner,
+    collect,
+    real_scheduler,
+    request,
+    run_to_completion,
+    scheduler_over,
+)
+from tokenizers import Tokenizer
+
+from srt.constrained.jump_forward import MIN_GAIN, jump
+from srt.constrained.xgrammar_backend import GrammarBackend
+from srt.io_struct import BatchTokenIDOut
+from srt.managers.scheduler import MIN_NEW_TOKEN_RATIO, Scheduler
+from srt.model_executor.worker_batch import GRAMMAR_READY, JumpForward
+
+GRAMMAR = ("json_schema", "{}")
+
+
+def scripted(jumps: dict[str, list[JumpForward]]) -> tuple[ScriptedRunner, Scheduler]:
+    runner = ScriptedRunner(jumps=jumps)
+    runner.grammars[GRAMMAR] = GRAMMAR_READY
+    return runner, scheduler_over(runner, enable_jump_forward=True)
+
+
+def test_forced_ids_are_extended_over_after_the_cached_prefix() -> None:
+    runner, scheduler = scripted({"a": [JumpForward(0, [40, 41, 42])]})
+    scheduler.add_request(request("a", [10, 11, 12], max_new_tokens=8, json_schema="{}"))
+    done = run_to_completion(scheduler)["a"]
+    # The prompt's pass samples 13; the jump appends 40-42; one extend over 13 and 40-42 (the
+    # prompt from the cache) samples 43; decode steps do the rest.
+    assert done.output_ids == [13, 40, 41, 42, 43, 44, 45, 46]
+    assert done.reason.type == "length"
+    assert [(p.kind, p.new_tokens) for p in runner.passes] == [
+        ("extend", [3]),
+        ("extend", [4]),
+        ("decode", [1]),
+        ("decode", [1]),
+        ("decode", [1]),
+    ]
+    assert scheduler.batch_log.num_batches == 5
+    assert (scheduler.jump_forward.num_jumps, scheduler.jump_forward.num_forced_tokens) == (1, 3)
+    assert runner.jump_asks[0] == ("a", 1, 7)  # the sampled 13 is unsent; 7 tokens to go
+
+
+def test_only_the_token_just_sampled_rolls_back() -> None:
+    jumps = {
+        rid: [JumpForward(1, [30, 31, 32]), JumpForward(2, [40, 41]), JumpForward(1, [50, 51])]
+        for rid in ("quiet", "stream")
+    }
+    runner, scheduler = scripted(jumps)
+    for rid, stream in (("quiet", False), ("stream", True)):
+        scheduler.add_request(
+            request(rid, [10, 11, 12], max_new_tokens=9, json_schema="{}", stream=stream)
+        )
+    outputs: dict[str, list[int]] = {}
+    done: dict[str, Finished] = {}
+    while scheduler.has_work():
+        collect(scheduler.step(), outputs, done)
+        assert scheduler.check_invariants() == []
+    # 13 is replaced by 30-32, and 33 sampled after them; the next jump would replace 32 too:
+    # refused, it waits while the request decodes 34.
+    for rid in ("quiet", "stream"):
+        assert done[rid].output_ids == [30, 31, 32, 33, 34, 35, 36, 37, 38], rid
+        assert jumps[rid][0] == JumpForward(2, [40, 41])
+    assert {rollback for _, rollback, _ in runner.jump_asks} == {1}
+    assert not runner.specs
+
+
+def test_a_jump_stops_at_max_new_tokens_and_at_a_stop_token() -> None:
+    jumps = {"short": [JumpForward(0, [40, 41, 42, 43])], "stop": [JumpForward(0, [40, 41, 42])]}
+    runner, scheduler = scripted(jumps)
+    scheduler.add_request(request("short", [10, 11], max_new_tokens=3, json_schema="{}"))
+    scheduler.add_request(
+        request("stop", [20, 21], max_new_tokens=9, json_schema="{}", stop_token_ids=[41])
+    )
+    done = run_to_completion(scheduler)
+    assert done["short"].output_ids == [12, 40, 41]  # the runner cut the jump to the budget
+    assert (done["short"].reason.type, done["short"].reason.length) == ("length", 3)
+    assert done["stop"].output_ids == [22, 40, 41]  # 42 is dropped
+    assert (done["stop"].reason.type, done["stop"].reason.matched_token) == ("stop", 41)
+    assert len(runner.passes) == 1  # both ended in their jump
+
+
+def test_forced_tokens_report_logprob_zero() -> None:
+    _, scheduler = scripted({"a": [JumpForward(1, [50, 51])]})
+    scheduler.add_request(
+        request(
+            "a",
+            [10, 11],
+            max_new_tokens=4,
+            json_schema="{}",
+            return_logprob=True,
+            top_logprobs_num=2,
+        )
+    )
+    scheduler.step()
+    req = scheduler.waiting.get("a")
+    assert req is not None
+    assert req.output_ids == [50, 51]  # 12 and its logprob rolled back
+    assert req.output_logprobs == [0.0, 0.0]
+    assert req.output_top_logprobs == [((50, 0.0),), ((51, 0.0),)]
+    run_to_completion(scheduler)
+
+
+@pytest.mark.parametrize(
+    "settings", [{}, {"enable_jump_forward": True, "disable_radix_cache": True}]
+)
+def test_jump_forward_is_off_by_default_and_without_the_radix_cache(
+    settings: dict[str, bool],
+) -> None:
+    runner = ScriptedRunner(jumps={"a": [JumpForward(0, [40, 41, 42])]})
+    runner.grammars[GRAMMAR] = GRAMMAR_READY
+    scheduler = scheduler_over(runner, **settings)
+    scheduler.add_request(request("a", [10, 11], max_new_tokens=4, json_schema="{}"))
+    assert run_to_completion(scheduler)["a"].output_ids == [12, 13, 14, 15]
+    assert not runner.jump_asks
+
+
+# ---- on the tiny random model ------------------------------------------------------------------
+
+# Long fixed keys (what jump-forward saves passes on), bounded values: every path ends within
+# MAX_NEW_TOKENS. Strings are bounded by a pattern (xgrammar lets `maxLength` strings hold raw
+# control characters, which strict JSON forbids).
+LONG_KEYS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "customer_full_name": {"type": "string", "pattern": "^[A-Za-z ]{1,8}$"},
+        "customer_account_identifier": {"type": "integer", "minimum": 0, "maximum": 999},
+        "preferred_contact_method": {"enum": ["electronic_mail", "telephone"]},
+        "subscribed_to_the_newsletter": {"type": "boolean"},
+    },
+    "required": [
+        "customer_full_name",
+        "customer_account_identifier",
+        "preferred_contact_method",
+        "subscribed_to_the_newsletter",
+    ],
+    "additionalProperties": False,
+}
+MAX_NEW_TOKENS = 200
+SETTINGS = [
+    {"temperature": t, "seed": seed, "top_p": p}
+    for t, p in ((0.0, 1.0), (0.7, 0.9), (1.0, 1.0), (1.5, 1.0))
+    for seed in (1, 2, 3, 4)
+]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_factory: Callable[[str], Path]) -> Path:
+    return tiny_model_factory("llama")
+
+
+def decode(model: Path, ids: list[int]) -> str:
+    return Tokenizer.from_file(str(model / "tokenizer.json")).decode(ids)
+
+
+def run(
+    scheduler: Scheduler, reqs: list[dict[str, Any]], outs: list[BatchTokenIDOut] | None = None
+) -> dict[str, Finished]:
+    """Runs `reqs` (request keyword arguments, rid included) to completion, checking the KV
+    invariant after every step; every message goes to `outs`."""
+    for kwargs in reqs:
+        kwargs = dict(kwargs)
+        scheduler.add_request(request(kwargs.pop("rid"), kwargs.pop("prompt"), **kwargs))
+    outputs: dict[str, list[int]] = {}
+    finished: dict[str, Finished] = {}
+    deadline = time.monotonic() + 120  # grammars compile on the runner's thread meanwhile
+    while scheduler.has_work():
+        assert time.monotonic() < deadline
+        out = scheduler.step()
+        assert scheduler.check_invariants() == []
+        if outs is not None and out is not None:
+            outs.append(out)
+        collect(out, outputs, finished)
+    # No KV slot, lock or sampling state outlives the requests.
+    assert run_to_completion(scheduler) == {}
+    return finished
+
+
+def batch(**params: Any) -> list[dict[str, Any]]:
+    return [
+        {"rid": f"r{i}", "prompt": [5 + i, 9 + 2 * i, 40], "json_schema": json.dumps(LONG_KEYS)}
+        | {"max_new_tokens": MAX_NEW_TOKENS}
+        | settings
+        | params
+        for i, settings in enumerate(SETTINGS)
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_outputs_under_a_bounded_schema_validate_with_jumps(model: Path, stream: bool) -> None:
+    scheduler = real_scheduler(model, enable_jump_forward=True)
+    done = run(scheduler, batch(stream=stream))
+    texts = []
+    for rid, finished in done.items():
+        text = decode(model, finished.output_ids)  # for a stream: what it was sent, in order
+        assert finished.reason.type == "stop", (rid, text)
+        jsonschema.validate(json.loads(text), LONG_KEYS)
+        texts.append(text)
+    assert len(set(texts)) > 1  # sampling still samples
+    assert scheduler.jump_forward.num_forced_tokens >= 20 * len(SETTINGS)
+
+
+def test_retracted_requests_jump_and_still_match(model: Path) -> None:
+    """A KV pool too small for the batch: requests are retracted while they sample digits,
+    and jump over the fixed text between them (prompts prefilled in chunks of 16)."""
+    scheduler = real_scheduler(
+        model, enable_jump_forward=True, max_total_tokens=160, chunked_prefill_size=16
+    )
+    scheduler.new_token_ratio = MIN_NEW_TOKEN_RATIO
+    regex = "[0-9]{40}_fixed_separator_[0-9]{8}"
+    reqs = [
+        {"rid": f"r{i}", "prompt": [30 + i + 3 * j for j in range(24)], "regex": regex}
+        | {"max_new_tokens": 64}
+        | settings
+        for i, settings in enumerate(SETTINGS)
+    ]
+    done = run(scheduler, reqs)
+    assert scheduler.num_retracted > 0
+    assert scheduler.jump_forward.num_jumps >= len(SETTINGS)
+    for finished in done.values():
+        text = decode(model, finished.output_ids)
+        assert finished.reason.type == "stop", text
+        assert re.fullmatch(regex, text), text
+
+
+def test_jumps_save_forward_passes_on_long_fixed_keys(model: Path) -> None:
+    passes = {}
+    for enabled in (False, True):
+        scheduler = real_scheduler(model, enable_jump_forward=enabled)
+        for r in batch()[:4]:  # greedy, one at a time
+            done = run(scheduler, [r])
+            jsonschema.validate(json.loads(decode(model, done[r["rid"]].output_ids)), LONG_KEYS)
+        passes[enabled] = scheduler.batch_log.num_batches
+    # The keys alone are ~110 forced characters a request.
+    assert passes[True] < passes[False] / 2, passes
+
+
+def test_max_new_tokens_and_stop_strings_end_a_jumping_output_exactly(model: Path) -> None:
+    scheduler = real_scheduler(model, enable_jump_forward=True)
+    done = run(scheduler, batch(max_new_tokens=9))
+    for finished in done.values():
+        assert (finished.reason.type, len(finished.output_ids)) == ("length", 9)
+    assert scheduler.jump_forward.num_jumps > 0
+    # A stop string inside a forced key: the output ends with the token that completes it.
+    done = run(scheduler, batch(stop=["account_ident"], max_new_tokens=MAX_NEW_TOKENS))
+    for finished in done.values():
+        reason = finished.reason
+        assert (reason.type, reason.matched_str) == ("stop", "account_ident")
+        text = decode(model, finished.output_ids)
+        assert text.index("account_ident") == reason.matched_offset
+        assert "account_ident" not in decode(model, finished.output_ids[:-1])
+
+
+def test_logprobs_of_forced_tokens_are_zero(model: Path) -> None:
+    scheduler = real_scheduler(model, enable_jump_forward=True)
+    outs: list[BatchTokenIDOut] = []
+    done = run(scheduler, batch(return_logprob=True, top_logprobs_num=1)[:4], outs)
+    logprobs: dict[str, list[float]] = {}
+    tops: dict[str, list[tuple[tuple[int, float], ...]]] = {}
+    for out in outs:
+        pairs = zip(out.output_logprobs, out.output_top_logprobs, strict=True)
+        for rid, (lps, top) in zip(out.rids, pairs, strict=True):
+            logprobs.setdefault(rid, []).extend(lps)
+            tops.setdefault(rid, []).extend(top)
+    forced = 0
+    for rid, finished in done.items():
+        ids = finished.output_ids
+        assert len(logprobs[rid]) == len(tops[rid]) == len(ids)
+        assert all(lp <= 0.0 for lp in logprobs[rid])
+        # Forced tokens report 0.0, and themselves as their only top pair.
+        forced += sum(
+            1
+            for t, lp, top in zip(ids, logprobs[rid], tops[rid], strict=True)
+            if lp == 0.0 and top == ((t, 0.0),)
+        )
+    jumped = scheduler.jump_forward
+    assert forced >= jumped.num_forced_tokens - jumped.num_rolled_back > 0
+
+
+# ---- the runner's half: tokenizing forced text ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def backend(model: Path) -> GrammarBackend:
+    config = json.loads((model / "config.json").read_text())
+    return GrammarBackend(str(model), config["vocab_size"], [config["eos_token_id"]])
+
+
+def ready(backend: GrammarBackend, kind: str, text: str) -> None:
+    deadline = time.monotonic() + 30
+    while not backend.status(kind, text).ready:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
+def test_a_jump_spells_the_forced_text_and_leaves_an_extensible_last_token(
+    backend: GrammarBackend, model: Path
+) -> None:
+    schema = json.dumps(LONG_KEYS)
+    ready(backend, "json_schema", schema)
+    tokens = backend.forced_tokenizer()
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    for first, max_rollback in (("{", 1), ("{", 0), ('{"', 1)):
+        matcher = backend.matcher("json_schema", schema)
+        output = tokenizer.encode(first, add_special_tokens=False).ids
+        assert all(matcher.accept_token(t) for t in output)
+        forced = matcher.find_jump_forward_string()
+        made = jump(matcher, tokens, output, max_rollback, budget=100)
+        assert made is not None
+        assert made.rollback <= max_rollback
+        kept = output[: len(output) - made.rollback]
+        text = decode(model, kept + made.ids)
+        # What the jump left of the forced text is still forced: nothing was lost or invented.
+        assert text + matcher.find_jump_forward_string() == first + forced
+        assert len(made.ids) - made.rollback >= MIN_GAIN
+    # Within budget: the output grows by at most `budget`.
+    matcher = backend.matcher("json_schema", schema)
+    made = jump(matcher, tokens, [], 0, budget=3)
+    assert made is not None
+    assert (made.rollback, len(made.ids)) == (0, 3)
+    assert jump(matcher, tokens, made.ids, 0, budget=0) is None
+
+
+def test_no_jump_where_the_grammar_forces_nothing(backend: GrammarBackend) -> None:
+    ready(backend, "regex", "[0-9]+")
+    matcher = backend.matcher("regex", "[0-9]+")
+    assert jump(matcher, backend.forced_tokenizer(), [], 0, budget=10) is None
+
+
+def test_json_whitespace_only_when_asked_for(model: Path) -> None:
+    config = json.loads((model / "config.json").read_text())
+    schema = json.dumps(LONG_KEYS)
+    for any_whitespace in (False, True):
+        stop = [config["eos_token_id"]]
+        backend = GrammarBackend(
+            str(model), config["vocab_size"], stop, any_whitespace=any_whitespace
+        )
+        ready(backend, "json_schema", schema)
+        matcher = backend.matcher("json_schema", schema)
+        assert matcher.accept_string('{\n  "customer_full_name"') is any_whitespace
+    runner = real_scheduler(model, constrained_json_any_whitespace=True).runner
+    assert runner.grammars.any_whitespace  # type: ignore[attr-defined]
