@@ -11,6 +11,7 @@ forward passes; stop strings and `max_new_tokens` still end outputs exactly.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -29,6 +30,7 @@ from scheduler_helpers import (
     run_to_completion,
     scheduler_over,
 )
+from test_http_native import call, load, stream
 from tokenizers import Tokenizer
 
 from srt.constrained.jump_forward import MIN_GAIN, jump
@@ -36,6 +38,7 @@ from srt.constrained.xgrammar_backend import GrammarBackend
 from srt.io_struct import BatchTokenIDOut
 from srt.managers.scheduler import MIN_NEW_TOKEN_RATIO, Scheduler
 from srt.model_executor.worker_batch import GRAMMAR_READY, JumpForward
+from srt.testing.server_process import running_server
 
 GRAMMAR = ("json_schema", "{}")
 
@@ -72,9 +75,9 @@ def test_only_the_token_just_sampled_rolls_back() -> None:
         for rid in ("quiet", "stream")
     }
     runner, scheduler = scripted(jumps)
-    for rid, stream in (("quiet", False), ("stream", True)):
+    for rid, streamed in (("quiet", False), ("stream", True)):
         scheduler.add_request(
-            request(rid, [10, 11, 12], max_new_tokens=9, json_schema="{}", stream=stream)
+            request(rid, [10, 11, 12], max_new_tokens=9, json_schema="{}", stream=streamed)
         )
     outputs: dict[str, list[int]] = {}
     done: dict[str, Finished] = {}
@@ -300,6 +303,30 @@ def test_logprobs_of_forced_tokens_are_zero(model: Path) -> None:
         )
     jumped = scheduler.jump_forward
     assert forced >= jumped.num_forced_tokens - jumped.num_rolled_back > 0
+
+
+@pytest.mark.slow
+def test_http_outputs_validate_with_jumps_streamed_and_not(model: Path) -> None:
+    """Through the detokenizer: a stream's text only grows (nothing sent is taken back)."""
+    with running_server(model, "--enable-jump-forward") as server:
+        for temperature, seed in ((0.0, 1), (1.0, 2), (1.5, 3)):
+            params = {
+                "json_schema": json.dumps(LONG_KEYS),
+                "max_new_tokens": MAX_NEW_TOKENS,
+                "temperature": temperature,
+                "seed": seed,
+            }
+            body = {"text": ["Customer:", "Record:"], "sampling_params": params}
+            status, results = call(server, "POST", "/generate", body)
+            assert status == 200
+            events = stream(server, {"text": "Customer:", "sampling_params": params})
+            assert events[-1] == "[DONE]"
+            texts = [event["text"] for event in events[:-1]]
+            assert all(b.startswith(a) for a, b in itertools.pairwise(texts)), texts
+            for result in [*results, events[-2]]:
+                assert result["meta_info"]["finish_reason"]["type"] == "stop"
+                jsonschema.validate(json.loads(result["text"]), LONG_KEYS)
+        assert load(server)["num_used_tokens"] == 0
 
 
 # ---- the runner's half: tokenizing forced text ------------------------------------------------

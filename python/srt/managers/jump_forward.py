@@ -8,6 +8,12 @@ holds, and samples the token after them. A forward pass then yields many tokens.
     running ─▶ runner.jump_forward ─▶ KV into the radix cache (cache.release) ─▶ output ids
         changed ─▶ waiting (front) ─▶ extend over the new ids, prefix from the cache ─▶ running
 
+It is off by default although asking costs next to nothing (about a microsecond per
+constrained request and step: `benches/bench_structured.py`): each jump adds an extend pass in
+which the other running requests do not decode, and a jumped output is tokenized as the
+tokenizer would encode it, not as the model would have sampled it, so it may differ from the
+output without jumps.
+
 What stays true:
 
 - KV: the request gives back its KV keyed by its ids before they change (the cache keeps them,
