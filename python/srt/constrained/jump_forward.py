@@ -89,8 +89,10 @@ def jump(
     """Plans and makes the jump of a request whose output so far is `output_ids` (the matcher
     has taken every one): the matcher rolls back and takes the forced ids. At most
     `max_rollback` output ids may change, and the output grows by at most `budget` ids."""
+    if budget <= 0 or matcher.is_terminated():  # a terminated matcher has nothing to force
+        return None
     forced = matcher.find_jump_forward_string()
-    if not forced or budget <= 0:
+    if not forced:
         return None
     recent = output_ids[-CONTEXT_IDS:]
     planned = tokens.tokenize(recent, forced, min(max_rollback, len(recent)))
