@@ -22,7 +22,7 @@ check, or gains fewer than `MIN_GAIN` tokens, is not made.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import xgrammar as xgr
 from tokenizers import Tokenizer
@@ -43,7 +43,8 @@ class ForcedTokenizer:
 
     tokenizer: Tokenizer
     decoded_vocab: Sequence[bytes]
-    _extensible: frozenset[bytes] | None = None
+    # Every strict prefix of a token's bytes: built at the first jump (~0.1 s for 49k tokens).
+    _extensible: frozenset[bytes] | None = field(default=None, init=False, repr=False)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -53,7 +54,7 @@ class ForcedTokenizer:
 
     def extensible(self, token: int) -> bool:
         """Whether some longer vocabulary token starts with `token`'s bytes."""
-        if self._extensible is None:  # built once, at the first jump
+        if self._extensible is None:
             self._extensible = frozenset(
                 piece[:n] for piece in self.decoded_vocab for n in range(1, len(piece))
             )

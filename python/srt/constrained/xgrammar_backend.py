@@ -6,10 +6,10 @@ is ready); compiles run one at a time on a worker thread (xgrammar releases the 
 compiles), so a slow grammar delays no other request. The compiler itself (the tokenizer's
 vocabulary, as xgrammar indexes it) is built on that thread too, on the first grammar.
 
-JSON Schemas compile without free whitespace unless `any_whitespace` (`--constrained-json-any-
-whitespace`) asks for it (SGLang's `--constrained-json-disable-any-whitespace`, the other way
-round): between JSON tokens only the separators `", "` and `": "` are allowed, or a random or
-weak model pads with whitespace until its tokens run out.
+JSON Schemas compile without free whitespace unless `any_whitespace` asks for it
+(`--constrained-json-any-whitespace`; SGLang's `--constrained-json-disable-any-whitespace` is
+the other way round): between JSON tokens only the separators `", "` and `": "` are allowed, or
+a random or weak model pads with whitespace until its tokens run out.
 
 The tokenizer the compiler indexes also tokenizes the text a grammar forces, for jump-forward
 decoding (`forced_tokenizer`).
