@@ -1,5 +1,5 @@
 """What constrained decoding costs: grammar masking per decode step, and a grammar's compile in
-the time to first token.
+the time to first token; and what jump-forward decoding saves.
 
     python benches/bench_structured.py [--model PATH] --json OUT [--batch-sizes 1 16]
         [--steps 24] [--dtype auto|float32|bfloat16]
@@ -14,7 +14,16 @@ model runner, with the JSON Schema of a typical tool call:
   `mask_fraction_bs{B}` is it over the unconstrained step (the issue's target: <= 0.10);
 - `ttft_cold_s` / `ttft_cached_s`: the median time from `add_request` to the first token of a
   request whose schema is new (compiled while it waits; the compiler itself is built before)
-  or already compiled, and `ttft_unconstrained_s`, one request at a time.
+  or already compiled, and `ttft_unconstrained_s`, one request at a time;
+- `jump_check_s_bs{B}`: the median time, at batch B, of asking each row's matcher for the text
+  its grammar forces (`find_jump_forward_string`), walked along the same tool call: what
+  `--enable-jump-forward` adds to a step in which no request jumps (`jump_check_fraction_bs{B}`
+  over the unconstrained step);
+- `jump_{off,on}_passes_bs{B}` / `jump_{off,on}_s_bs{B}` / `jump_{off,on}_tokens_bs{B}`: the
+  forward passes, the time and the output tokens of B greedy requests, run together to their
+  end under a schema with long fixed keys (`LONG_KEYS_SCHEMA`), without and with
+  `--enable-jump-forward`; `jump_pass_saving_bs{B}` and `jump_time_saving_bs{B}` are the
+  fractions it saves.
 """
 
 from __future__ import annotations
@@ -55,6 +64,25 @@ TOOL_CALL_SCHEMA: dict[str, Any] = {
     },
     "required": ["name", "arguments"],
 }
+# Long fixed keys around short values: most of the output is text the grammar forces.
+LONG_KEYS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "customer_full_legal_name": {"type": "string", "pattern": "^[A-Za-z ]{1,24}$"},
+        "customer_account_identifier": {"type": "integer", "minimum": 0, "maximum": 99999},
+        "preferred_contact_method": {"enum": ["electronic_mail", "telephone_call", "letter"]},
+        "subscribed_to_the_monthly_newsletter": {"type": "boolean"},
+        "shipping_address_postal_code": {"type": "string", "pattern": "^[0-9]{5}$"},
+    },
+    "required": [
+        "customer_full_legal_name",
+        "customer_account_identifier",
+        "preferred_contact_method",
+        "subscribed_to_the_monthly_newsletter",
+        "shipping_address_postal_code",
+    ],
+    "additionalProperties": False,
+}
 TOOL_CALL = {
     "name": "get_weather",
     "arguments": {"location": "San Francisco, California", "unit": "celsius", "days": 3},
@@ -65,6 +93,12 @@ def make_scheduler(model: str, dtype: str, batch: int) -> Scheduler:
     args = ServerArgs(model_path=model, dtype=dtype, max_running_requests=max(batch, 2))
     runner = ModelRunner(args, model)
     return Scheduler(runner.server_args, runner, model)
+
+
+def with_jump_forward(scheduler: Scheduler, model: str) -> Scheduler:
+    """A scheduler over the same (idle) runner, with `--enable-jump-forward`."""
+    args = scheduler.server_args.replace(enable_jump_forward=True)
+    return Scheduler(args, scheduler.runner, model)
 
 
 def request(rid: str, max_new_tokens: int, **params: Any) -> TokenizedGenerateReq:
@@ -112,6 +146,49 @@ def mask_s(scheduler: Scheduler, batch: int, token_ids: list[int]) -> float:
     return statistics.median(times)
 
 
+def jump_check_s(scheduler: Scheduler, batch: int, token_ids: list[int]) -> float:
+    """The median time of asking `batch` matchers for their forced text once, each walking
+    `token_ids` (a valid output) one token per step."""
+    grammars = scheduler.runner.grammars  # type: ignore[attr-defined]
+    schema = json.dumps(TOOL_CALL_SCHEMA)
+    matchers = [grammars.matcher("json_schema", schema) for _ in range(batch)]
+    times = []
+    for token in token_ids:
+        start = time.perf_counter()
+        for matcher in matchers:
+            matcher.find_jump_forward_string()
+        times.append(time.perf_counter() - start)
+        for matcher in matchers:
+            matcher.accept_token(token)
+    return statistics.median(times)
+
+
+def long_keys_run(
+    scheduler: Scheduler, batch: int, tokenizer: PreTrainedTokenizerFast, tag: str
+) -> tuple[int, float, int]:
+    """(forward passes, seconds, output tokens) of `batch` greedy requests under
+    `LONG_KEYS_SCHEMA` (their prompts drawn from `tag`), run together to their end from an
+    empty radix cache (the schema compiled before); every output must parse."""
+    schema = json.dumps(LONG_KEYS_SCHEMA)
+    # Both schedulers write the one runner's KV pool: neither may trust what its cache held.
+    assert scheduler.flush_cache() is None, "the scheduler is idle"
+    passes = scheduler.batch_log.num_batches
+    outputs: dict[str, list[int]] = {}
+    start = time.perf_counter()
+    for i in range(batch):
+        scheduler.add_request(request(f"{tag}-{batch}-{i}", 256, json_schema=schema))
+    while scheduler.has_work():
+        out = scheduler.step()
+        if out is not None:
+            for rid, ids in zip(out.rids, out.output_ids, strict=True):
+                outputs.setdefault(rid, []).extend(ids)
+    elapsed = time.perf_counter() - start
+    for output in outputs.values():
+        json.loads(str(tokenizer.decode(output, skip_special_tokens=True)))
+    tokens = sum(len(output) for output in outputs.values())
+    return scheduler.batch_log.num_batches - passes, elapsed, tokens
+
+
 def ttft_s(scheduler: Scheduler, rid: str, **grammar: str) -> float:
     start = time.perf_counter()
     scheduler.add_request(request(rid, 1, **grammar))
@@ -157,9 +234,24 @@ def main() -> None:
     for batch in args.batch_sizes:
         step = decode_step_s(scheduler, batch, args.steps)
         mask = mask_s(scheduler, batch, call_ids)
+        check = jump_check_s(scheduler, batch, call_ids)
         results[f"unconstrained_step_s_bs{batch}"] = step
         results[f"mask_s_bs{batch}"] = mask
         results[f"mask_fraction_bs{batch}"] = mask / step
+        results[f"jump_check_s_bs{batch}"] = check
+        results[f"jump_check_fraction_bs{batch}"] = check / step
+    jumping = with_jump_forward(scheduler, model)
+    long_keys_run(scheduler, 1, tokenizer, "warm-up")  # compiles the schema
+    for batch in args.batch_sizes:
+        for name, sched in (("off", scheduler), ("on", jumping)):
+            passes, seconds, tokens = long_keys_run(sched, batch, tokenizer, "long-keys")
+            results[f"jump_{name}_passes_bs{batch}"] = passes
+            results[f"jump_{name}_s_bs{batch}"] = seconds
+            results[f"jump_{name}_tokens_bs{batch}"] = tokens
+        off, on = (results[f"jump_{n}_passes_bs{batch}"] for n in ("off", "on"))
+        results[f"jump_pass_saving_bs{batch}"] = 1 - on / off
+        off_s, on_s = (results[f"jump_{n}_s_bs{batch}"] for n in ("off", "on"))
+        results[f"jump_time_saving_bs{batch}"] = 1 - on_s / off_s
     emit(results, args.json)
 
 

@@ -24,6 +24,7 @@ from srt.model_executor.worker_batch import (
     GRAMMAR_COMPILING,
     GenerationBatchResult,
     GrammarStatus,
+    JumpForward,
     ModelWorkerBatch,
     RequestSamplingSpec,
     RunnerLimits,
@@ -64,6 +65,10 @@ class ScriptedRunner:
     in_flight: dict[str, Req] = field(default_factory=dict)  # the requests of the batch
     # Each grammar's compile as a test sets it (unset: still compiling); no masks are applied.
     grammars: dict[tuple[str, str], GrammarStatus] = field(default_factory=dict)
+    # The jumps a test scripts per request, made in order as the scheduler asks (cut to its
+    # budget, refused past its rollback limit), and every ask: (rid, max_rollback, budget).
+    jumps: dict[str, list[JumpForward]] = field(default_factory=dict)
+    jump_asks: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def limits(self) -> RunnerLimits:
@@ -86,6 +91,17 @@ class ScriptedRunner:
 
     def grammar_status(self, kind: str, text: str) -> GrammarStatus:
         return self.grammars.get((kind, text), GRAMMAR_COMPILING)
+
+    def jump_forward(self, rid: str, max_rollback: int, budget: int) -> JumpForward | None:
+        assert rid in self.specs, f"{rid} jumped without sampling state"
+        self.jump_asks.append((rid, max_rollback, budget))
+        planned = self.jumps.get(rid)
+        if not planned or planned[0].rollback > max_rollback:
+            return None
+        made = planned.pop(0)
+        made = JumpForward(made.rollback, made.ids[: budget + made.rollback])
+        self.num_outputs[rid] += len(made.ids) - made.rollback
+        return made
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         kind = "extend" if batch.forward_mode is ForwardMode.EXTEND else "decode"

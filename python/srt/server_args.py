@@ -298,6 +298,22 @@ class ServerArgs:
             "scheduling", "Seconds a scheduler step may take before the server is declared stuck."
         ),
     )
+    enable_jump_forward: bool = field(
+        default=False,
+        metadata=_arg(
+            "constrained decoding",
+            "Append the tokens a grammar forces (json_schema, regex, ebnf) without a forward "
+            "pass each (SGLang's jump-forward decoding); off with --disable-radix-cache.",
+        ),
+    )
+    constrained_json_any_whitespace: bool = field(
+        default=False,
+        metadata=_arg(
+            "constrained decoding",
+            "Let JSON Schema outputs hold whitespace between JSON tokens (default: only the "
+            'separators ", " and ": ", so that a weak model cannot pad forever).',
+        ),
+    )
 
     enable_metrics: bool = field(
         default=False, metadata=_arg("observability", "Serve Prometheus metrics at /metrics.")

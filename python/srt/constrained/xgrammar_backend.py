@@ -6,9 +6,13 @@ is ready); compiles run one at a time on a worker thread (xgrammar releases the 
 compiles), so a slow grammar delays no other request. The compiler itself (the tokenizer's
 vocabulary, as xgrammar indexes it) is built on that thread too, on the first grammar.
 
-JSON Schemas compile without free whitespace (`any_whitespace=False`, as SGLang's xgrammar
-backend does): between JSON tokens only the separators `", "` and `": "` are allowed, or a
-random or weak model pads with whitespace until its tokens run out.
+JSON Schemas compile without free whitespace unless `any_whitespace` asks for it
+(`--constrained-json-any-whitespace`; SGLang's `--constrained-json-disable-any-whitespace` is
+the other way round): between JSON tokens only the separators `", "` and `": "` are allowed, or
+a random or weak model pads with whitespace until its tokens run out.
+
+The tokenizer the compiler indexes also tokenizes the text a grammar forces, for jump-forward
+decoding (`forced_tokenizer`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerFast
 
+from srt.constrained.jump_forward import ForcedTokenizer
 from srt.model_executor.worker_batch import GRAMMAR_COMPILING, GRAMMAR_READY, GrammarStatus
 from srt.model_info import local_files
 
@@ -40,7 +45,8 @@ _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?"
 class GrammarBackend:
     """Compiles and caches grammars for the tokenizer at `tokenizer_path` (as `--tokenizer-path`
     takes it), whose model's logits have `vocab_size` columns (which may exceed the tokenizer's
-    vocabulary: the extra ids are never allowed); a grammar ends with one of `stop_token_ids`."""
+    vocabulary: the extra ids are never allowed); a grammar ends with one of `stop_token_ids`.
+    With `any_whitespace`, JSON Schemas allow whitespace between JSON tokens."""
 
     def __init__(
         self,
@@ -48,14 +54,17 @@ class GrammarBackend:
         vocab_size: int,
         stop_token_ids: Sequence[int],
         trust_remote_code: bool = False,
+        any_whitespace: bool = False,
     ) -> None:
         self.tokenizer_path = tokenizer_path
         self.trust_remote_code = trust_remote_code
+        self.any_whitespace = any_whitespace
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(stop_token_ids)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="srt-grammar")
         self.cache: OrderedDict[GrammarKey, Future[xgr.CompiledGrammar]] = OrderedDict()
         self._compiler: xgr.GrammarCompiler | None = None  # the worker thread's, once built
+        self._forced_tokenizer: ForcedTokenizer | None = None  # built with the compiler
         self._compiler_lock = threading.Lock()
 
     def status(self, kind: str, text: str) -> GrammarStatus:
@@ -92,7 +101,7 @@ class GrammarBackend:
     def _compile(self, kind: str, text: str) -> xgr.CompiledGrammar:
         compiler = self.compiler()
         if kind == "json_schema":
-            return compiler.compile_json_schema(text, any_whitespace=False)
+            return compiler.compile_json_schema(text, any_whitespace=self.any_whitespace)
         if kind == "regex":
             return compiler.compile_regex(text)
         if kind == "ebnf":
@@ -117,8 +126,17 @@ class GrammarBackend:
                 )
                 # This backend keeps the cache; one thread: the scheduler's CPU is the model's.
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+                self._forced_tokenizer = ForcedTokenizer(
+                    tokenizer.backend_tokenizer, info.decoded_vocab
+                )
                 logger.info("grammar compiler ready (vocabulary %d)", self.vocab_size)
             return self._compiler
+
+    def forced_tokenizer(self) -> ForcedTokenizer:
+        """The tokenizer of forced text (built with the compiler, before any matcher)."""
+        self.compiler()
+        assert self._forced_tokenizer is not None, "built with the compiler"
+        return self._forced_tokenizer
 
 
 def _message(error: BaseException) -> str:

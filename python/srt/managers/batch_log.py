@@ -35,9 +35,11 @@ class BatchLogger:
         self.decode_steps = 0
         self.decode_tokens = 0
         self.decode_since = 0.0
+        self.num_batches = 0  # forward passes, extend and decode
 
     def log(self, batch: ScheduleBatch, load: Callable[[], GetLoadOut]) -> None:
         """Logs `batch` if its line is due; `load` gives the scheduler's load (called only then)."""
+        self.num_batches += 1
         if batch.forward_mode is ForwardMode.EXTEND:
             self.log_prefill(batch, load())
         else:

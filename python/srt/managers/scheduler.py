@@ -31,6 +31,7 @@ from srt.forward_mode import ForwardMode
 from srt.io_struct import BatchTokenIDOut, FinishReason, GetLoadOut, TokenizedGenerateReq
 from srt.managers.batch_log import BatchLogger
 from srt.managers.cache_manager import CacheManager, req_row
+from srt.managers.jump_forward import JumpForwarder
 from srt.managers.req_queue import ReqQueue
 from srt.managers.schedule_batch import Req, ScheduleBatch, make_output
 from srt.managers.schedule_policy import (
@@ -101,6 +102,7 @@ class Scheduler:
         self.invariant_violations = 0
         self.num_retracted = 0
         self.batch_log = BatchLogger()
+        self.jump_forward = JumpForwarder(self, server_args.enable_jump_forward)
 
     # ---- requests in ---------------------------------------------------------------------------
 
@@ -159,7 +161,7 @@ class Scheduler:
         prompt = len(req.origin_input_ids)
         if prompt == 0:
             return "the prompt is empty"
-        if self._live(req.rid):
+        if self._find(req.rid) is not None:
             return f"request id {req.rid!r} is already in flight"
         if min(req.origin_input_ids) < 0 or max(req.origin_input_ids) >= self.vocab_size:
             return f"token ids must be in [0, {self.vocab_size})"
@@ -182,9 +184,6 @@ class Scheduler:
                 f"({self.allocator.size} tokens)"
             )
         return None
-
-    def _live(self, rid: str) -> bool:
-        return self._find(rid) is not None
 
     def _find(self, rid: str) -> Req | None:
         """The live request with id `rid` (waiting, running or mid-chunk), in O(1)."""
@@ -238,6 +237,7 @@ class Scheduler:
         if batch is not None:
             self.batch_log.log(batch, self.get_load)
             self.run_batch(batch)
+            self.jump_forward.after_step(batch.reqs)
         if self.check_every_step:
             self.check_and_count()
         return self.take_output()

@@ -30,6 +30,7 @@ from srt.model_executor.weight_loader import iterate_weights
 from srt.model_executor.worker_batch import (
     GenerationBatchResult,
     GrammarStatus,
+    JumpForward,
     ModelWorkerBatch,
     RequestSamplingSpec,
     RunnerLimits,
@@ -68,6 +69,7 @@ class ModelRunner:
             config.vocab_size,
             sorted(config.eos_token_ids),
             server_args.trust_remote_code,
+            server_args.constrained_json_any_whitespace,
         )
         self.sampling = SamplingStates(self.grammars, config.vocab_size)
         if server_args.random_seed is not None:
@@ -180,6 +182,11 @@ class ModelRunner:
     def grammar_status(self, kind: str, text: str) -> GrammarStatus:
         """Where grammar (`kind`, `text`) stands, its compile started if new (never waits)."""
         return self.grammars.status(kind, text)
+
+    def jump_forward(self, rid: str, max_rollback: int, budget: int) -> JumpForward | None:
+        """Jumps constrained request `rid` over the text its grammar forces next, if worth it
+        (`srt.constrained.jump_forward`)."""
+        return self.sampling.jump_forward(rid, max_rollback, budget)
 
     # ---- forward passes ----------------------------------------------------------------------
 

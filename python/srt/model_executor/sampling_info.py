@@ -7,7 +7,9 @@ produced so far, which the runner records itself as it samples them. The state o
 retraction (a seeded request keeps drawing from the same generator) and ends with the request.
 A constrained request's state holds its grammar matcher too (`srt.constrained`): it masks the
 request's logits before each sample and takes each token sampled, so it is where the request's
-output is, retractions included, and goes with the request.
+output is, retractions included, and goes with the request. A jump forward
+(`srt.constrained.jump_forward`) changes that output without sampling: the matcher and the
+recorded tokens change together.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import torch
 import xgrammar as xgr
 
 from srt.constrained.grammar_mask import GrammarMasks, accept_tokens
+from srt.constrained.jump_forward import jump
 from srt.constrained.xgrammar_backend import GrammarBackend
 from srt.layers.sampler import LogitBias, SamplingRow, sample, token_logprobs
 from srt.model_executor.worker_batch import (
     GenerationBatchResult,
+    JumpForward,
     ModelWorkerBatch,
     PromptLogprobs,
     RequestSamplingSpec,
@@ -86,6 +90,19 @@ class SamplingStates:
 
     def __len__(self) -> int:
         return len(self.states)
+
+    def jump_forward(self, rid: str, max_rollback: int, budget: int) -> JumpForward | None:
+        """Jumps request `rid` over the text its grammar forces next, if worth it (see
+        `GenerationRunner.jump_forward`): its matcher and output history change together."""
+        state = self.states[rid]
+        if state.matcher is None or self.grammars is None:
+            return None
+        tokens = self.grammars.forced_tokenizer()
+        made = jump(state.matcher, tokens, state.output_ids, max_rollback, budget)
+        if made is not None:
+            del state.output_ids[len(state.output_ids) - made.rollback :]
+            state.output_ids.extend(made.ids)
+        return made
 
     def sample(self, batch: ModelWorkerBatch, logits: torch.Tensor) -> GenerationBatchResult:
         """Next tokens from `logits`, whose rows are, sequence by sequence, the last

@@ -6,6 +6,7 @@ torch-free (the runner turns these records into tensors).
     scheduler ─ ModelWorkerBatch ─▶ runner.forward_batch_generation ─▶ GenerationBatchResult
     scheduler ─ remove_request(rid) ─▶ runner                      (once, when it is done)
     scheduler ─ grammar_status(kind, text) ─▶ runner  (a constrained request, until it is ready)
+    scheduler ─ jump_forward(rid, ...) ─▶ runner ─▶ JumpForward  (--enable-jump-forward)
 
 The runner keeps each request's sampling state (its settings as tensors, its seeded generator,
 the tokens it produced) from `add_request` to `remove_request`, retractions included.
@@ -13,7 +14,9 @@ the tokens it produced) from `add_request` to `remove_request`, retractions incl
 A request constrained by a grammar (`SamplingParams.grammar`) waits in the scheduler until
 `grammar_status` says its grammar is compiled (the runner compiles it off the scheduler's
 thread); from admission on, the runner masks its logits with the grammar and advances its
-matcher with every token it samples, and says when the grammar has ended.
+matcher with every token it samples, and says when the grammar has ended. With jump-forward,
+the runner also tokenizes the text the grammar forces next and advances the matcher over it
+(`JumpForward`); the scheduler appends those ids without sampling them.
 """
 
 from __future__ import annotations
@@ -109,6 +112,15 @@ GRAMMAR_READY = GrammarStatus(ready=True)
 
 
 @dataclass(frozen=True, slots=True)
+class JumpForward:
+    """A jump made: the request's last `rollback` output ids are replaced by `ids`, which its
+    grammar forces (the runner's matcher and output history already took the change)."""
+
+    rollback: int
+    ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
 class RunnerLimits:
     """What the scheduler needs to know of the model and its memory, resolved by the runner."""
 
@@ -138,3 +150,8 @@ class GenerationRunner(Protocol):
         """Where the compile of grammar (`kind`, `text`) stands, starting it if it is new; never
         waits for it. The runner keeps the grammars used most recently: one that left its
         cache by the time a request asking for it is admitted is compiled again then."""
+
+    def jump_forward(self, rid: str, max_rollback: int, budget: int) -> JumpForward | None:
+        """Jumps constrained request `rid` over the text its grammar forces next, if that
+        gains enough tokens: at most its last `max_rollback` output ids change and its output
+        grows by at most `budget` ids. None: no jump (no grammar, nothing forced, too little)."""
