@@ -66,7 +66,7 @@ def test_every_field_has_a_flag() -> None:
             "--max-logit-bias-entries", "7", "--allowed-hosts", "srt.example",
             "--cpu-omp-threads-bind", "0-1",
             "--quantization", "int8",
-            "--metrics-name-prefix", "sglang",
+            "--metrics-name-prefix", "sglang", "--enable-trace", "--otlp-traces-endpoint", "c:1",
         ]
     )  # fmt: skip
     expected = ServerArgs(
@@ -83,7 +83,7 @@ def test_every_field_has_a_flag() -> None:
         max_n=4, max_client_batch_size=3, max_samples_per_request=6, max_stop_sequences=2,
         max_stop_sequence_length=9, max_logprobs=1, max_logit_bias_entries=7,
         allowed_hosts=("srt.example",), cpu_omp_threads_bind="0-1", quantization="int8",
-        metrics_name_prefix="sglang",
+        metrics_name_prefix="sglang", enable_trace=True, otlp_traces_endpoint="c:1",
     )  # fmt: skip
     assert args == expected
     # The command line above sets every field away from its default, so each flag is exercised.

@@ -299,6 +299,18 @@ class ServerArgs:
             "in meta_info (as SGLang does).",
         ),
     )
+    enable_trace: bool = field(
+        default=False,
+        metadata=_arg(
+            "observability",
+            "Export an OpenTelemetry trace of every request (a span per stage, across the three "
+            "processes) over OTLP/gRPC; needs pip install 'srt[trace]'.",
+        ),
+    )
+    otlp_traces_endpoint: str = field(
+        default="localhost:4317",
+        metadata=_arg("observability", "The OTLP/gRPC collector --enable-trace exports to."),
+    )
     metrics_name_prefix: str = field(
         default="srt",
         metadata=_arg(

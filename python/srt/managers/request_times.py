@@ -67,18 +67,23 @@ class RequestTimes:
     def points(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in POINTS}
 
-    def stages(self) -> dict[str, float]:
-        """Seconds in each stage the request went through (see the module docstring)."""
-        out: dict[str, float] = {}
+    def spans(self) -> list[tuple[str, float, float]]:
+        """(stage, start, end) of each stage the request went through, in order (see the module
+        docstring): each starts where the one before ended."""
+        out: list[tuple[str, float, float]] = []
         stage, start = STAGES[0], self.received
         for i, name in enumerate(POINTS[1:]):
             at = getattr(self, name)
             if not at:
                 continue
-            out[stage] = at - start
+            out.append((stage, start, at))
             if i + 1 < len(STAGES):
                 stage, start = STAGES[i + 1], at
         return out
+
+    def stages(self) -> dict[str, float]:
+        """Seconds in each stage the request went through."""
+        return {stage: end - start for stage, start, end in self.spans()}
 
     def meta_info(self, completion_tokens: int) -> dict[str, Any]:
         """The timing fields of a finished request's `meta_info`: SGLang's names where SGLang

@@ -45,6 +45,7 @@ from srt.managers.req_state import ReqState
 from srt.managers.request_report import RequestReporter
 from srt.managers.request_times import RequestTimes
 from srt.managers.request_tokenizer import RequestTokenizer
+from srt.managers.tracing import RequestTracer
 from srt.request_limits import RequestError, RequestLimits
 from srt.server_args import ServerArgs
 
@@ -106,13 +107,15 @@ class TokenizerManager:
 
     def init_metrics(self) -> None:
         """`self.metrics`: the Prometheus metrics with `--enable-metrics`, else None; with them,
-        final results carry their stage times in `meta_info` (as SGLang's do)."""
+        final results carry their stage times in `meta_info` (as SGLang's do). `self.reporter`
+        logs, counts and (with `--enable-trace`) traces each finished request."""
         args = self.server_args
         self.metrics: TokenizerMetrics | None = None
         if args.enable_metrics:
             self.metrics = TokenizerMetrics(str(args.served_model_name), args.metrics_name_prefix)
         self.timing_in_meta = args.enable_metrics
-        self.reporter = RequestReporter(self.metrics, args.log_requests)
+        tracer = RequestTracer(args.otlp_traces_endpoint) if args.enable_trace else None
+        self.reporter = RequestReporter(self.metrics, args.log_requests, tracer)
 
     # ---- life cycle --------------------------------------------------------------------------
 
@@ -132,6 +135,7 @@ class TokenizerManager:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.fail("the engine was shut down")
+        self.reporter.close()
 
     def fail(self, reason: str) -> None:
         """Ends every waiting call, and every later one, with `EngineDeadError(reason)` (the
