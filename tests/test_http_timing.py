@@ -142,3 +142,36 @@ def test_the_stages_show_in_the_log_and_the_histograms(tiny_server: ServerProces
     for stage in STAGES:
         assert f" {stage}=" in line
         assert line.split(f" {stage}=")[1].split()[0].endswith("ms")
+
+
+async def get(server: ServerProcess, path: str) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session, session.get(server.url + path) as response:
+        return response.status, await response.json()
+
+
+def test_the_slowest_recent_requests_and_one_requests_breakdown(
+    tiny_server: ServerProcess,
+) -> None:
+    for rid, tokens in (("recent-short", 1), ("recent-long", 24)):
+        params = {**PARAMS, "max_new_tokens": tokens}
+        asyncio.run(post(tiny_server, {"text": PROMPT, "sampling_params": params, "rid": rid}))
+    status, info = asyncio.run(get(tiny_server, "/get_server_info"))
+    assert status == 200
+    slowest = info["slowest_requests"]
+    assert 2 <= len(slowest) <= 10
+    latencies = [entry["e2e_latency"] for entry in slowest]
+    assert latencies == sorted(latencies, reverse=True)
+    for entry in slowest:
+        assert list(entry["stage_latencies"]) == list(STAGES)
+        points = entry["time_stats"]
+        total = sum(entry["stage_latencies"].values())
+        assert total == pytest.approx(points["answered"] - points["received"], abs=1e-6)
+    status, long = asyncio.run(get(tiny_server, "/request_times/recent-long"))
+    assert status == 200
+    assert long["rid"] == "recent-long"
+    assert long["finish_reason"] == "length"
+    _, short = asyncio.run(get(tiny_server, "/request_times/recent-short"))
+    assert long["stage_latencies"]["decode"] > short["stage_latencies"]["decode"]
+    status, missing = asyncio.run(get(tiny_server, "/request_times/never-sent"))
+    assert status == 404
+    assert "never-sent" in missing["error"]["message"]

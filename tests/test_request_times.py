@@ -14,6 +14,7 @@ from scheduler_helpers import (
 )
 
 from srt.io_struct import ReqTimeStats
+from srt.managers.recent_requests import RecentRequests
 from srt.managers.request_times import POINTS, STAGES, RequestTimes
 from srt.managers.scheduler import Scheduler
 
@@ -115,3 +116,17 @@ def test_an_abort_in_the_queue_has_no_model_stages() -> None:
     stats = finished_times(scheduler)["a"]
     assert stats.scheduled == stats.first_token == 0
     assert stats.finished >= stats.queued
+
+
+def test_recent_requests_keep_a_bounded_window_and_sort_the_slowest() -> None:
+    recent = RecentRequests(capacity=3)
+    for i, e2e in enumerate((0.5, 2.0, 1.0, 0.1)):
+        recent.add(f"r{i}", "length", e2e, times(received=1, tokenized=1 + e2e))
+    assert recent.get("r0") is None  # the oldest went first
+    assert [e["rid"] for e in recent.slowest(2)] == ["r1", "r2"]
+    recent.add("r1", "abort", 0.05, times(received=1))  # an id reused replaces its entry
+    assert [e["rid"] for e in recent.slowest()] == ["r2", "r3", "r1"]
+    entry = recent.get("r2")
+    assert entry is not None
+    assert entry["stage_latencies"] == {"tokenize": 1.0}
+    assert entry["time_stats"] == {"received": 1, "tokenized": 2.0}

@@ -1,5 +1,6 @@
 """What the main process does once for each finished request: its `Finish:` log line, its
-Prometheus observations (counters, end-to-end latency, stage times) and its trace.
+Prometheus observations (counters, end-to-end latency, stage times), its trace, and its entry
+among the recent requests (`recent_requests`).
 
 A request is reported when its final result is built for its caller (so the `answer` stage is
 known), or, when its caller went away first, when its final message arrives or its call ends.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 
 from srt.managers.metrics import TokenizerMetrics
+from srt.managers.recent_requests import RecentRequests
 from srt.managers.req_state import ReqState
 from srt.managers.request_log import log_finished
 from srt.managers.tracing import RequestTracer
@@ -28,6 +30,7 @@ class RequestReporter:
         self.metrics = metrics
         self.log_texts = log_texts
         self.tracer = tracer
+        self.recent = RecentRequests()
 
     def report(self, state: ReqState) -> None:
         """Logs and counts `state`'s request, if it finished and was not reported yet."""
@@ -37,6 +40,7 @@ class RequestReporter:
         state.reported = True
         end = state.finished_at if state.finished_at is not None else time.perf_counter()
         e2e = end - state.created
+        self.recent.add(state.req.rid, reason.type, e2e, state.times)
         if self.metrics is not None:
             self.metrics.observe_finish(reason.type, state.prompt_tokens, state.cached_tokens, e2e)
             self.metrics.observe_stages(state.times, state.completion_tokens)
