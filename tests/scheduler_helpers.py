@@ -16,7 +16,7 @@ import torch
 from runner_helpers import make_runner
 
 from srt.forward_mode import ForwardMode
-from srt.io_struct import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
+from srt.io_struct import BatchTokenIDOut, FinishReason, ReqTimeStats, TokenizedGenerateReq
 from srt.managers.schedule_batch import Req, ScheduleBatch
 from srt.managers.scheduler import Scheduler
 from srt.model_executor.resolve import resolve_device_defaults
@@ -180,6 +180,7 @@ class Finished:
     output_ids: list[int]
     reason: FinishReason
     cached_tokens: int
+    times: ReqTimeStats | None = None
 
 
 def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000) -> dict[str, Finished]:
@@ -207,6 +208,14 @@ def collect(
 ) -> None:
     if out is None:
         return
+    # Stage times come once, with the finished message, in the order the stages happen.
+    times = {out.rids[stats.index]: stats for stats in out.time_stats}
+    assert len(times) == len(out.time_stats)
+    assert set(times) == {r for r, f in zip(out.rids, out.finished_reasons, strict=True) if f}
+    for stats in times.values():
+        reached = [t for t in (stats.queued, stats.scheduled, stats.first_token) if t]
+        assert stats.queued > 0
+        assert [*reached, stats.finished] == sorted([*reached, stats.finished])
     for rid, ids, reason, cached, settings in zip(
         out.rids, out.output_ids, out.finished_reasons, out.cached_tokens, out.settings, strict=True
     ):
@@ -214,7 +223,7 @@ def collect(
         assert (settings is not None) == (rid not in outputs), rid
         outputs.setdefault(rid, []).extend(ids)
         if reason is not None:
-            finished[rid] = Finished(outputs[rid], reason, cached)
+            finished[rid] = Finished(outputs[rid], reason, cached, times[rid])
 
 
 def real_scheduler(model: Path, **overrides: Any) -> Scheduler:

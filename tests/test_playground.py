@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, ViewportSize, expect, sync_playwright
 
+from srt.managers.request_times import STAGES
 from srt.testing.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -118,6 +119,18 @@ def test_a_typed_question_streams_the_greedy_answer(page: Page, server: ServerPr
             expect(page.locator("#tps")).to_have_text(RATE_OR_NONE)
     expect(page.locator("#conversation .message")).to_have_count(4)
     expect(page.locator("#error")).to_be_empty()
+
+
+def test_the_last_answer_shows_where_its_time_went(page: Page) -> None:
+    """The server's stage breakdown of the page's own last answer (`/request_times/{id}`)."""
+    page.fill("#max-tokens", "4")
+    ask(page, "Where does the time go?")
+    stages = page.locator("#stages dt")
+    expect(stages).to_have_text(list(STAGES))
+    for value in page.locator("#stages dd").all_text_contents():
+        assert re.fullmatch(r"\d+\.\d ms", value), value
+    page.click("#clear")
+    expect(stages).to_have_text([NO_FIGURE])
 
 
 def test_the_decode_rate_counts_the_tokens_after_the_first(page: Page) -> None:

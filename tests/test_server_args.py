@@ -67,6 +67,7 @@ def test_every_field_has_a_flag() -> None:
             "--cpu-omp-threads-bind", "0-1",
             "--quantization", "int8", "--tool-call-parser", "hermes",
             "--enable-jump-forward", "--constrained-json-any-whitespace",
+            "--metrics-name-prefix", "sglang", "--enable-trace", "--otlp-traces-endpoint", "c:1",
         ]
     )  # fmt: skip
     expected = ServerArgs(
@@ -84,6 +85,7 @@ def test_every_field_has_a_flag() -> None:
         max_stop_sequence_length=9, max_logprobs=1, max_logit_bias_entries=7,
         allowed_hosts=("srt.example",), cpu_omp_threads_bind="0-1", quantization="int8",
         tool_call_parser="hermes", enable_jump_forward=True, constrained_json_any_whitespace=True,
+        metrics_name_prefix="sglang", enable_trace=True, otlp_traces_endpoint="c:1",
     )  # fmt: skip
     assert args == expected
     # The command line above sets every field away from its default, so each flag is exercised.

@@ -124,6 +124,21 @@ class DetokenizeSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ReqTimeStats:
+    """When the scheduler saw a request's stages, in wall-clock seconds (`time.time()`, the one
+    clock all three processes share; 0.0: the request never got there): it arrived (`queued`),
+    was first admitted to a batch (`scheduled`), got its first token (`first_token`) and
+    finished (`finished`). Sent once, with the request's finished message; `index` is its
+    position in that message's `rids`."""
+
+    index: int
+    queued: float
+    scheduled: float
+    first_token: float
+    finished: float
+
+
+@dataclass(frozen=True, slots=True)
 class BatchTokenIDOut:
     """New token ids of the requests of one scheduler step; all tuples are indexed alike.
 
@@ -137,6 +152,9 @@ class BatchTokenIDOut:
     `input_token_logprobs[i]` has the logprob of each prompt token from `logprob_start_len` on
     (None for position 0, which has none), `input_top_logprobs[i]` the best pairs of each
     position from there (none for position 0) when `top_logprobs_num` > 0; else both are ().
+
+    `time_stats` is sparse, so that a decode step pays nothing for it: one entry per request
+    this message finishes (see `ReqTimeStats`).
     """
 
     rids: tuple[str, ...]
@@ -150,6 +168,7 @@ class BatchTokenIDOut:
     output_top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...]
     input_token_logprobs: tuple[tuple[float | None, ...], ...]
     input_top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...]
+    time_stats: tuple[ReqTimeStats, ...] = ()
 
 
 # ---- ring "tokenizer": DETOKENIZER → MAIN ----------------------------------------------------
@@ -160,8 +179,9 @@ class BatchStrOut:
     """New text of the requests of one step; all tuples are indexed alike.
 
     `output_strs[i]` is the text added since the previous message for `rids[i]` (stop strings
-    trimmed unless `no_stop_trim`), `output_ids[i]` the token ids behind it. Logprobs are
-    those of the `BatchTokenIDOut` it came from.
+    trimmed unless `no_stop_trim`), `output_ids[i]` the token ids behind it. Logprobs and
+    `time_stats` are those of the `BatchTokenIDOut` it came from; `detokenized_at` is when the
+    detokenizer sent it on (wall clock; set only when `time_stats` is not empty).
     """
 
     rids: tuple[str, ...]
@@ -175,6 +195,8 @@ class BatchStrOut:
     output_top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...]
     input_token_logprobs: tuple[tuple[float | None, ...], ...]
     input_top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...]
+    time_stats: tuple[ReqTimeStats, ...] = ()
+    detokenized_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

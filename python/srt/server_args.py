@@ -31,6 +31,9 @@ QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 # `function_call.registry.TOOL_CALL_PARSERS`' names (tests/test_server_args.py holds them equal).
 TOOL_CALL_PARSERS = ("hermes", "llama3")
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d+)?")
+# `managers.metric_names.PREFIX_PATTERN`, spelled out so that parsing a command line imports no
+# prometheus_client; tests/test_metric_names.py holds them equal.
+_METRICS_PREFIX = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
 
 
@@ -316,7 +319,32 @@ class ServerArgs:
     )
 
     enable_metrics: bool = field(
-        default=False, metadata=_arg("observability", "Serve Prometheus metrics at /metrics.")
+        default=False,
+        metadata=_arg(
+            "observability",
+            "Serve Prometheus metrics at /metrics, and give native results their stage times "
+            "in meta_info (as SGLang does).",
+        ),
+    )
+    enable_trace: bool = field(
+        default=False,
+        metadata=_arg(
+            "observability",
+            "Export an OpenTelemetry trace of every request (a span per stage, across the three "
+            "processes) over OTLP/gRPC; needs pip install 'srt[trace]'.",
+        ),
+    )
+    otlp_traces_endpoint: str = field(
+        default="localhost:4317",
+        metadata=_arg("observability", "The OTLP/gRPC collector --enable-trace exports to."),
+    )
+    metrics_name_prefix: str = field(
+        default="srt",
+        metadata=_arg(
+            "observability",
+            "Prefix of the metric names (PREFIX_name); sglang: SGLang's own names "
+            "(sglang:e2e_request_latency_seconds, ...), for SGLang's dashboards.",
+        ),
     )
     log_level: str = field(
         default="info", metadata=_arg("observability", "Logging level.", choices=LOG_LEVELS)
@@ -369,6 +397,12 @@ class ServerArgs:
                 parse_cpu_list(self.cpu_omp_threads_bind)
             except ValueError as e:
                 raise ServerArgsError("cpu_omp_threads_bind", str(e)) from None
+        if not _METRICS_PREFIX.fullmatch(self.metrics_name_prefix):
+            raise ServerArgsError(
+                "metrics_name_prefix",
+                f"{self.metrics_name_prefix!r} is not a metric name prefix "
+                "(letters, digits and _, not starting with a digit)",
+            )
         fraction = self.mem_fraction_static
         if fraction is not None and not (math.isfinite(fraction) and 0 < fraction <= 1):
             raise ServerArgsError("mem_fraction_static", f"must be in (0, 1], got {fraction}")

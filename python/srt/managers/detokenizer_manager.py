@@ -15,6 +15,7 @@ messages are forwarded to the main process as frames, unread.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -150,6 +151,9 @@ class DetokenizerManager(Stage):
             output_top_logprobs=batch.output_top_logprobs,
             input_token_logprobs=batch.input_token_logprobs,
             input_top_logprobs=batch.input_top_logprobs,
+            time_stats=batch.time_stats,
+            # Only finishing requests need it: a step that finishes none pays no clock read.
+            detokenized_at=time.time() if batch.time_stats else 0.0,
         )
 
 

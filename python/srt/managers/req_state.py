@@ -14,6 +14,7 @@ from typing import Any
 
 from srt.io_struct import FinishReason
 from srt.managers.generate_req_input import ReqInput
+from srt.managers.request_times import RequestTimes
 
 
 @dataclass(eq=False)
@@ -24,7 +25,9 @@ class ReqState:
     input_ids: tuple[int, ...]
     notify: asyncio.Event
     """Shared by the requests of one `generate_request` call: set on every update."""
+    times: RequestTimes
     created: float = field(default_factory=time.perf_counter)
+    """When its `generate_request` call began (`time.perf_counter`)."""
     pieces: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
@@ -43,6 +46,10 @@ class ReqState:
     done: bool = False
     sent: bool = False
     """Whether the scheduler got the request (else nothing of it can come back)."""
+    abandoned: bool = False
+    """Whether its caller went away before it finished (its final result has no reader)."""
+    reported: bool = False
+    """Whether its finish was logged and counted (`request_report`)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -57,9 +64,10 @@ class ReqState:
         """Whether a stream has something to yield (new ids, or the finish)."""
         return len(self.output_ids) > self.ids_sent or (self.finished and not self.done)
 
-    def result(self, indexed: bool, stream: bool) -> dict[str, Any]:
+    def result(self, indexed: bool, stream: bool, timing: bool = False) -> dict[str, Any]:
         """The SGLang-shaped dict of the request: all of it, or (stream) what is new since the
-        previous chunk. Marks what it returns as yielded."""
+        previous chunk. Marks what it returns as yielded; the final result stamps the request
+        answered and, with `timing`, carries its stage times (`RequestTimes.meta_info`)."""
         start_piece = self.pieces_sent if stream else 0
         start_id = self.ids_sent if stream else 0
         ids = self.output_ids[start_id:]
@@ -87,6 +95,10 @@ class ReqState:
             ]
             if self.req.logprob_start_len >= 0:
                 meta.update(self.input_logprobs(stream))
+        if reason is not None:
+            self.times.answered = self.times.answered or time.time()
+            if timing:
+                meta.update(self.times.meta_info(self.completion_tokens))
         out: dict[str, Any] = {
             "text": "".join(self.pieces[start_piece:]),
             "output_ids": ids,

@@ -28,7 +28,13 @@ from array import array
 from dataclasses import dataclass, field
 
 from srt.forward_mode import ForwardMode
-from srt.io_struct import BatchTokenIDOut, DetokenizeSettings, FinishReason, TokenizedGenerateReq
+from srt.io_struct import (
+    BatchTokenIDOut,
+    DetokenizeSettings,
+    FinishReason,
+    ReqTimeStats,
+    TokenizedGenerateReq,
+)
 from srt.model_executor.worker_batch import PromptLogprobs, RequestSamplingSpec
 from srt.sampling_params import SamplingParams
 
@@ -47,6 +53,11 @@ class Req:
         self.return_logprob = recv.return_logprob
         self.top_logprobs_num = recv.top_logprobs_num
         self.arrival = time.monotonic()
+        # Wall-clock stage times, sent with the finished message (`io_struct.ReqTimeStats`).
+        self.queued_at = time.time()
+        self.scheduled_at = 0.0  # first admitted to a batch (a retraction does not reset it)
+        self.first_token_at = 0.0
+        self.finished_at = 0.0
         params = self.sampling_params
         self.stop_token_ids = (
             frozenset() if params.ignore_eos else eos_token_ids | set(params.stop_token_ids)
@@ -219,10 +230,36 @@ class ScheduleBatch:
         return sum(len(req.extend_ids) for req in self.reqs)
 
 
+def stamp_first_tokens(reqs: list[Req]) -> None:
+    """Marks now as the first token of those of `reqs` (just given a token by an extend) that
+    had none: decode steps never call this, so they pay nothing for it."""
+    now = time.time()
+    for req in reqs:
+        if not req.first_token_at:
+            req.first_token_at = now
+
+
+def time_stats(reqs: list[Req]) -> tuple[ReqTimeStats, ...]:
+    """The stage times of the finished ones of `reqs` (see `BatchTokenIDOut.time_stats`); a
+    request refused or aborted before it ran finishes with its later stages at 0.0."""
+    out = []
+    now = 0.0
+    for i, req in enumerate(reqs):
+        if req.finished_reason is None:
+            continue
+        if not req.finished_at:
+            now = now or time.time()
+            req.finished_at = now
+        out.append(
+            ReqTimeStats(i, req.queued_at, req.scheduled_at, req.first_token_at, req.finished_at)
+        )
+    return tuple(out)
+
+
 def make_output(reqs: list[Req]) -> BatchTokenIDOut:
     """The detokenizer's message for `reqs`: each one's output ids since its last message, its
-    settings if this is its first, and its prompt logprobs if they are complete and not sent
-    yet (`take_output` marks both sent)."""
+    settings if this is its first, its prompt logprobs if they are complete and not sent
+    yet (`take_output` marks both sent), and the stage times of those it finishes."""
     sent = [req.sent_len for req in reqs]
     with_logprobs = [req.return_logprob for req in reqs]
     input_due = [
@@ -255,4 +292,5 @@ def make_output(reqs: list[Req]) -> BatchTokenIDOut:
             tuple(req.input_top_logprobs) if due else ()
             for req, due in zip(reqs, input_due, strict=True)
         ),
+        time_stats=time_stats(reqs),
     )

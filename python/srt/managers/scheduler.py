@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from array import array
 
 import numpy as np
@@ -33,7 +34,7 @@ from srt.managers.batch_log import BatchLogger
 from srt.managers.cache_manager import CacheManager, req_row
 from srt.managers.jump_forward import JumpForwarder
 from srt.managers.req_queue import ReqQueue
-from srt.managers.schedule_batch import Req, ScheduleBatch, make_output
+from srt.managers.schedule_batch import Req, ScheduleBatch, make_output, stamp_first_tokens
 from srt.managers.schedule_policy import (
     CLIP_MAX_NEW_TOKENS,
     AddResult,
@@ -319,6 +320,7 @@ class Scheduler:
         if not req.admitted:
             req.cached_tokens = len(slots)
             req.admitted = True
+            req.scheduled_at = time.time()
             self.runner.add_request(req.rid, req.sampling_spec())
         return result
 
@@ -411,6 +413,8 @@ class Scheduler:
             if req.kv_len < req.fill_len:  # a chunk of a longer prompt: cache it, no token
                 self.cache.cache_unfinished(req)
         reqs = [req for req in batch.reqs if req.kv_len == req.fill_len]
+        if batch.forward_mode is ForwardMode.EXTEND:
+            stamp_first_tokens(reqs)
         for j, req in enumerate(reqs):
             req.output_ids.append(result.next_ids[j])
             if req.return_logprob:

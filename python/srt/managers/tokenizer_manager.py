@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 from srt.io_struct import (
     AbortReq,
     BatchStrOut,
-    FinishReason,
     FlushCacheOut,
     FlushCacheReq,
     GetLoadOut,
@@ -43,8 +42,10 @@ from srt.ipc.codec import decode
 from srt.managers.generate_req_input import GenerateReqInput, ReqInput, expand
 from srt.managers.metrics import TokenizerMetrics
 from srt.managers.req_state import ReqState
-from srt.managers.request_log import log_finished
+from srt.managers.request_report import RequestReporter
+from srt.managers.request_times import RequestTimes
 from srt.managers.request_tokenizer import RequestTokenizer
+from srt.managers.tracing import RequestTracer
 from srt.request_limits import RequestError, RequestLimits
 from srt.server_args import ServerArgs
 
@@ -105,11 +106,16 @@ class TokenizerManager:
         }
 
     def init_metrics(self) -> None:
-        """`self.metrics`: the Prometheus metrics with `--enable-metrics`, else None."""
+        """`self.metrics`: the Prometheus metrics with `--enable-metrics`, else None; with them,
+        final results carry their stage times in `meta_info` (as SGLang's do). `self.reporter`
+        logs, counts and (with `--enable-trace`) traces each finished request."""
         args = self.server_args
         self.metrics: TokenizerMetrics | None = None
         if args.enable_metrics:
-            self.metrics = TokenizerMetrics(str(args.served_model_name))
+            self.metrics = TokenizerMetrics(str(args.served_model_name), args.metrics_name_prefix)
+        self.timing_in_meta = args.enable_metrics
+        tracer = RequestTracer(args.otlp_traces_endpoint) if args.enable_trace else None
+        self.reporter = RequestReporter(self.metrics, args.log_requests, tracer)
 
     # ---- life cycle --------------------------------------------------------------------------
 
@@ -129,6 +135,7 @@ class TokenizerManager:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.fail("the engine was shut down")
+        self.reporter.close()
 
     def fail(self, reason: str) -> None:
         """Ends every waiting call, and every later one, with `EngineDeadError(reason)` (the
@@ -183,6 +190,10 @@ class TokenizerManager:
 
     def handle_batch_str_out(self, out: BatchStrOut) -> None:
         now = time.perf_counter()
+        for stats in out.time_stats:
+            finishing = self.rid_to_state.get(out.rids[stats.index])
+            if finishing is not None:
+                finishing.times.absorb(stats, out.detokenized_at)
         for i, rid in enumerate(out.rids):
             state = self.rid_to_state.get(rid)
             if state is None:  # a stray message of a request already failed
@@ -203,7 +214,8 @@ class TokenizerManager:
                 state.finish_reason = reason
                 state.finished_at = now
                 del self.rid_to_state[rid]
-                self.on_finish(state, reason, now)
+                if state.abandoned:  # no caller will build its answer
+                    self.reporter.report(state)
             state.notify.set()
 
     def on_tokens(self, state: ReqState, count: int, now: float) -> None:
@@ -212,24 +224,6 @@ class TokenizerManager:
             since = state.created if state.last_token_at is None else state.last_token_at
             self.metrics.observe_tokens(count, now - since, first, state.req.stream)
         state.last_token_at = now
-
-    def on_finish(self, state: ReqState, reason: FinishReason, now: float) -> None:
-        e2e = now - state.created
-        if self.metrics is not None:
-            self.metrics.observe_finish(reason.type, state.prompt_tokens, state.cached_tokens, e2e)
-        texts = None
-        if self.server_args.log_requests:
-            prompt = state.req.text if state.req.text is not None else str(list(state.input_ids))
-            texts = (prompt, "".join(state.pieces))
-        log_finished(
-            state.req.rid,
-            reason,
-            state.prompt_tokens,
-            state.completion_tokens,
-            state.cached_tokens,
-            e2e,
-            texts,
-        )
 
     def handle_reply(self, reply: FlushCacheOut | GetLoadOut | HealthCheckOut) -> None:
         future = self.pending_replies.pop(reply.rid, None)
@@ -264,6 +258,7 @@ class TokenizerManager:
         Raises `RequestError` (a ValueError naming the field) for a malformed, too large or too
         long request (before anything is sent) or a request id already in flight,
         `EngineDeadError` when the pipeline is gone."""
+        created, received = time.perf_counter(), time.time()
         self.check_alive()
         reqs = expand(obj, self.limits)
         tokenized = await self.tokenize(reqs)
@@ -271,8 +266,10 @@ class TokenizerManager:
         self.check_new_rids(reqs)
         indexed = obj.stream and (not obj.is_single or len(reqs) > 1)
         notify = asyncio.Event()
+        at = time.time()
         states = [
-            ReqState(req, tok.input_ids, notify) for req, tok in zip(reqs, tokenized, strict=True)
+            ReqState(req, tok.input_ids, notify, RequestTimes(received, tokenized=at), created)
+            for req, tok in zip(reqs, tokenized, strict=True)
         ]
         for state in states:  # all ids taken before the first send may wait
             self.rid_to_state[state.req.rid] = state
@@ -280,6 +277,8 @@ class TokenizerManager:
             for i, (state, tok) in enumerate(zip(states, tokenized, strict=True)):
                 if i and i % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
+                # Stamped before: the scheduler may read it before `send` returns.
+                state.times.sent = time.time()
                 await self.send(tok)
                 state.sent = True
             if obj.stream:
@@ -288,7 +287,7 @@ class TokenizerManager:
             else:
                 await self.wait_finished(states)
                 for state in states:
-                    yield state.result(indexed, stream=False)
+                    yield self.answer(state, indexed, stream=False)
         finally:
             await self.abandon(states)
 
@@ -316,7 +315,7 @@ class TokenizerManager:
             await self.wait_news(states)
             for state in states:
                 if state.has_news:
-                    yield state.result(indexed, stream=True)
+                    yield self.answer(state, indexed, stream=True)
 
     async def wait_finished(self, states: list[ReqState]) -> None:
         while not all(s.finished for s in states):
@@ -328,15 +327,27 @@ class TokenizerManager:
         notify.clear()
         self.check_alive()
 
+    def answer(self, state: ReqState, indexed: bool, stream: bool) -> dict[str, Any]:
+        """`state.result`; the final one also reports the request (log line, metrics)."""
+        out = state.result(indexed, stream, self.timing_in_meta)
+        if state.done:
+            self.reporter.report(state)
+        return out
+
     async def abandon(self, states: list[ReqState]) -> None:
-        """Aborts the requests of a call that ends before they finish (client gone, error)."""
+        """Aborts the requests of a call that ends before they finish (client gone, error);
+        reports those that finished unanswered."""
         for state in states:
             rid = state.req.rid
-            if state.finished or self.rid_to_state.get(rid) is not state:
+            if state.finished:
+                self.reporter.report(state)
+                continue
+            if self.rid_to_state.get(rid) is not state:
                 continue
             if self.dead is not None or not state.sent:
                 del self.rid_to_state[rid]
                 continue
+            state.abandoned = True
             with contextlib.suppress(EngineDeadError):
                 await self.send(AbortReq(rid))
 

@@ -82,7 +82,8 @@ async def get_model_info(request: web.Request) -> web.Response:
 
 @routes.get("/get_server_info")
 async def get_server_info(request: web.Request) -> web.Response:
-    """The server's arguments (secrets withheld), version and current load."""
+    """The server's arguments (secrets withheld), version, current load, and the slowest of
+    the recent requests with their stage breakdown."""
     context = context_of(request)
     manager = context.tokenizer_manager()
     with request_errors():
@@ -97,8 +98,19 @@ async def get_server_info(request: web.Request) -> web.Response:
             "version": __version__,
             "phase": context.phase.value,
             "load": {k: v for k, v in dataclasses.asdict(load).items() if k != "rid"},
+            "slowest_requests": manager.reporter.recent.slowest(),
         }
     )
+
+
+@routes.get("/request_times/{rid}")
+async def request_times(request: web.Request) -> web.Response:
+    """The stage breakdown of a recent finished request (404 once it is no longer recent)."""
+    rid = request.match_info["rid"]
+    entry = context_of(request).tokenizer_manager().reporter.recent.get(rid)
+    if entry is None:
+        raise ApiError(404, f"no recent finished request has id {rid!r}")
+    return json_response(entry)
 
 
 @routes.post("/flush_cache")
