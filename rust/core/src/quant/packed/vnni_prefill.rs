@@ -61,12 +61,14 @@ unsafe fn run_as<V: Values, T: Element, const ZERO: i32, const OFFSET: bool>(
                 } else {
                     for tile in tile..tile + group {
                         match count {
-                            ROWS => micro::<V, T, ZERO, OFFSET, ROWS, 1>(job, row, tile),
-                            5 => micro::<V, T, ZERO, OFFSET, 5, 1>(job, row, tile),
-                            4 => micro::<V, T, ZERO, OFFSET, 4, 1>(job, row, tile),
-                            3 => micro::<V, T, ZERO, OFFSET, 3, 1>(job, row, tile),
+                            1 => micro::<V, T, ZERO, OFFSET, 1, 1>(job, row, tile),
                             2 => micro::<V, T, ZERO, OFFSET, 2, 1>(job, row, tile),
-                            _ => micro::<V, T, ZERO, OFFSET, 1, 1>(job, row, tile),
+                            3 => micro::<V, T, ZERO, OFFSET, 3, 1>(job, row, tile),
+                            4 => micro::<V, T, ZERO, OFFSET, 4, 1>(job, row, tile),
+                            5 => micro::<V, T, ZERO, OFFSET, 5, 1>(job, row, tile),
+                            6 => micro::<V, T, ZERO, OFFSET, 6, 1>(job, row, tile),
+                            7 => micro::<V, T, ZERO, OFFSET, 7, 1>(job, row, tile),
+                            _ => micro::<V, T, ZERO, OFFSET, ROWS, 1>(job, row, tile),
                         }
                     }
                 }
