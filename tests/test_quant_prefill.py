@@ -90,7 +90,26 @@ def test_a_path_takes_over_where_it_wins_twice_in_a_row() -> None:
     assert quant_kernels._plan_from(two) == ((0, k), (2 * probes[-1], d))
 
 
-def test_linear_takes_the_path_its_measured_plan_gives() -> None:
+@needs_packed
+def test_the_prefill_kernel_is_timed_only_from_the_rows_the_environment_allows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    weight, _ = make("q4_1", 32, 64)
+    assert weight.pack()
+    generator = torch.Generator().manual_seed(0)
+    assert set(quant_kernels._probe(weight, 64, torch.float32, generator)) == {KERNEL, DENSE}
+    monkeypatch.setenv("SRT_INT8_PREFILL_MIN_ROWS", "16")
+    assert set(quant_kernels._probe(weight, 8, torch.float32, generator)) == {KERNEL, DENSE}
+    timed = quant_kernels._probe(weight, 16, torch.float32, generator)
+    assert set(timed) == {KERNEL, PREFILL, DENSE}
+
+
+@pytest.mark.parametrize("least", ["0", "4"])
+def test_linear_takes_the_path_its_measured_plan_gives(
+    least: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SRT_INT8_PREFILL_MIN_ROWS", least)
+    monkeypatch.setattr(quant_kernels, "_plans", {})
     weight, reference = make("q4_1", 96, 128)
     for dtype in (torch.float32, torch.bfloat16):
         plan = weight.plan(dtype)

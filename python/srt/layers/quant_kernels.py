@@ -14,6 +14,12 @@ products run at twice bf16's); or the dense path, which dequantizes the weight f
 runs PyTorch's matrix multiply in the activations' dtype (oneDNN's bf16 products where
 `--dtype auto` chose bf16).
 
+The prefill kernel is opt-in (`SRT_INT8_PREFILL_MIN_ROWS`, envs.py): rounding activations to
+int8 moves the model further from its float32 self than bf16 does. Measured on SmolLM2-135M Q4_1
+against its dequantized float32 model (12 prompts, 32 greedy tokens, float32 activations):
+12/12 identical with the split kernel and float32 dense products, 7/12 with the prefill kernel
+for products of 16 rows or more, 3/12 when it also took decode batches of 12 rows.
+
 Which path takes which row counts is measured, not assumed: at the first call per (format,
 shape, dtype), every path is timed at a few row counts (`_measure_plan`: 0.05 to 1 s for each of
 SmolLM2's projections on a busy 2-core machine, several for its 49152-row lm_head) and the plan
@@ -32,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from srt import _rust
+from srt import _rust, envs
 from srt.layers import cpu_kernels
 
 BLOCK_SIZE = 32
@@ -259,7 +265,8 @@ def _probe(
     `_PROBE_REPEATS` timings each, taken alternately so that a burst of load elsewhere hits
     all of them."""
     x = torch.randn(rows, weight.in_features, generator=generator).to(dtype)
-    names = (KERNEL, PREFILL, DENSE) if weight.packed else (KERNEL, DENSE)
+    least = envs.int8_prefill_min_rows()
+    names = (KERNEL, PREFILL, DENSE) if weight.packed and 0 < least <= rows else (KERNEL, DENSE)
     paths = {name: functools.partial(getattr(weight, name), x, None) for name in names}
     best = dict.fromkeys(names, float("inf"))
     for path in paths.values():
