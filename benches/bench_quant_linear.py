@@ -20,7 +20,8 @@ the prefill integer kernel (activations rounded to one int8 per value) on bfloat
 as the model passes them, beside `torch_bf16` (PyTorch's matmul on a dequantized bf16 weight
 kept in memory), `quant_dense_bf16` (the class's dense path: dequantize for the call, then that
 matmul) and `quant_kernel` (the few-row kernel, activations split into two int8 parts). `plan`
-is the path the class measured for each row count (float32 and bfloat16 activations).
+is the path the class measured for each row count (float32 and bfloat16 activations; the prefill
+kernel joins it from `SRT_INT8_PREFILL_MIN_ROWS` rows, when that is set).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from roofline import copy_bandwidth
 
-from srt import _rust
+from srt import _rust, envs
 from srt.layers import cpu_kernels
 from srt.layers.quant_kernels import QuantizedWeight
 
@@ -156,6 +157,7 @@ def main() -> None:
         "quant_kernel": _rust.quant_kernel(),
         "quant_packed_kernel": cpu_kernels.quant_packed_kernel(),
         "torch_threads": torch.get_num_threads(),
+        "int8_prefill_min_rows": envs.int8_prefill_min_rows(),
         "copy_GBps": round(copy_bandwidth(torch.device("cpu")) / 1e9, 1),
         "shapes": {},
     }
