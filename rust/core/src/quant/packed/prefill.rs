@@ -15,8 +15,9 @@
 //! and finally `acc + bias`, rounded once to the output's type. A block holding a NaN or an
 //! infinity makes its rows' outputs NaN.
 //!
-//! Work: panels of `PANEL_ROWS` rows times chunks of `CHUNK_TILES` tiles, claimed by the
-//! threads through an atomic counter; in each, a tile group stays in L1 while the panel's rows
+//! Work: panels of `PANEL_ROWS` rows times chunks of up to `CHUNK_TILES` tiles (fewer where
+//! there are few panels, so that every thread can take several), claimed by the threads
+//! through an atomic counter; in each, a tile group stays in L1 while the panel's rows
 //! pass over it. A row's outputs do not depend on the other rows of the call or on the threads.
 
 use std::ops::Range;
@@ -33,7 +34,7 @@ use crate::{Error, Result};
 /// Rows of a work item: a panel's int8 rows (64 × 1536 bytes at most for SmolLM2) stay in L2
 /// while its tile chunk passes over them.
 const PANEL_ROWS: usize = 64;
-/// Tiles of a work item (a multiple of every kernel's tile group).
+/// The most tiles of a work item. Every chunk is a multiple of 2, the AVX-512 kernel's tile group.
 const CHUNK_TILES: usize = 12;
 /// Activation values below which rounding them runs on the calling thread alone.
 const ROUND_PARALLEL_MIN: usize = 1 << 16;
@@ -199,22 +200,28 @@ pub fn linear_packed_prefill<T: Element>(
         in_features: k,
     };
     let tiles = n.div_ceil(TILE);
-    let chunks = tiles.div_ceil(CHUNK_TILES);
-    let items = m.div_ceil(PANEL_ROWS) * chunks;
     let threads = if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_WORK {
         parallel::max_threads()
     } else {
         1
     };
+    let panels = m.div_ceil(PANEL_ROWS);
+    // About four items per thread at least, so that a thread slowed by a busy core takes fewer.
+    let chunk = tiles
+        .div_ceil((4 * threads).div_ceil(panels))
+        .next_multiple_of(2)
+        .clamp(2, CHUNK_TILES);
+    let chunks = tiles.div_ceil(chunk);
+    let items = panels * chunks;
     let next = AtomicUsize::new(0);
     parallel::run(threads, &|_, _| loop {
         let item = next.fetch_add(1, Ordering::Relaxed);
         if item >= items {
             break;
         }
-        let (panel, chunk) = (item / chunks, item % chunks);
+        let (panel, chunk_index) = (item / chunks, item % chunks);
         let rows = panel * PANEL_ROWS..(panel * PANEL_ROWS + PANEL_ROWS).min(m);
-        let claimed = chunk * CHUNK_TILES..(chunk * CHUNK_TILES + CHUNK_TILES).min(tiles);
+        let claimed = chunk_index * chunk..(chunk_index * chunk + chunk).min(tiles);
         // SAFETY: the kernel is available, every length was checked above, and this thread
         // alone owns the outputs of `rows` × `claimed`.
         unsafe {
