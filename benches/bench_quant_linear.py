@@ -2,6 +2,8 @@
 `F.linear` in float32 and bfloat16 on the dequantized weight, on SmolLM2-135M's shapes.
 
     python benches/bench_quant_linear.py [--rows 1 4 16 64 2048] [--threads N] [--json OUT]
+    python benches/bench_quant_linear.py --shapes qkv o_proj gate_up down --rows 256 1024 4096 \
+        --kernel-max-rows 4096   # prefill: GOP/s of every path
 
 Weights are read cold, as in a decode step that streams every layer: each kernel cycles over
 enough copies of its weight to pass `--working-set` bytes, more than the last level cache. For
@@ -12,6 +14,14 @@ its measured crossover, a dequantize-and-matmul at or above it); `quant_kernel` 
 kernel (up to 256 rows, beyond which it is far slower than a matmul): the integer kernel on
 repacked tiles where the CPU has AVX-512 VNNI (`quant_packed_kernel` in the JSON), else the
 float kernel on the blocks (`quant_kernel`; `SRT_CPU_ISA=avx2` forces it for comparison).
+
+For many rows (prefill) the figures are `*_GOPs` (2·m·n·k over the time): `quant_prefill_bf16`,
+the prefill integer kernel (activations rounded to one int8 per value) on bfloat16 activations
+as the model passes them, beside `torch_bf16` (PyTorch's matmul on a dequantized bf16 weight
+kept in memory), `quant_dense_bf16` (the class's dense path: dequantize for the call, then that
+matmul) and `quant_kernel` (the few-row kernel, activations split into two int8 parts). `plan`
+is the path the class measured for each row count (float32 and bfloat16 activations; the prefill
+kernel joins it from `SRT_INT8_PREFILL_MIN_ROWS` rows, when that is set).
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from roofline import copy_bandwidth
 
-from srt import _rust
+from srt import _rust, envs
 from srt.layers import cpu_kernels
 from srt.layers.quant_kernels import QuantizedWeight
 
@@ -72,7 +82,13 @@ def copies(nbytes: int, working_set: int) -> int:
 
 
 def bench_shape(
-    k: int, n: int, fmt: str, rows_list: list[int], working_set: int, repeats: int
+    k: int,
+    n: int,
+    fmt: str,
+    rows_list: list[int],
+    working_set: int,
+    repeats: int,
+    kernel_max_rows: int,
 ) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     dense = (rng.standard_normal((n, k), dtype=np.float32) * 0.05).astype(np.float32)
@@ -88,7 +104,7 @@ def bench_shape(
     w16 = first.dequantize(torch.bfloat16)
     bf16 = [w16] + [w16.clone() for _ in range(copies(w16.numel() * 2, working_set) - 1)]
     result: dict[str, Any] = {"format": fmt, "weight_bytes": first.nbytes}
-    result["crossover_rows"] = first.crossover()
+    result["plan"] = {str(dtype): first.plan(dtype) for dtype in (torch.float32, torch.bfloat16)}
     for rows in rows_list:
         x = torch.randn(rows, k)
         x16 = x.bfloat16()
@@ -97,11 +113,21 @@ def bench_shape(
             "torch_fp32": best_seconds([partial(F.linear, x, w) for w in fp32], repeats),
             "torch_bf16": best_seconds([partial(F.linear, x16, w) for w in bf16], repeats),
         }
-        if rows <= KERNEL_MAX_ROWS:
+        if rows <= kernel_max_rows:
             times["quant_kernel"] = best_seconds(
                 [partial(w._kernel, x, None) for w in quant], repeats
             )
+        if first.packed:
+            times["quant_prefill_bf16"] = best_seconds(
+                [partial(w._prefill, x16, None) for w in quant], repeats
+            )
+            times["quant_dense_bf16"] = best_seconds(
+                [partial(w._dense, x16, None) for w in quant], repeats
+            )
         entry: dict[str, Any] = {f"{name}_us": round(t * 1e6, 1) for name, t in times.items()}
+        entry.update(
+            {f"{name}_GOPs": round(2 * rows * n * k / t / 1e9, 1) for name, t in times.items()}
+        )
         entry["quant_weight_GBps"] = round(first.nbytes / times["quant_linear"] / 1e9, 1)
         entry["fp32_weight_GBps"] = round(w32.numel() * 4 / times["torch_fp32"] / 1e9, 1)
         entry["fp32_vs_quant"] = round(times["torch_fp32"] / times["quant_linear"], 2)
@@ -116,6 +142,12 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--working-set", type=int, default=256 << 20)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--kernel-max-rows",
+        type=int,
+        default=KERNEL_MAX_ROWS,
+        help="time the few-row kernel alone up to this many rows",
+    )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -125,6 +157,7 @@ def main() -> None:
         "quant_kernel": _rust.quant_kernel(),
         "quant_packed_kernel": cpu_kernels.quant_packed_kernel(),
         "torch_threads": torch.get_num_threads(),
+        "int8_prefill_min_rows": envs.int8_prefill_min_rows(),
         "copy_GBps": round(copy_bandwidth(torch.device("cpu")) / 1e9, 1),
         "shapes": {},
     }
@@ -132,7 +165,7 @@ def main() -> None:
         for name in args.shapes:
             k, n, fmt = SHAPES[name]
             results["shapes"][f"{name} {k}->{n}"] = bench_shape(
-                k, n, fmt, args.rows, args.working_set, args.repeats
+                k, n, fmt, args.rows, args.working_set, args.repeats, args.kernel_max_rows
             )
             print(name, results["shapes"][f"{name} {k}->{n}"], file=sys.stderr, flush=True)
     emit(results, args.json)

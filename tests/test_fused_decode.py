@@ -16,7 +16,8 @@ from test_quantized_loading import checkpoint, every_matrix
 
 from srt import _rust
 from srt.layers import cpu_kernels
-from srt.layers.quant_kernels import QuantizedWeight
+from srt.layers import quant_kernels
+from srt.layers.quant_kernels import DENSE, KERNEL, QuantizedWeight
 from srt.model_executor.model_runner import ModelRunner
 from srt.models.fused_decode import FusedDecode
 
@@ -108,7 +109,10 @@ def test_batches_at_a_crossover_and_float_weights_take_the_layers(
     counted: list[bool],
 ) -> None:
     # As if measured: products of 3 rows and more go dense, in the layers and so in the stack.
-    monkeypatch.setattr(QuantizedWeight, "crossover", lambda self, dtype=torch.float32: 3)
+    monkeypatch.setattr(quant_kernels, "_plans", {})
+    monkeypatch.setattr(
+        quant_kernels, "_measure_plan", lambda weight, dtype: ((0, KERNEL), (3, DENSE))
+    )
     runner = quantized_runner(tiny_model_factory, "llama", every_matrix("q4_1"), "float32")
     runner_extend_and_decode_logits(runner)  # decode steps of 3 sequences
     assert counted == [False] * 5

@@ -25,7 +25,6 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from srt import _rust
-from srt.layers import quant_kernels
 from srt.layers.quant_kernels import BLOCK_BYTES, QuantizedWeight
 
 FORMATS = {
@@ -138,21 +137,6 @@ def test_dense_path_matches_the_dequantized_reference(fmt: str) -> None:
     bf16 = weight._dense(x.to(torch.bfloat16), None)
     assert bf16.dtype == torch.bfloat16
     close(bf16.float(), F.linear(x, reference), 2e-2)
-
-
-def test_linear_takes_either_path_by_the_measured_crossover() -> None:
-    weight, reference = make("q4_1", 96, 128)
-    crossover = weight.crossover()
-    assert crossover in (*quant_kernels._PROBE_ROWS, 2 * quant_kernels._PROBE_ROWS[-1])
-    for rows in (crossover - 1, crossover):
-        x = torch.randn(rows, 128)
-        path = weight._kernel if rows < crossover else weight._dense
-        assert torch.equal(weight.linear(x.view(1, rows, 128)), path(x, None).view(1, rows, 96))
-        close(weight.linear(x), F.linear(x, reference), 2e-2)
-        out = weight.linear(x.to(torch.bfloat16))
-        assert out.dtype == torch.bfloat16
-        assert out.shape == (rows, 96)
-        close(out, F.linear(x, reference), 5e-2)
 
 
 def test_select_rows_and_cat_compose_shards() -> None:

@@ -6,42 +6,60 @@ bits per weight read 4 to 7 times fewer than float32. Where the CPU has integer 
 (AVX-512 VNNI), a weight is repacked at its first use into the tiles of the integer kernel
 (rust/core/src/quant/packed.rs: activations split into two int8 parts per block of 32, to
 about 15 bits), and its blocks are released; elsewhere the float kernel expands the blocks in
-registers and keeps float32's results. Both take few rows (decode); many rows (prefill) may
-instead dequantize the weight for the call and run PyTorch's matrix multiply in the activations'
-dtype (oneDNN's bf16 products where `--dtype auto` chose bf16).
+registers and keeps float32's results. Both take few rows (decode). Many rows (prefill) may
+instead take one of two paths: on tiles, the prefill integer kernel (`_prefill`: activations
+rounded to ONE int8 per value per block of 32, as llama.cpp's Q8 activations, so one `vpdpbusd`
+per four weights: twice the split kernel's rate, and above a bfloat16 matmul's where int8
+products run at twice bf16's); or the dense path, which dequantizes the weight for the call and
+runs PyTorch's matrix multiply in the activations' dtype (oneDNN's bf16 products where
+`--dtype auto` chose bf16).
 
-Where the two paths cross is measured, not assumed: at the first call per (format, shape), both
-paths are timed at a few row counts (`_measure_crossover`: 0.05 to 1 s for each of SmolLM2's
-projections on a busy 2-core machine, several for its 49152-row lm_head) and the result is kept
-for the process; a model can call `crossover()` while it warms up. So a row's result can depend
-on how many rows share its call (one side of the crossover or the other); each path alone is
-batch invariant.
+The prefill kernel is opt-in (`SRT_INT8_PREFILL_MIN_ROWS`, envs.py): rounding activations to
+int8 moves the model further from its float32 self than bf16 does. Measured on SmolLM2-135M Q4_1
+against its dequantized float32 model (12 prompts, 32 greedy tokens, float32 activations):
+12/12 identical with the split kernel and float32 dense products, 7/12 with the prefill kernel
+for products of 16 rows or more, 3/12 when it also took decode batches of 12 rows. Its speed on
+a quiet 2-core Zen 5 (SmolLM2's projections, 256 to 4096 bf16 rows, benches/bench_quant_linear.py):
+0.48 to 0.60 TOP/s, against 0.39 to 0.43 TFLOP/s for PyTorch's bf16 matmul on a dequantized
+weight and 0.29 to 0.41 for the dense path (which dequantizes for each call).
+
+Which path takes which row counts is measured, not assumed: at the first call per (format,
+shape, dtype), every path is timed at a few row counts (`_measure_plan`: 0.05 to 1 s for each of
+SmolLM2's projections on a busy 2-core machine, several for its 49152-row lm_head) and the plan
+(`_plan_from`: from which row count each path takes over) is kept for the process; a model can
+call `plan()` while it warms up. So a row's result can depend on how many rows share its call
+(which path its call takes); each path alone is batch invariant.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from srt import _rust
+from srt import _rust, envs
 from srt.layers import cpu_kernels
 
 BLOCK_SIZE = 32
 _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+PathFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
-# Row counts at which the two paths are compared, in order (see `_measure_crossover`). Past the
-# last, dense is assumed to win (the kernel's cost grows with rows at the float32 FMA rate, a
-# matrix multiply's at its better-blocked, or bfloat16, rate).
+# Row counts at which the paths are compared, in order (see `_measure_plan`). Past the last, the
+# few-row kernel is assumed to lose (its cost grows with rows at the rate of two int8 products
+# per weight, or float32 FMAs, where a many-row path's grows at half that or better-blocked).
 _PROBE_ROWS = (4, 8, 16, 32, 64, 128, 256)
 _PROBE_REPEATS = 3
-# (fmt, out_features, in_features, activations' dtype, packed) -> the fewest rows that take the
-# dense path.
-_crossovers: dict[tuple[str, int, int, torch.dtype, bool], int] = {}
+# The paths `linear` chooses between (methods of QuantizedWeight), the few-row kernel first.
+KERNEL, PREFILL, DENSE = "_kernel", "_prefill", "_dense"
+# A plan: (fewest rows, path) pairs by rising row count, the first (0, KERNEL).
+Plan = tuple[tuple[int, str], ...]
+# (fmt, out_features, in_features, activations' dtype, packed) -> the measured plan.
+_plans: dict[tuple[str, int, int, torch.dtype, bool], Plan] = {}
 
 
 class QuantizedWeight:
@@ -74,7 +92,8 @@ class QuantizedWeight:
         # runs often.
         self.blocks: torch.Tensor | None = blocks
         self._packed: torch.Tensor | None = None
-        self._crossover: dict[torch.dtype, int] = {}
+        # Per dtype, the plan's (fewest rows, bound path) pairs, highest row count first.
+        self._paths: dict[torch.dtype, tuple[tuple[int, PathFn], ...]] = {}
         self._held = blocks.numpy()
 
     @property
@@ -112,35 +131,43 @@ class QuantizedWeight:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`x · Wᵀ + bias` for x [..., in_features] (float32 or bfloat16, CPU), in x's dtype:
-        from the blocks for few rows, through a dequantized matmul for many. (Runs for every
-        linear layer of every decode step: each step of Python here costs about a microsecond.)"""
+        from the blocks or tiles for few rows, by the path the measured plan gives for many.
+        (Runs for every linear layer of every decode step: each step of Python here costs about
+        a microsecond.)"""
         dtype = x.dtype
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected x[..., {self.in_features}], got {tuple(x.shape)}")
         if dtype not in _ACTIVATION_DTYPES or x.device.type != "cpu":
             raise ValueError(f"x must be float32 or bfloat16 on the CPU, got {dtype} {x.device}")
         rows = (x.detach() if x.requires_grad else x).reshape(-1, self.in_features)
-        crossover = self._crossover.get(dtype)
-        if crossover is None:
-            crossover = self.crossover(dtype)
-        path = self._dense if rows.shape[0] >= crossover else self._kernel
+        paths = self._paths.get(dtype)
+        if paths is None:
+            self.plan(dtype)
+            paths = self._paths[dtype]
+        m = rows.shape[0]
+        path = next(path for start, path in paths if m >= start)
         out = path(rows, bias)
         if out.dtype != dtype:
             out = out.to(dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
-    def crossover(self, dtype: torch.dtype = torch.float32) -> int:
-        """The fewest rows of `dtype` for which `linear` dequantizes and multiplies (measured
-        once per format, shape and dtype in this process)."""
+    def plan(self, dtype: torch.dtype = torch.float32) -> Plan:
+        """From which row count of `dtype` each path takes `linear`'s products (measured once
+        per format, shape and dtype in this process)."""
         self.pack()
         key = (self.fmt, self.out_features, self.in_features, dtype, self.packed)
-        found = _crossovers.get(key)
+        found = _plans.get(key)
         if found is None:
             # The whole weight, not a slice: the dense path writes and reads back the dequantized
             # weight, which stays in cache for a slice but not for a large lm_head.
-            found = _crossovers[key] = _measure_crossover(self, dtype)
-        self._crossover[dtype] = found
+            found = _plans[key] = _measure_plan(self, dtype)
+        self._paths[dtype] = tuple((start, getattr(self, path)) for start, path in reversed(found))
         return found
+
+    def crossover(self, dtype: torch.dtype = torch.float32) -> int:
+        """The fewest rows of `dtype` that leave the few-row kernel for a many-row path."""
+        plan = self.plan(dtype)
+        return plan[1][0] if len(plan) > 1 else 2 * _PROBE_ROWS[-1]
 
     def _kernel(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The product on the tiles (in the rows' dtype) or the blocks (in float32)."""
@@ -158,6 +185,21 @@ class QuantizedWeight:
         if m:
             inputs = rows.to(torch.float32).contiguous().numpy()
             _rust.quant_linear(self.fmt, inputs, m, self._held, n, k, bias_view, out.numpy())
+        return out
+
+    def _prefill(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The product on the tiles with activations rounded to one int8 per value (in the
+        rows' dtype); only for a packed weight."""
+        if self._packed is None:
+            raise ValueError(f"{self!r} is not packed: the prefill kernel runs on tiles")
+        n, k, m = self.out_features, self.in_features, rows.shape[0]
+        bias_view = None if bias is None else bias.detach().to(torch.float32).contiguous().numpy()
+        out = torch.empty(m, n, dtype=rows.dtype)
+        if m:
+            inputs = _numpy(rows.contiguous())
+            _rust.quant_packed_linear_prefill(
+                self.fmt, inputs, m, self._held, n, k, bias_view, _numpy(out)
+            )
         return out
 
     def _dense(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -225,38 +267,48 @@ class QuantizedWeight:
         return QuantizedWeight(blocks, fmt, in_features)
 
 
-def _dense_wins(
+def _probe(
     weight: QuantizedWeight, rows: int, dtype: torch.dtype, generator: torch.Generator
-) -> bool:
-    """Whether the dense path beats the kernel at `rows` rows of `dtype`: the best of
+) -> dict[str, float]:
+    """Seconds per call of every path the weight offers at `rows` rows of `dtype`: the best of
     `_PROBE_REPEATS` timings each, taken alternately so that a burst of load elsewhere hits
-    both."""
+    all of them."""
     x = torch.randn(rows, weight.in_features, generator=generator).to(dtype)
-    paths = (functools.partial(weight._kernel, x, None), functools.partial(weight._dense, x, None))
-    best = [float("inf"), float("inf")]
-    for path in paths:
+    least = envs.int8_prefill_min_rows()
+    names = (KERNEL, PREFILL, DENSE) if weight.packed and 0 < least <= rows else (KERNEL, DENSE)
+    paths = {name: functools.partial(getattr(weight, name), x, None) for name in names}
+    best = dict.fromkeys(names, float("inf"))
+    for path in paths.values():
         path()
     for _ in range(_PROBE_REPEATS):
-        for index, path in enumerate(paths):
+        for name, path in paths.items():
             start = time.perf_counter()
             path()
-            best[index] = min(best[index], time.perf_counter() - start)
-    return best[1] < best[0]
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
-def _measure_crossover(weight: QuantizedWeight, dtype: torch.dtype) -> int:
-    """The first of `_PROBE_ROWS` from which the dense path wins at two probes in a row on this
-    machine (one win alone is taken for noise), or twice the last probe when it never does."""
+def _plan_from(timings: list[dict[str, float]]) -> Plan:
+    """The plan from the timings at each of `_PROBE_ROWS`: a path takes over from a probe where
+    it is fastest there and at the next probe too (one win alone is taken for noise; at the last
+    probe one win counts). Past the last probe, the few-row kernel gives way to the faster of
+    the many-row paths there."""
+    winners = [min(timing, key=timing.__getitem__) for timing in timings]
+    plan: list[tuple[int, str]] = [(0, KERNEL)]
+    for i, (rows, winner) in enumerate(zip(_PROBE_ROWS, winners, strict=True)):
+        confirmed = i + 1 == len(winners) or winners[i + 1] == winner
+        if winner != plan[-1][1] and confirmed:
+            plan.append((rows, winner))
+    if plan[-1][1] == KERNEL:
+        last = {name: t for name, t in timings[-1].items() if name != KERNEL}
+        plan.append((2 * _PROBE_ROWS[-1], min(last, key=last.__getitem__)))
+    return tuple(plan)
+
+
+def _measure_plan(weight: QuantizedWeight, dtype: torch.dtype) -> Plan:
+    """The plan measured on this machine (see `_plan_from`)."""
     generator = torch.Generator().manual_seed(0)
-    won_at: int | None = None
-    for rows in _PROBE_ROWS:
-        if not _dense_wins(weight, rows, dtype, generator):
-            won_at = None
-        elif won_at is None:
-            won_at = rows
-        else:
-            return won_at
-    return won_at if won_at is not None else 2 * _PROBE_ROWS[-1]
+    return _plan_from([_probe(weight, rows, dtype, generator) for rows in _PROBE_ROWS])
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:

@@ -12,8 +12,8 @@ gives the same bits either way; only the Python goes.
 When it runs: decode steps on the CPU, float32 or bf16, whose attention reads the KV cache in
 place (`TorchNativeAttnBackend.in_place_decode`, not the cascade over shared prefixes), in
 models without per-head q/k norms, with fewer sequences than the smallest of the projections'
-measured crossovers (below it the layers' path runs the same integer kernel; at or past it
-they switch to a dequantized matrix multiply, and so does the step). Elsewhere, or with
+crossovers (`QuantizedWeight.crossover`: below it, their measured plan runs the few-row kernel
+the stack runs; at or past it, a many-row path, and so does the step). Elsewhere, or with
 `SRT_FUSED_DECODE=0`, the layers run one by one.
 """
 

@@ -49,8 +49,8 @@ mod avx512;
 pub use block::f16_to_f32;
 pub use dequant::{dequantize, dequantize_rows};
 pub use packed::{
-    dequantize_packed, dequantize_packed_transposed, linear_packed, pack, packed_len, PackedKernel,
-    PackedMatrix, TILE,
+    dequantize_packed, dequantize_packed_transposed, linear_packed, linear_packed_prefill, pack,
+    packed_len, PackedKernel, PackedMatrix, TILE,
 };
 
 /// Weights per block, in every format.

@@ -55,7 +55,7 @@ fn quant_pack(
 }
 
 /// `out[m, n] = x[m, k] · Wᵀ + bias` on the packed weight `W`, `x` and `out` both float32 or
-/// both bfloat16 bits, the bias float32.
+/// both bfloat16 bits, the bias float32 (activations split into two int8 parts).
 #[pyfunction]
 #[pyo3(signature = (fmt, x, m, packed, n, k, bias, out))]
 #[allow(clippy::too_many_arguments)]
@@ -70,40 +70,106 @@ fn quant_packed_linear(
     bias: Option<PyBuffer<f32>>,
     out: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let format = Format::parse(fmt).map_err(to_py_err)?;
-    let weight = contiguous("the packed weight", &packed, false)?;
-    let bias = bias
+    let args = Linear {
+        fmt,
+        x,
+        m,
+        packed,
+        n,
+        k,
+        bias,
+        out,
+    };
+    linear(py, args, Activations::Split)
+}
+
+/// `quant_packed_linear` with activations rounded to one int8 per value per block of 32
+/// (llama.cpp's Q8 activations): half the integer work, for products of many rows.
+#[pyfunction]
+#[pyo3(signature = (fmt, x, m, packed, n, k, bias, out))]
+#[allow(clippy::too_many_arguments)]
+fn quant_packed_linear_prefill(
+    py: Python<'_>,
+    fmt: &str,
+    x: &Bound<'_, PyAny>,
+    m: usize,
+    packed: PyBuffer<u8>,
+    n: usize,
+    k: usize,
+    bias: Option<PyBuffer<f32>>,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let args = Linear {
+        fmt,
+        x,
+        m,
+        packed,
+        n,
+        k,
+        bias,
+        out,
+    };
+    linear(py, args, Activations::Int8)
+}
+
+/// The arguments of a packed product, as Python passed them.
+struct Linear<'a, 'py> {
+    fmt: &'a str,
+    x: &'a Bound<'py, PyAny>,
+    m: usize,
+    packed: PyBuffer<u8>,
+    n: usize,
+    k: usize,
+    bias: Option<PyBuffer<f32>>,
+    out: &'a Bound<'py, PyAny>,
+}
+
+/// How a packed product rounds its activations: which core function runs.
+#[derive(Clone, Copy)]
+enum Activations {
+    /// Two int8 parts per value (`quant::linear_packed`).
+    Split,
+    /// One int8 per value (`quant::linear_packed_prefill`).
+    Int8,
+}
+
+fn linear(py: Python<'_>, args: Linear<'_, '_>, activations: Activations) -> PyResult<()> {
+    let format = Format::parse(args.fmt).map_err(to_py_err)?;
+    let weight = contiguous("the packed weight", &args.packed, false)?;
+    let bias = args
+        .bias
         .as_ref()
         .map(|b| contiguous("the bias", b, false))
         .transpose()?;
     let kernel = PackedKernel::best().unwrap_or(PackedKernel::Portable);
+    let (n, k, m) = (args.n, args.k, args.m);
     match (
-        Floats::get("the input", x)?,
-        Floats::get("the output", out)?,
+        Floats::get("the input", args.x)?,
+        Floats::get("the output", args.out)?,
     ) {
         (Floats::F32(x), Floats::F32(out)) => {
             let (x, out) = (
                 contiguous("the input", &x, false)?,
                 contiguous("the output", &out, true)?,
             );
-            product(py, kernel, format, weight, (n, k), x, m, bias, out)
+            let op = Product {
+                kernel,
+                format,
+                activations,
+            };
+            op.run(py, weight, (n, k), x, m, bias, out)
         }
         (Floats::Bf16(x), Floats::Bf16(out)) => {
             let (x, out) = (
                 contiguous("the input", &x, false)?,
                 contiguous("the output", &out, true)?,
             );
-            product(
-                py,
+            let op = Product {
                 kernel,
                 format,
-                weight,
-                (n, k),
-                bf16_bits(x),
-                m,
-                bias,
-                bf16_bits(out),
-            )
+                activations,
+            };
+            op.run(py, weight, (n, k), bf16_bits(x), m, bias, bf16_bits(out))
         }
         _ => Err(PyValueError::new_err(
             "the input and the output must both be float32 or both bfloat16",
@@ -111,34 +177,46 @@ fn quant_packed_linear(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn product<T: Element>(
-    py: Python<'_>,
+/// Which product runs: the kernel, the weight's format and the activations' rounding.
+struct Product {
     kernel: PackedKernel,
     format: Format,
-    weight: NonNull<[u8]>,
-    (n, k): (usize, usize),
-    x: NonNull<[T]>,
-    m: usize,
-    bias: Option<NonNull<[f32]>>,
-    out: NonNull<[T]>,
-) -> PyResult<()> {
-    if overlap(weight, out) || overlap(x, out) || bias.is_some_and(|b| overlap(b, out)) {
-        return Err(PyValueError::new_err("the output overlaps an input"));
-    }
-    // SAFETY: every buffer stays acquired by the caller until it returns; the output overlaps
-    // none of the inputs, so the one mutable slice aliases nothing.
-    let (weight, x, bias, out) = unsafe {
-        (
-            weight.as_ref(),
-            x.as_ref(),
-            bias.map(|b| b.as_ref()),
-            &mut *out.as_ptr(),
-        )
-    };
-    let matrix = PackedMatrix::new(format, weight, n, k).map_err(to_py_err)?;
-    py.detach(|| quant::linear_packed(kernel, &matrix, x, m, bias, out))
+    activations: Activations,
+}
+
+impl Product {
+    #[allow(clippy::too_many_arguments)]
+    fn run<T: Element>(
+        &self,
+        py: Python<'_>,
+        weight: NonNull<[u8]>,
+        (n, k): (usize, usize),
+        x: NonNull<[T]>,
+        m: usize,
+        bias: Option<NonNull<[f32]>>,
+        out: NonNull<[T]>,
+    ) -> PyResult<()> {
+        if overlap(weight, out) || overlap(x, out) || bias.is_some_and(|b| overlap(b, out)) {
+            return Err(PyValueError::new_err("the output overlaps an input"));
+        }
+        // SAFETY: every buffer stays acquired by the caller until it returns; the output
+        // overlaps none of the inputs, so the one mutable slice aliases nothing.
+        let (weight, x, bias, out) = unsafe {
+            (
+                weight.as_ref(),
+                x.as_ref(),
+                bias.map(|b| b.as_ref()),
+                &mut *out.as_ptr(),
+            )
+        };
+        let matrix = PackedMatrix::new(self.format, weight, n, k).map_err(to_py_err)?;
+        let kernel = self.kernel;
+        py.detach(|| match self.activations {
+            Activations::Split => quant::linear_packed(kernel, &matrix, x, m, bias, out),
+            Activations::Int8 => quant::linear_packed_prefill(kernel, &matrix, x, m, bias, out),
+        })
         .map_err(to_py_err)
+    }
 }
 
 /// The packed `[n, k]` weight, or its rows `ids`, as float32 (`out` float32) or bfloat16 bits
@@ -237,6 +315,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quant_packed_len, m)?)?;
     m.add_function(wrap_pyfunction!(quant_pack, m)?)?;
     m.add_function(wrap_pyfunction!(quant_packed_linear, m)?)?;
+    m.add_function(wrap_pyfunction!(quant_packed_linear_prefill, m)?)?;
     m.add_function(wrap_pyfunction!(quant_packed_dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(quant_packed_dequantize_transposed, m)?)?;
     Ok(())

@@ -51,13 +51,19 @@ use crate::parallel;
 use crate::{Error, Result};
 
 mod layout;
+mod prefill;
+#[cfg(test)]
+mod prefill_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+#[cfg(target_arch = "x86_64")]
+mod vnni_prefill;
 
 pub use layout::{dequantize_packed, dequantize_packed_transposed, pack, packed_len, PackedMatrix};
 use layout::{tile_block_bytes, value_at, values_bytes, zero_point};
+pub use prefill::linear_packed_prefill;
 
 /// Output columns per tile (the 16 int32 lanes of an AVX-512 vector).
 pub const TILE: usize = 16;

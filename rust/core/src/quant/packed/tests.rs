@@ -8,14 +8,14 @@ use crate::quant::tests::{blocks, dequantized, FORMATS};
 use crate::quant::{dequantize_rows, QuantMatrix};
 use crate::test_values::values;
 
-fn packed(weight: &QuantMatrix<'_>) -> Vec<u8> {
+pub(super) fn packed(weight: &QuantMatrix<'_>) -> Vec<u8> {
     let (n, k) = (weight.out_features(), weight.in_features());
     let mut out = vec![0xa5; packed_len(weight.format(), n, k).unwrap()];
     pack(weight, &mut out).unwrap();
     out
 }
 
-fn kernels() -> Vec<PackedKernel> {
+pub(super) fn kernels() -> Vec<PackedKernel> {
     [PackedKernel::Portable, PackedKernel::Avx512Vnni]
         .into_iter()
         .filter(|k| k.available())

@@ -22,16 +22,16 @@ const TILE_ROWS: usize = 8;
 
 /// The two groups of four weights a block's values hold at `h` (0..4): weights `4h..4h+4` and
 /// `16+4h..16+4h+4` of each column, as unsigned bytes.
-trait Values {
+pub(super) trait Values {
     /// # Safety
     /// `at` points at a tile block's values; the CPU has AVX-512 F and BW.
     unsafe fn groups(at: *const u8, h: usize) -> [__m512i; 2];
 }
 
 /// Q4_0 and Q4_1: the two groups are the low and high nibbles of the same 64 bytes.
-struct Nibbles;
+pub(super) struct Nibbles;
 /// Q8_0: one group per 64 bytes.
-struct Bytes;
+pub(super) struct Bytes;
 
 impl Values for Nibbles {
     #[inline(always)]
@@ -202,7 +202,7 @@ unsafe fn block_tile<V: Values, T: Element, const R: usize, const N: usize>(
 
 /// Stores the first `width` lanes of `v` at `target` as `T`.
 #[inline(always)]
-unsafe fn store<T: Element>(v: __m512, target: *mut T, width: usize) {
+pub(super) unsafe fn store<T: Element>(v: __m512, target: *mut T, width: usize) {
     // SAFETY: `target` holds `width` elements (the caller's word); `T` is `f32` or, when
     // `T::REDUCED`, `Bf16` (16 bits: the only `Element`s), so the lanes copied fill exactly
     // `width` of them.

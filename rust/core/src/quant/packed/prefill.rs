@@ -1,0 +1,296 @@
+//! The prefill path of `packed`: the same tiles, activations rounded to ONE int8 per value per
+//! block of 32 (llama.cpp's Q8 activations), for products of many rows.
+//!
+//! Why: a product of many rows is bound by arithmetic, not by reading weights. Split into two
+//! int8 parts (`linear_packed`), an activation costs two `vpdpbusd` per four weights, the rate
+//! of bfloat16's `vdpbf16ps`: no faster than a bfloat16 matrix multiply on the dequantized
+//! weight. One part halves the integer work, at the price of activations rounded to 1/127 of
+//! their block's largest magnitude (about 7 bits, where bfloat16 keeps 8).
+//!
+//! Arithmetic, the same in every kernel so that their results are bit-identical: an activation
+//! block of 32 is `u·a` with `u` = the largest magnitude / 127 and `a` = `x · (127 / largest)`
+//! rounded to nearest (ties to even), clamped to ±127 (int8); beside it its integer sum `Σa`
+//! and `s = u·Σa`. Per output, per block, `acc = fma(Σq·a - z·Σa, d·u, acc)` (the integer sum
+//! exact in int32, the zero point taken off there), then for Q4_1 only `acc = fma(m, s, acc)`,
+//! and finally `acc + bias`, rounded once to the output's type. A block holding a NaN or an
+//! infinity makes its rows' outputs NaN.
+//!
+//! Work: panels of `PANEL_ROWS` rows times chunks of up to `CHUNK_TILES` tiles (fewer where
+//! there are few panels, so that every thread can take several), claimed by the threads
+//! through an atomic counter; in each, a tile group stays in L1 while the panel's rows
+//! pass over it. A row's outputs do not depend on the other rows of the call or on the threads.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::layout::{tile_block_bytes, value_at, values_bytes, zero_point};
+use super::{PackedKernel, PackedMatrix, PARALLEL_MIN_WORK, TILE};
+use crate::element::Element;
+use crate::error::{check_len, elements};
+use crate::parallel;
+use crate::quant::{block, Format, BLOCK};
+use crate::{Error, Result};
+
+/// Rows of a work item: a panel's int8 rows (64 × 1536 bytes at most for SmolLM2) stay in L2
+/// while its tile chunk passes over them.
+const PANEL_ROWS: usize = 64;
+/// The most tiles of a work item. Every chunk is a multiple of 2, the AVX-512 kernel's tile group.
+const CHUNK_TILES: usize = 12;
+/// Activation values below which rounding them runs on the calling thread alone.
+const ROUND_PARALLEL_MIN: usize = 1 << 16;
+
+/// Activation rows rounded to one int8 per value (see the module's arithmetic).
+pub(crate) struct Int8Rows {
+    /// `[m, k]` values `a`.
+    pub(crate) values: Vec<i8>,
+    /// `[m, k / 32]` units `u`.
+    pub(crate) units: Vec<f32>,
+    /// `[m, k / 32]` integer sums `Σa`.
+    pub(crate) totals: Vec<i32>,
+    /// `[m, k / 32]` sums `u·Σa`.
+    pub(crate) sums: Vec<f32>,
+}
+
+/// A buffer written by several threads, each at its own disjoint ranges.
+struct Shared<T>(*mut T);
+
+impl<T> Shared<T> {
+    /// The pointer (a method, so that closures capture the `Sync` wrapper, not its field).
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
+// SAFETY: every use writes ranges that no other thread touches (see `Int8Rows::new`).
+unsafe impl<T> Sync for Shared<T> {}
+
+impl Int8Rows {
+    /// Rounds the rows of `x` (`k` a multiple of 32, `x.len()` a multiple of `k`) with
+    /// `kernel`'s instructions (the same results with every kernel), on several threads for
+    /// many values.
+    pub(crate) fn new<T: Element>(x: &[T], kernel: PackedKernel) -> Int8Rows {
+        let count = x.len() / BLOCK;
+        let mut rows = Int8Rows {
+            values: vec![0; x.len()],
+            units: vec![0.0; count],
+            totals: vec![0; count],
+            sums: vec![0.0; count],
+        };
+        let threads = if x.len() >= ROUND_PARALLEL_MIN {
+            parallel::max_threads()
+        } else {
+            1
+        };
+        let (values, units) = (
+            Shared(rows.values.as_mut_ptr()),
+            Shared(rows.units.as_mut_ptr()),
+        );
+        let (totals, sums) = (
+            Shared(rows.totals.as_mut_ptr()),
+            Shared(rows.sums.as_mut_ptr()),
+        );
+        parallel::run(threads, &|thread, threads| {
+            for b in count * thread / threads..count * (thread + 1) / threads {
+                let source = &x[b * BLOCK..][..BLOCK];
+                // SAFETY: block `b` belongs to this thread alone (the blocks are split into
+                // disjoint ranges by thread) and lies inside the buffers, sized above.
+                let target =
+                    unsafe { std::slice::from_raw_parts_mut(values.get().add(b * BLOCK), BLOCK) };
+                let rounded = match kernel {
+                    // SAFETY: the kernel is available (`linear_packed_prefill` checks), so the
+                    // CPU has AVX-512 F and BW; both slices hold 32 elements.
+                    #[cfg(target_arch = "x86_64")]
+                    PackedKernel::Avx512Vnni => unsafe {
+                        super::vnni_prefill::round_block(source, target)
+                    },
+                    _ => round_block(source, target),
+                };
+                let (unit, total) = rounded.unwrap_or((f32::NAN, 0));
+                // SAFETY: as above, entry `b` of each per-block buffer is this thread's.
+                unsafe {
+                    *units.get().add(b) = unit;
+                    *totals.get().add(b) = total;
+                    *sums.get().add(b) = unit * total as f32;
+                }
+            }
+        });
+        rows
+    }
+}
+
+/// One block of 32 activations rounded to int8 (written to `out`): its unit and its integer
+/// sum, or `None` for a block holding a NaN or an infinity (`out` is then left as it was).
+fn round_block<T: Element>(block: &[T], out: &mut [i8]) -> Option<(f32, i32)> {
+    let floats: [f32; BLOCK] = std::array::from_fn(|i| block[i].load());
+    if floats.iter().any(|v| !v.is_finite()) {
+        return None;
+    }
+    let largest = floats.iter().fold(0f32, |a, v| a.max(v.abs()));
+    if largest == 0.0 {
+        out.fill(0);
+        return Some((0.0, 0));
+    }
+    let inverse = 127.0 / largest;
+    let mut total = 0i32;
+    for (out, v) in out.iter_mut().zip(floats) {
+        *out = (v * inverse).round_ties_even().clamp(-127.0, 127.0) as i8;
+        total += i32::from(*out);
+    }
+    Some((largest / 127.0, total))
+}
+
+/// One product, shared read-only by the threads; each writes only the work items it claims.
+pub(super) struct Job<T> {
+    pub(super) format: Format,
+    pub(super) values: *const i8,
+    pub(super) units: *const f32,
+    pub(super) totals: *const i32,
+    pub(super) sums: *const f32,
+    pub(super) weight: *const u8,
+    pub(super) bias: *const f32,
+    pub(super) out: *mut T,
+    pub(super) m: usize,
+    pub(super) out_features: usize,
+    pub(super) in_features: usize,
+}
+
+// SAFETY: the pointers come from buffers that outlive the parallel region
+// (`linear_packed_prefill` returns after it), the inputs are only read, and threads write the
+// outputs of disjoint (rows, tiles) items, each claimed by exactly one thread.
+unsafe impl<T> Sync for Job<T> {}
+
+/// `out[m, n] = x[m, k] · Wᵀ + bias` on the packed weight with activations rounded to one int8
+/// per value (see the module), `x` and `out` float32 or bf16, with `kernel`
+/// (`InvalidArgument` when this CPU does not run it), on the process's OpenMP threads.
+pub fn linear_packed_prefill<T: Element>(
+    kernel: PackedKernel,
+    weight: &PackedMatrix<'_>,
+    x: &[T],
+    m: usize,
+    bias: Option<&[f32]>,
+    out: &mut [T],
+) -> Result<()> {
+    let (n, k) = (weight.out_features, weight.in_features);
+    check_len("the input", x.len(), elements("the input", &[m, k])?)?;
+    check_len("the output", out.len(), elements("the output", &[m, n])?)?;
+    if let Some(bias) = bias {
+        check_len("the bias", bias.len(), n)?;
+    }
+    if !kernel.available() {
+        return Err(Error::InvalidArgument(format!(
+            "this CPU does not run the {} packed kernel",
+            kernel.name()
+        )));
+    }
+    if m == 0 {
+        return Ok(());
+    }
+    let rows = Int8Rows::new(x, kernel);
+    let job = Job {
+        format: weight.format,
+        values: rows.values.as_ptr(),
+        units: rows.units.as_ptr(),
+        totals: rows.totals.as_ptr(),
+        sums: rows.sums.as_ptr(),
+        weight: weight.bytes.as_ptr(),
+        bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
+        out: out.as_mut_ptr(),
+        m,
+        out_features: n,
+        in_features: k,
+    };
+    let tiles = n.div_ceil(TILE);
+    let threads = if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_WORK {
+        parallel::max_threads()
+    } else {
+        1
+    };
+    let panels = m.div_ceil(PANEL_ROWS);
+    // About four items per thread at least, so that a thread slowed by a busy core takes fewer.
+    let chunk = tiles
+        .div_ceil((4 * threads).div_ceil(panels))
+        .next_multiple_of(2)
+        .clamp(2, CHUNK_TILES);
+    let chunks = tiles.div_ceil(chunk);
+    let items = panels * chunks;
+    let next = AtomicUsize::new(0);
+    parallel::run(threads, &|_, _| loop {
+        let item = next.fetch_add(1, Ordering::Relaxed);
+        if item >= items {
+            break;
+        }
+        let (panel, chunk_index) = (item / chunks, item % chunks);
+        let rows = panel * PANEL_ROWS..(panel * PANEL_ROWS + PANEL_ROWS).min(m);
+        let claimed = chunk_index * chunk..(chunk_index * chunk + chunk).min(tiles);
+        // SAFETY: the kernel is available, every length was checked above, and this thread
+        // alone owns the outputs of `rows` × `claimed`.
+        unsafe {
+            match kernel {
+                PackedKernel::Portable => run_portable(&job, rows, claimed),
+                #[cfg(target_arch = "x86_64")]
+                PackedKernel::Avx512Vnni => super::vnni_prefill::run(&job, rows, claimed),
+                // Not available off x86-64, so never asked for (checked above).
+                #[cfg(not(target_arch = "x86_64"))]
+                PackedKernel::Avx512Vnni => {}
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The portable kernel: the module's arithmetic one (row, column) at a time.
+///
+/// # Safety
+/// `job`'s lengths are checked; no other thread writes the outputs of `rows` × `tiles`.
+unsafe fn run_portable<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Range<usize>) {
+    let (m, n, k) = (job.m, job.out_features, job.in_features);
+    let blocks = k / BLOCK;
+    // SAFETY: `linear_packed_prefill` checked the buffers' extents; these slices cover
+    // exactly them and are only read.
+    let (values, units, totals, sums, bytes) = unsafe {
+        (
+            std::slice::from_raw_parts(job.values, m * k),
+            std::slice::from_raw_parts(job.units, m * blocks),
+            std::slice::from_raw_parts(job.totals, m * blocks),
+            std::slice::from_raw_parts(job.sums, m * blocks),
+            std::slice::from_raw_parts(
+                job.weight,
+                n.div_ceil(TILE) * blocks * tile_block_bytes(job.format),
+            ),
+        )
+    };
+    let weight = PackedMatrix {
+        format: job.format,
+        bytes,
+        out_features: n,
+        in_features: k,
+    };
+    let half = |at: usize| block::f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]));
+    for column in tiles.start * TILE..(tiles.end * TILE).min(n) {
+        let (t, lane) = (column / TILE, column % TILE);
+        // SAFETY: the bias, when given, holds `n` floats.
+        let bias = (!job.bias.is_null()).then(|| unsafe { *job.bias.add(column) });
+        for row in rows.clone() {
+            let mut acc = 0f32;
+            for b in 0..blocks {
+                let at = weight.tile_block(t, b);
+                let dot: i32 = (0..BLOCK)
+                    .map(|i| {
+                        i32::from(value_at(job.format, bytes, at, lane, i))
+                            * i32::from(values[row * k + b * BLOCK + i])
+                    })
+                    .sum();
+                let dot = dot - zero_point(job.format) * totals[row * blocks + b];
+                let scales = at + values_bytes(job.format);
+                let d = half(scales + 2 * lane);
+                acc = (dot as f32).mul_add(d * units[row * blocks + b], acc);
+                if job.format == Format::Q4_1 {
+                    let offset = half(scales + 2 * TILE + 2 * lane);
+                    acc = offset.mul_add(sums[row * blocks + b], acc);
+                }
+            }
+            // SAFETY: (row, column) is inside the `m × n` output and this thread alone owns it.
+            unsafe { *job.out.add(row * n + column) = T::store(acc + bias.unwrap_or(0.0)) };
+        }
+    }
+}

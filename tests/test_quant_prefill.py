@@ -1,0 +1,129 @@
+"""The prefill path of `srt.layers.quant_kernels` (activations rounded to one int8 per value per
+block of 32 on the packed tiles, rust/core/src/quant/packed/prefill.rs) against a dequantized
+reference, and the plan by which `linear` picks a path for a row count.
+
+Tolerances: the kernel accumulates in float32, so it agrees to 1e-4 (relative to the output's
+largest magnitude) with the float64 product of the reference weight and the activations as it
+rounds them; against the exact activations, rounding each to 1/127 of its block's largest
+magnitude (half a step at most, about 0.4%) leaves errors within 2e-2.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_quant_kernels import FORMATS, PACKED, close, make
+
+from srt.layers import quant_kernels
+from srt.layers.quant_kernels import DENSE, KERNEL, PREFILL
+
+needs_packed = pytest.mark.skipif(not PACKED, reason="CPU without AVX-512 VNNI")
+
+
+def int8_rounded(x: torch.Tensor) -> torch.Tensor:
+    """`x` (float32) as the prefill kernel rounds it: per block of 32, int8 values in steps of
+    the block's largest magnitude / 127, in float32 steps as the kernel takes them; returned
+    exactly, in float64."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, 32)
+    largest = blocks.abs().amax(-1, keepdim=True)
+    safe = torch.where(largest == 0, torch.ones_like(largest), largest)
+    values = torch.round(blocks * (127.0 / safe)).clamp(-127, 127)
+    unit = torch.where(largest == 0, torch.zeros_like(largest), safe / 127.0)
+    return (values.double() * unit.double()).reshape(x.shape)
+
+
+@needs_packed
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("rows", [1, 6, 7, 13, 64, 65, 200])
+def test_prefill_matches_the_dequantized_reference(fmt: str, rows: int) -> None:
+    weight, reference = make(fmt, 45, 160, seed=rows)
+    assert weight.pack()
+    x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows))
+    bias = torch.randn(45)
+    got = weight._prefill(x, bias)
+    close(got, F.linear(int8_rounded(x), reference.double(), bias.double()), 1e-4)
+    close(got, F.linear(x, reference, bias), 2e-2)
+    # bfloat16 activations are widened exactly: the float32 product of the same values,
+    # rounded once.
+    halves = x.to(torch.bfloat16)
+    out = weight._prefill(halves, bias)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, weight._prefill(halves.float(), bias).to(torch.bfloat16))
+    # A row's result does not depend on the other rows of its call.
+    assert torch.equal(weight._prefill(x[-1:], bias), got[-1:])
+
+
+def test_prefill_needs_the_tiles() -> None:
+    weight, _ = make("q4_1", 16, 64)
+    with pytest.raises(ValueError, match="not packed"):
+        weight._prefill(torch.randn(3, 64), None)
+
+
+def timings(*fastest: str) -> list[dict[str, float]]:
+    """Probe timings where `fastest[i]` wins at probe `i` (among the others, dense is faster
+    than prefill)."""
+    assert len(fastest) == len(quant_kernels._PROBE_ROWS)
+    losing = {KERNEL: 4.0, PREFILL: 3.0, DENSE: 2.0}
+    return [{name: 1.0 if name == win else t for name, t in losing.items()} for win in fastest]
+
+
+def test_a_path_takes_over_where_it_wins_twice_in_a_row() -> None:
+    probes = quant_kernels._PROBE_ROWS
+    k, p, d = KERNEL, PREFILL, DENSE
+    # A lone win is noise; a second one confirms the first.
+    assert quant_kernels._plan_from(timings(k, p, k, p, p, p, p)) == ((0, k), (probes[3], p))
+    # The kernel gives way past the last probe to the faster many-row path there.
+    plan = quant_kernels._plan_from(timings(k, k, k, k, k, k, k))
+    assert plan == ((0, k), (2 * probes[-1], d))
+    # One win at the last probe counts; paths may follow one another.
+    assert quant_kernels._plan_from(timings(k, k, p, p, d, d, p)) == (
+        (0, k),
+        (probes[2], p),
+        (probes[4], d),
+        (probes[6], p),
+    )
+    # Without tiles (no integer kernel) only two paths are timed.
+    two = [{KERNEL: 1.0, DENSE: 2.0}] * len(probes)
+    assert quant_kernels._plan_from(two) == ((0, k), (2 * probes[-1], d))
+
+
+@needs_packed
+def test_the_prefill_kernel_is_timed_only_from_the_rows_the_environment_allows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    weight, _ = make("q4_1", 32, 64)
+    assert weight.pack()
+    generator = torch.Generator().manual_seed(0)
+    assert set(quant_kernels._probe(weight, 64, torch.float32, generator)) == {KERNEL, DENSE}
+    monkeypatch.setenv("SRT_INT8_PREFILL_MIN_ROWS", "16")
+    assert set(quant_kernels._probe(weight, 8, torch.float32, generator)) == {KERNEL, DENSE}
+    timed = quant_kernels._probe(weight, 16, torch.float32, generator)
+    assert set(timed) == {KERNEL, PREFILL, DENSE}
+
+
+@pytest.mark.parametrize("least", ["0", "4"])
+def test_linear_takes_the_path_its_measured_plan_gives(
+    least: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SRT_INT8_PREFILL_MIN_ROWS", least)
+    monkeypatch.setattr(quant_kernels, "_plans", {})
+    weight, reference = make("q4_1", 96, 128)
+    for dtype in (torch.float32, torch.bfloat16):
+        plan = weight.plan(dtype)
+        assert plan[0] == (0, KERNEL)
+        assert all(path in (KERNEL, PREFILL, DENSE) for _, path in plan)
+        assert [start for start, _ in plan] == sorted({start for start, _ in plan})
+        assert weight.crossover(dtype) == (plan[1][0] if len(plan) > 1 else 512)
+        boundaries = [(1, KERNEL)] + [
+            (rows, path)
+            for (_, below), (start, path) in itertools.pairwise(plan)
+            for rows, path in ((start - 1, below), (start, path))
+        ]
+        for rows, path in boundaries:
+            x = torch.randn(rows, 128).to(dtype)
+            expected = getattr(weight, path)(x, None)
+            assert torch.equal(weight.linear(x.view(1, rows, 128)), expected.view(1, rows, 96))
+            close(weight.linear(x).float(), F.linear(x.float(), reference), 5e-2)
