@@ -15,8 +15,7 @@ from runner_helpers import make_runner, runner_extend_and_decode_logits
 from test_quantized_loading import checkpoint, every_matrix
 
 from srt import _rust
-from srt.layers import cpu_kernels
-from srt.layers import quant_kernels
+from srt.layers import cpu_kernels, quant_kernels
 from srt.layers.quant_kernels import DENSE, KERNEL, QuantizedWeight
 from srt.model_executor.model_runner import ModelRunner
 from srt.models.fused_decode import FusedDecode
