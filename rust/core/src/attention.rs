@@ -18,6 +18,7 @@
 //! is the instruction-set tier's (`tiers.rs`): the bf16 products of the AVX-512 BF16 tier pair
 //! elements differently, so tiers agree within rounding, not bit for bit.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::element::Element;
@@ -167,13 +168,17 @@ pub fn decode_attention_on<T: Element>(
     ];
     check(shape, lens, slots, seq_lens)?;
     let rows: usize = seq_lens.iter().map(|&len| len as usize).sum();
-    // A task is a sequence: no more threads than sequences (one sequence on two threads would
-    // leave the caller waiting for the other, and waking it, for nothing).
     let threads = if rows >= PARALLEL_MIN_ROWS {
-        parallel::max_threads().min(shape.batch)
+        parallel::max_threads()
     } else {
         1
     };
+    // A task is a sequence, or with fewer sequences than threads, a share of a sequence's query
+    // heads (each head's arithmetic is the same whatever the share: the results do not change),
+    // so that one sequence decodes on every thread. No more threads than tasks.
+    let parts = threads.div_ceil(shape.batch).clamp(1, shape.heads.max(1));
+    let tasks = shape.batch * parts;
+    let threads = threads.min(tasks);
     let task = Task {
         shape: *shape,
         q,
@@ -189,13 +194,15 @@ pub fn decode_attention_on<T: Element>(
         let mut scratch = Scratch::default();
         loop {
             let index = next.fetch_add(1, Ordering::Relaxed);
-            if index >= shape.batch {
+            if index >= tasks {
                 break;
             }
-            // SAFETY: `check` validated every length and slot; sequence `index` is claimed by
-            // this thread alone, and its task writes only that sequence's rows of `out`; `isa`
-            // is at most the detected tier.
-            unsafe { tiers::run(&task, isa, index, &mut scratch) };
+            let (seq, part) = (index / parts, index % parts);
+            let heads = part * shape.heads / parts..(part + 1) * shape.heads / parts;
+            // SAFETY: `check` validated every length and slot; these heads of sequence `seq`
+            // are claimed by this thread alone, and its task writes only their rows of `out`;
+            // `isa` is at most the detected tier.
+            unsafe { tiers::run(&task, isa, seq, heads, &mut scratch) };
         }
     });
     Ok(())
@@ -210,7 +217,8 @@ pub(crate) struct Scratch {
     inverses: Vec<f32>,
 }
 
-/// One call's inputs, shared by the threads; each task (a sequence) writes its own rows of `out`.
+/// One call's inputs, shared by the threads; each task (a sequence, or a share of its query
+/// heads) writes its own rows of `out`.
 pub(crate) struct Task<'a, T> {
     shape: DecodeShape,
     q: &'a [T],
@@ -223,7 +231,7 @@ pub(crate) struct Task<'a, T> {
 }
 
 // SAFETY: the inputs are shared slices; `out` outlives the parallel region and each task writes
-// a disjoint range of it (its sequence's rows).
+// a disjoint range of it (its sequence's rows of its heads).
 unsafe impl<T: Sync> Sync for Task<'_, T> {}
 
 impl<T: Element> Task<'_, T> {
@@ -236,36 +244,45 @@ impl<T: Element> Task<'_, T> {
         &cache[start..start + row]
     }
 
-    /// Attends every query head of sequence `seq`, with `dot` for the products of a query
+    /// Attends query heads `heads` of sequence `seq`, with `dot` for the products of a query
     /// head and a key head (the tier's; see `tiers.rs`).
     ///
     /// # Safety
-    /// The call was checked, and no other thread runs the same sequence.
+    /// The call was checked, `heads` lies within the query heads, and no other thread runs
+    /// these heads of this sequence.
     #[inline(always)]
-    unsafe fn run_with(&self, seq: usize, scratch: &mut Scratch, dot: impl Fn(&[T], &[T]) -> f32) {
+    unsafe fn run_with(
+        &self,
+        seq: usize,
+        heads: Range<usize>,
+        scratch: &mut Scratch,
+        dot: impl Fn(&[T], &[T]) -> f32,
+    ) {
         let DecodeShape {
-            heads,
+            heads: all_heads,
             kv_heads,
             head_dim: d,
             width,
             ..
         } = self.shape;
-        let group = heads / kv_heads;
+        let group = all_heads / kv_heads;
         let len = self.seq_lens[seq] as usize;
         let row_slots = &self.slots[seq * width..seq * width + len];
-        let queries = &self.q[seq * heads * d..(seq + 1) * heads * d];
-        // Scores are [heads, len]: query head h's row, then the next head's.
+        let (first, count) = (heads.start, heads.len());
+        let queries = &self.q[(seq * all_heads + first) * d..(seq * all_heads + heads.end) * d];
+        // The K/V head of the task's `i`-th query head.
+        let kv_of = |i: usize| (first + i) / group * d..((first + i) / group + 1) * d;
+        // Scores are [count, len]: query head `first`'s row, then the next head's.
         let scores = &mut scratch.scores;
         scores.clear();
-        scores.resize(heads * len, 0.0);
+        scores.resize(count * len, 0.0);
         for (t, &slot) in row_slots.iter().enumerate() {
             if let Some(&ahead) = row_slots.get(t + PREFETCH_ROWS) {
                 prefetch(self.cache_row(self.k_cache, ahead));
             }
             let keys = self.cache_row(self.k_cache, slot);
-            for (h, query) in queries.chunks_exact(d).enumerate() {
-                let key = &keys[(h / group) * d..(h / group + 1) * d];
-                scores[h * len + t] = dot(query, key) * self.scale;
+            for (i, query) in queries.chunks_exact(d).enumerate() {
+                scores[i * len + t] = dot(query, &keys[kv_of(i)]) * self.scale;
             }
         }
         // Float32 scales the weights before the sum; a reduced type does as PyTorch's CPU flash
@@ -285,20 +302,20 @@ impl<T: Element> Task<'_, T> {
         }
         let (sums, inverses) = (&mut scratch.sums, &scratch.inverses);
         sums.clear();
-        sums.resize(heads * d, 0.0);
+        sums.resize(count * d, 0.0);
         for (t, &slot) in row_slots.iter().enumerate() {
             if let Some(&ahead) = row_slots.get(t + PREFETCH_ROWS) {
                 prefetch(self.cache_row(self.v_cache, ahead));
             }
             let values = self.cache_row(self.v_cache, slot);
-            for (h, head_sums) in sums.chunks_exact_mut(d).enumerate() {
-                let value = &values[(h / group) * d..(h / group + 1) * d];
-                axpy(scores[h * len + t], value, head_sums);
+            for (i, head_sums) in sums.chunks_exact_mut(d).enumerate() {
+                axpy(scores[i * len + t], &values[kv_of(i)], head_sums);
             }
         }
-        // SAFETY: this task owns its sequence's `heads * d` outputs.
-        let out =
-            unsafe { std::slice::from_raw_parts_mut(self.out.add(seq * heads * d), heads * d) };
+        // SAFETY: this task owns these heads' `count * d` outputs of its sequence.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(self.out.add((seq * all_heads + first) * d), count * d)
+        };
         for ((head_out, head_sums), &inverse) in out
             .chunks_exact_mut(d)
             .zip(sums.chunks_exact(d))

@@ -137,6 +137,32 @@ fn a_sequence_comes_out_the_same_bits_alone_and_in_a_batch() {
 }
 
 #[test]
+fn a_long_sequence_alone_shares_its_heads_between_threads_and_keeps_its_bits() {
+    // Alone and long enough for several threads, the sequence's query heads are split between
+    // them; in a batch of as many sequences as threads, each is one task.
+    let batch = case(&[300, 260]);
+    let together = attend(&batch).unwrap();
+    let per_seq = batch.shape.heads * batch.shape.head_dim;
+    let width = batch.shape.width;
+    let alone = Case {
+        shape: DecodeShape {
+            batch: 1,
+            ..batch.shape
+        },
+        q: batch.q[..per_seq].to_vec(),
+        k: batch.k.clone(),
+        v: batch.v.clone(),
+        slots: batch.slots[..width].to_vec(),
+        seq_lens: vec![300],
+    };
+    let out = attend(&alone).unwrap();
+    assert_eq!(out, together[..per_seq]);
+    for (&got, want) in out.iter().zip(reference(&alone)) {
+        assert!((f64::from(got) - want).abs() < 1e-5);
+    }
+}
+
+#[test]
 fn bad_slots_lengths_and_shapes_are_refused() {
     let mut bad_slot = case(&[4, 6]);
     bad_slot.slots[bad_slot.shape.width + 5] = 97;

@@ -6,19 +6,22 @@
 //! would round.
 
 use std::any::TypeId;
+use std::ops::Range;
 
 use super::{dot, Scratch, Task};
 use crate::element::{Bf16, Element};
 use crate::isa::Isa;
 
-/// Runs sequence `seq` of `task` on tier `isa`.
+/// Runs query heads `heads` of sequence `seq` of `task` on tier `isa`.
 ///
 /// # Safety
-/// The call was checked, no other thread runs `seq`, and `isa` is at most `isa::detected()`.
+/// The call was checked, `heads` lies within the query heads, no other thread runs them for
+/// `seq`, and `isa` is at most `isa::detected()`.
 pub(super) unsafe fn run<T: Element>(
     task: &Task<'_, T>,
     isa: Isa,
     seq: usize,
+    heads: Range<usize>,
     scratch: &mut Scratch,
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -28,41 +31,56 @@ pub(super) unsafe fn run<T: Element>(
             // promise, which includes the CPU having AVX-512 BF16.
             return unsafe {
                 let task = &*(task as *const Task<'_, T>).cast::<Task<'_, Bf16>>();
-                run_avx512_bf16(task, seq, scratch)
+                run_avx512_bf16(task, seq, heads, scratch)
             };
         }
         // SAFETY: `isa` is at most the detected tier, so the CPU has these features; the rest
         // is the caller's promise.
-        Isa::Avx512 | Isa::Avx512Bf16 => return unsafe { run_avx512(task, seq, scratch) },
+        Isa::Avx512 | Isa::Avx512Bf16 => return unsafe { run_avx512(task, seq, heads, scratch) },
         // SAFETY: as above.
-        Isa::Avx2 => return unsafe { run_avx2(task, seq, scratch) },
+        Isa::Avx2 => return unsafe { run_avx2(task, seq, heads, scratch) },
         Isa::Scalar => {}
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (isa, TypeId::of::<Bf16>());
     // SAFETY: forwarded from the caller.
-    unsafe { task.run_with(seq, scratch, dot::<T>) }
+    unsafe { task.run_with(seq, heads, scratch, dot::<T>) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn run_avx2<T: Element>(task: &Task<'_, T>, seq: usize, scratch: &mut Scratch) {
+unsafe fn run_avx2<T: Element>(
+    task: &Task<'_, T>,
+    seq: usize,
+    heads: Range<usize>,
+    scratch: &mut Scratch,
+) {
     // SAFETY: forwarded from `run`; this copy is compiled for AVX2.
-    unsafe { task.run_with(seq, scratch, dot::<T>) }
+    unsafe { task.run_with(seq, heads, scratch, dot::<T>) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
-unsafe fn run_avx512<T: Element>(task: &Task<'_, T>, seq: usize, scratch: &mut Scratch) {
+unsafe fn run_avx512<T: Element>(
+    task: &Task<'_, T>,
+    seq: usize,
+    heads: Range<usize>,
+    scratch: &mut Scratch,
+) {
     // SAFETY: forwarded from `run`; this copy is compiled for AVX-512.
-    unsafe { task.run_with(seq, scratch, dot::<T>) }
+    unsafe { task.run_with(seq, heads, scratch, dot::<T>) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512bf16")]
-unsafe fn run_avx512_bf16(task: &Task<'_, Bf16>, seq: usize, scratch: &mut Scratch) {
+unsafe fn run_avx512_bf16(
+    task: &Task<'_, Bf16>,
+    seq: usize,
+    heads: Range<usize>,
+    scratch: &mut Scratch,
+) {
     // SAFETY: forwarded from `run`; this copy is compiled for AVX-512 BF16.
-    unsafe { task.run_with(seq, scratch, |a, b| dot_bf16(a, b)) }
+    unsafe { task.run_with(seq, heads, scratch, |a, b| dot_bf16(a, b)) }
 }
 
 /// `a · b` for bf16 rows of equal length, 32 pairs per `vdpbf16ps`; the tail is loaded masked
