@@ -224,21 +224,11 @@ pub fn linear_packed<T: Element>(
     bias: Option<&[f32]>,
     out: &mut [T],
 ) -> Result<()> {
-    let (n, k) = (weight.out_features, weight.in_features);
-    check_len("the input", x.len(), elements("the input", &[m, k])?)?;
-    check_len("the output", out.len(), elements("the output", &[m, n])?)?;
-    if let Some(bias) = bias {
-        check_len("the bias", bias.len(), n)?;
-    }
-    if !kernel.available() {
-        return Err(Error::InvalidArgument(format!(
-            "this CPU does not run the {} packed kernel",
-            kernel.name()
-        )));
-    }
+    check_product(kernel, weight, x, m, bias, out)?;
     if m == 0 {
         return Ok(());
     }
+    let (n, k) = (weight.out_features, weight.in_features);
     let rows = QuantizedRows::new(x, kernel);
     let job = Job {
         format: weight.format,
@@ -274,6 +264,31 @@ pub fn linear_packed<T: Element>(
         // alone owns the tiles `claimed`.
         unsafe { run_kernel(kernel, &job, claimed) };
     });
+    Ok(())
+}
+
+/// Checks a product's lengths against the weight (`x` `[m, k]`, `out` `[m, n]`, the bias `n`)
+/// and that this CPU runs `kernel`.
+pub(super) fn check_product<T>(
+    kernel: PackedKernel,
+    weight: &PackedMatrix<'_>,
+    x: &[T],
+    m: usize,
+    bias: Option<&[f32]>,
+    out: &[T],
+) -> Result<()> {
+    let (n, k) = (weight.out_features, weight.in_features);
+    check_len("the input", x.len(), elements("the input", &[m, k])?)?;
+    check_len("the output", out.len(), elements("the output", &[m, n])?)?;
+    if let Some(bias) = bias {
+        check_len("the bias", bias.len(), n)?;
+    }
+    if !kernel.available() {
+        return Err(Error::InvalidArgument(format!(
+            "this CPU does not run the {} packed kernel",
+            kernel.name()
+        )));
+    }
     Ok(())
 }
 

@@ -24,12 +24,11 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::layout::{tile_block_bytes, value_at, values_bytes, zero_point};
-use super::{PackedKernel, PackedMatrix, PARALLEL_MIN_WORK, TILE};
+use super::{check_product, PackedKernel, PackedMatrix, PARALLEL_MIN_WORK, TILE};
 use crate::element::Element;
-use crate::error::{check_len, elements};
 use crate::parallel;
 use crate::quant::{block, Format, BLOCK};
-use crate::{Error, Result};
+use crate::Result;
 
 /// Rows of a work item: a panel's int8 rows (64 × 1536 bytes at most for SmolLM2) stay in L2
 /// while its tile chunk passes over them.
@@ -170,21 +169,11 @@ pub fn linear_packed_prefill<T: Element>(
     bias: Option<&[f32]>,
     out: &mut [T],
 ) -> Result<()> {
-    let (n, k) = (weight.out_features, weight.in_features);
-    check_len("the input", x.len(), elements("the input", &[m, k])?)?;
-    check_len("the output", out.len(), elements("the output", &[m, n])?)?;
-    if let Some(bias) = bias {
-        check_len("the bias", bias.len(), n)?;
-    }
-    if !kernel.available() {
-        return Err(Error::InvalidArgument(format!(
-            "this CPU does not run the {} packed kernel",
-            kernel.name()
-        )));
-    }
+    check_product(kernel, weight, x, m, bias, out)?;
     if m == 0 {
         return Ok(());
     }
+    let (n, k) = (weight.out_features, weight.in_features);
     let rows = Int8Rows::new(x, kernel);
     let job = Job {
         format: weight.format,

@@ -221,19 +221,15 @@ pub(super) unsafe fn store<T: Element>(v: __m512, target: *mut T, width: usize) 
     }
 }
 
-/// `packed::split_block` with AVX-512: the same operations on 16 lanes at a time, so the same
-/// parts, unit and sum.
+/// A block of 32 activations as two vectors of float32 and its largest magnitude, or `None`
+/// when it holds a NaN or an infinity: the start the two roundings of activations share.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and BW; `block`, `high` and `low` hold 32 elements each.
+/// The CPU has AVX-512 F and BW; `block` holds 32 elements.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn split_block<T: Element>(
-    block: &[T],
-    high: &mut [i8],
-    low: &mut [i8],
-) -> Option<(f32, i32)> {
+pub(super) unsafe fn load_block<T: Element>(block: &[T]) -> Option<([__m512; 2], f32)> {
     // SAFETY: 32 elements at `block` (f32, or 16-bit `Bf16` when `T::REDUCED`: the only
-    // `Element`s) and 32 bytes at `high` and `low`, as the caller guarantees.
+    // `Element`s), as the caller guarantees.
     unsafe {
         let load = |half: usize| {
             if T::REDUCED {
@@ -253,7 +249,28 @@ pub(super) unsafe fn split_block<T: Element>(
         {
             return None;
         }
-        let largest = _mm512_reduce_max_ps(_mm512_max_ps(magnitude[0], magnitude[1]));
+        Some((
+            v,
+            _mm512_reduce_max_ps(_mm512_max_ps(magnitude[0], magnitude[1])),
+        ))
+    }
+}
+
+/// `packed::split_block` with AVX-512: the same operations on 16 lanes at a time, so the same
+/// parts, unit and sum.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW; `block`, `high` and `low` hold 32 elements each.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn split_block<T: Element>(
+    block: &[T],
+    high: &mut [i8],
+    low: &mut [i8],
+) -> Option<(f32, i32)> {
+    // SAFETY: 32 elements at `block` and 32 bytes at `high` and `low`, as the caller
+    // guarantees.
+    unsafe {
+        let (v, largest) = load_block(block)?;
         if largest == 0.0 {
             high.fill(0);
             low.fill(0);

@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::prefill::Job;
-use super::vnni::{store, Bytes, Nibbles, Values};
+use super::vnni::{load_block, store, Bytes, Nibbles, Values};
 use super::{tile_block_bytes, values_bytes, BLOCK, TILE};
 use crate::element::Element;
 use crate::quant::Format;
@@ -167,28 +167,9 @@ unsafe fn micro<
 /// The CPU has AVX-512 F and BW; `block` and `out` hold 32 elements each.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(super) unsafe fn round_block<T: Element>(block: &[T], out: &mut [i8]) -> Option<(f32, i32)> {
-    // SAFETY: 32 elements at `block` (f32, or 16-bit `Bf16` when `T::REDUCED`: the only
-    // `Element`s) and 32 bytes at `out`, as the caller guarantees.
+    // SAFETY: 32 elements at `block` and 32 bytes at `out`, as the caller guarantees.
     unsafe {
-        let load = |half: usize| {
-            if T::REDUCED {
-                let bits = _mm256_loadu_si256(block.as_ptr().cast::<u16>().add(16 * half).cast());
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
-            } else {
-                _mm512_loadu_ps(block.as_ptr().cast::<f32>().add(16 * half))
-            }
-        };
-        let v = [load(0), load(1)];
-        let magnitude = [_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])];
-        // A NaN or an infinity is not ordered at or below the largest finite float.
-        let finite = _mm512_set1_ps(f32::MAX);
-        if magnitude
-            .iter()
-            .any(|&m| _mm512_cmp_ps_mask::<_CMP_LE_OQ>(m, finite) != 0xffff)
-        {
-            return None;
-        }
-        let largest = _mm512_reduce_max_ps(_mm512_max_ps(magnitude[0], magnitude[1]));
+        let (v, largest) = load_block(block)?;
         if largest == 0.0 {
             out.fill(0);
             return Some((0.0, 0));
