@@ -17,7 +17,8 @@ from typing import Any
 import uvloop
 
 from srt.entrypoints.launcher import ChildDied, Launcher
-from srt.server_args import ServerArgs, parse_args
+from srt.server_args import ServerArgs
+from srt.server_cli import parse_args
 
 
 def _set_once(future: asyncio.Future[Any], value: Any) -> None:

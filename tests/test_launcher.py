@@ -36,7 +36,8 @@ from srt.io_struct import (
 )
 from srt.ipc.channel import Receiver, Sender
 from srt.sampling_params import SamplingParams
-from srt.server_args import ServerArgs, parse_args
+from srt.server_args import ServerArgs
+from srt.server_cli import parse_args
 
 
 @pytest.fixture(scope="module")

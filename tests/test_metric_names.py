@@ -16,7 +16,8 @@ from srt.io_struct import GetLoadOut
 from srt.managers.metric_names import PREFIX_PATTERN, SGLANG_NAMES, metric_name
 from srt.managers.metrics import TokenizerMetrics
 from srt.managers.request_times import RequestTimes
-from srt.server_args import ServerArgs, ServerArgsError, parse_args
+from srt.server_args import ServerArgs, ServerArgsError
+from srt.server_cli import parse_args
 
 SGLANG_DASHBOARD_SERIES = (
     "sglang:e2e_request_latency_seconds_bucket",

@@ -9,14 +9,8 @@ from pathlib import Path
 import pytest
 
 from srt.entrypoints.http import server
-from srt.server_args import (
-    SCHEDULE_POLICIES,
-    ServerArgs,
-    ServerArgsError,
-    build_parser,
-    flag_of,
-    parse_args,
-)
+from srt.server_args import SCHEDULE_POLICIES, ServerArgs, ServerArgsError, flag_of
+from srt.server_cli import build_parser, parse_args
 
 
 def test_defaults_follow_sglang() -> None:

@@ -16,7 +16,8 @@ import pytest
 from srt.entrypoints.engine import Engine
 from srt.managers.request_times import POINTS, STAGES, RequestTimes
 from srt.managers.tracing import STAGE_PROCESS, RequestTracer
-from srt.server_args import ServerArgs, parse_args
+from srt.server_args import ServerArgs
+from srt.server_cli import parse_args
 
 pytest.importorskip("opentelemetry.sdk")
 from opentelemetry.sdk.trace import ReadableSpan

@@ -36,7 +36,8 @@ from srt.ipc.channel import Receiver, Sender
 from srt.logs import configure_logging
 from srt.managers.generate_req_input import GenerateReqInput
 from srt.managers.tokenizer_manager import TokenizerManager
-from srt.server_args import ServerArgs, check_local_model_path, parse_args
+from srt.server_args import ServerArgs, check_local_model_path
+from srt.server_cli import parse_args
 from srt.testing.smollm2 import INSTALL_HINT, smollm2_gguf_in_cache
 
 logger = logging.getLogger(__name__)
