@@ -315,23 +315,13 @@ def quant_packed_linear(
     k: int,
     bias: _Floats | None,
     out: _Floats | NDArray[np.int16],
+    int8_activations: bool = False,
 ) -> None:
     """`out[m, n] = x[m, k] · Wᵀ + bias` on the tiles, `x` and `out` both float32 or both
-    bfloat16 bits (int16), the bias float32 (GIL released, on PyTorch's OpenMP threads)."""
-
-def quant_packed_linear_prefill(
-    fmt: str,
-    x: _Floats | NDArray[np.int16],
-    m: int,
-    packed: _Bytes,
-    n: int,
-    k: int,
-    bias: _Floats | None,
-    out: _Floats | NDArray[np.int16],
-) -> None:
-    """`quant_packed_linear` with activations rounded to one int8 per value per block of 32
-    (llama.cpp's Q8; rust/core/src/quant/packed/prefill.rs): half the integer work, for
-    products of many rows."""
+    bfloat16 bits (int16), the bias float32 (GIL released, on PyTorch's OpenMP threads).
+    Activations are split into two int8 parts, or with `int8_activations` rounded to one int8
+    per value per block of 32 (llama.cpp's Q8; rust/core/src/quant/packed/prefill.rs): half
+    the integer work, for products of many rows."""
 
 def quant_packed_dequantize(
     fmt: str,

@@ -171,20 +171,13 @@ class QuantizedWeight:
 
     def _kernel(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The product on the tiles (in the rows' dtype) or the blocks (in float32)."""
-        n, k, m = self.out_features, self.in_features, rows.shape[0]
-        bias_view = None if bias is None else bias.detach().to(torch.float32).contiguous().numpy()
         if self._packed is not None or self.pack():
-            out = torch.empty(m, n, dtype=rows.dtype)
-            if m:
-                inputs = _numpy(rows.contiguous())
-                _rust.quant_packed_linear(
-                    self.fmt, inputs, m, self._held, n, k, bias_view, _numpy(out)
-                )
-            return out
+            return self._on_tiles(rows, bias, int8_activations=False)
+        n, k, m = self.out_features, self.in_features, rows.shape[0]
         out = torch.empty(m, n)
         if m:
             inputs = rows.to(torch.float32).contiguous().numpy()
-            _rust.quant_linear(self.fmt, inputs, m, self._held, n, k, bias_view, out.numpy())
+            _rust.quant_linear(self.fmt, inputs, m, self._held, n, k, _bias(bias), out.numpy())
         return out
 
     def _prefill(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -192,13 +185,24 @@ class QuantizedWeight:
         rows' dtype); only for a packed weight."""
         if self._packed is None:
             raise ValueError(f"{self!r} is not packed: the prefill kernel runs on tiles")
+        return self._on_tiles(rows, bias, int8_activations=True)
+
+    def _on_tiles(
+        self, rows: torch.Tensor, bias: torch.Tensor | None, int8_activations: bool
+    ) -> torch.Tensor:
         n, k, m = self.out_features, self.in_features, rows.shape[0]
-        bias_view = None if bias is None else bias.detach().to(torch.float32).contiguous().numpy()
         out = torch.empty(m, n, dtype=rows.dtype)
         if m:
-            inputs = _numpy(rows.contiguous())
-            _rust.quant_packed_linear_prefill(
-                self.fmt, inputs, m, self._held, n, k, bias_view, _numpy(out)
+            _rust.quant_packed_linear(
+                self.fmt,
+                _numpy(rows.contiguous()),
+                m,
+                self._held,
+                n,
+                k,
+                _bias(bias),
+                _numpy(out),
+                int8_activations,
             )
         return out
 
@@ -309,6 +313,11 @@ def _measure_plan(weight: QuantizedWeight, dtype: torch.dtype) -> Plan:
     """The plan measured on this machine (see `_plan_from`)."""
     generator = torch.Generator().manual_seed(0)
     return _plan_from([_probe(weight, rows, dtype, generator) for rows in _PROBE_ROWS])
+
+
+def _bias(bias: torch.Tensor | None) -> np.ndarray | None:
+    """A bias as the kernels read it: float32, contiguous (numpy)."""
+    return None if bias is None else bias.detach().to(torch.float32).contiguous().numpy()
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:

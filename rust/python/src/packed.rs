@@ -55,9 +55,11 @@ fn quant_pack(
 }
 
 /// `out[m, n] = x[m, k] · Wᵀ + bias` on the packed weight `W`, `x` and `out` both float32 or
-/// both bfloat16 bits, the bias float32 (activations split into two int8 parts).
+/// both bfloat16 bits, the bias float32. Activations are split into two int8 parts, or with
+/// `int8_activations` rounded to one int8 per value per block of 32 (llama.cpp's Q8: half the
+/// integer work, for products of many rows).
 #[pyfunction]
-#[pyo3(signature = (fmt, x, m, packed, n, k, bias, out))]
+#[pyo3(signature = (fmt, x, m, packed, n, k, bias, out, int8_activations=false))]
 #[allow(clippy::too_many_arguments)]
 fn quant_packed_linear(
     py: Python<'_>,
@@ -69,59 +71,45 @@ fn quant_packed_linear(
     k: usize,
     bias: Option<PyBuffer<f32>>,
     out: &Bound<'_, PyAny>,
+    int8_activations: bool,
 ) -> PyResult<()> {
-    let args = Linear {
-        fmt,
-        x,
-        m,
-        packed,
-        n,
-        k,
-        bias,
-        out,
+    let format = Format::parse(fmt).map_err(to_py_err)?;
+    let weight = contiguous("the packed weight", &packed, false)?;
+    let bias = bias
+        .as_ref()
+        .map(|b| contiguous("the bias", b, false))
+        .transpose()?;
+    let op = Product {
+        kernel: PackedKernel::best().unwrap_or(PackedKernel::Portable),
+        format,
+        activations: if int8_activations {
+            Activations::Int8
+        } else {
+            Activations::Split
+        },
     };
-    linear(py, args, Activations::Split)
-}
-
-/// `quant_packed_linear` with activations rounded to one int8 per value per block of 32
-/// (llama.cpp's Q8 activations): half the integer work, for products of many rows.
-#[pyfunction]
-#[pyo3(signature = (fmt, x, m, packed, n, k, bias, out))]
-#[allow(clippy::too_many_arguments)]
-fn quant_packed_linear_prefill(
-    py: Python<'_>,
-    fmt: &str,
-    x: &Bound<'_, PyAny>,
-    m: usize,
-    packed: PyBuffer<u8>,
-    n: usize,
-    k: usize,
-    bias: Option<PyBuffer<f32>>,
-    out: &Bound<'_, PyAny>,
-) -> PyResult<()> {
-    let args = Linear {
-        fmt,
-        x,
-        m,
-        packed,
-        n,
-        k,
-        bias,
-        out,
-    };
-    linear(py, args, Activations::Int8)
-}
-
-/// The arguments of a packed product, as Python passed them.
-struct Linear<'a, 'py> {
-    fmt: &'a str,
-    x: &'a Bound<'py, PyAny>,
-    m: usize,
-    packed: PyBuffer<u8>,
-    n: usize,
-    k: usize,
-    bias: Option<PyBuffer<f32>>,
-    out: &'a Bound<'py, PyAny>,
+    match (
+        Floats::get("the input", x)?,
+        Floats::get("the output", out)?,
+    ) {
+        (Floats::F32(x), Floats::F32(out)) => {
+            let (x, out) = (
+                contiguous("the input", &x, false)?,
+                contiguous("the output", &out, true)?,
+            );
+            op.run(py, weight, (n, k), x, m, bias, out)
+        }
+        (Floats::Bf16(x), Floats::Bf16(out)) => {
+            let (x, out) = (
+                contiguous("the input", &x, false)?,
+                contiguous("the output", &out, true)?,
+            );
+            op.run(py, weight, (n, k), bf16_bits(x), m, bias, bf16_bits(out))
+        }
+        _ => Err(PyValueError::new_err(
+            "the input and the output must both be float32 or both bfloat16",
+        )),
+    }
 }
 
 /// How a packed product rounds its activations: which core function runs.
@@ -131,50 +119,6 @@ enum Activations {
     Split,
     /// One int8 per value (`quant::linear_packed_prefill`).
     Int8,
-}
-
-fn linear(py: Python<'_>, args: Linear<'_, '_>, activations: Activations) -> PyResult<()> {
-    let format = Format::parse(args.fmt).map_err(to_py_err)?;
-    let weight = contiguous("the packed weight", &args.packed, false)?;
-    let bias = args
-        .bias
-        .as_ref()
-        .map(|b| contiguous("the bias", b, false))
-        .transpose()?;
-    let kernel = PackedKernel::best().unwrap_or(PackedKernel::Portable);
-    let (n, k, m) = (args.n, args.k, args.m);
-    match (
-        Floats::get("the input", args.x)?,
-        Floats::get("the output", args.out)?,
-    ) {
-        (Floats::F32(x), Floats::F32(out)) => {
-            let (x, out) = (
-                contiguous("the input", &x, false)?,
-                contiguous("the output", &out, true)?,
-            );
-            let op = Product {
-                kernel,
-                format,
-                activations,
-            };
-            op.run(py, weight, (n, k), x, m, bias, out)
-        }
-        (Floats::Bf16(x), Floats::Bf16(out)) => {
-            let (x, out) = (
-                contiguous("the input", &x, false)?,
-                contiguous("the output", &out, true)?,
-            );
-            let op = Product {
-                kernel,
-                format,
-                activations,
-            };
-            op.run(py, weight, (n, k), bf16_bits(x), m, bias, bf16_bits(out))
-        }
-        _ => Err(PyValueError::new_err(
-            "the input and the output must both be float32 or both bfloat16",
-        )),
-    }
 }
 
 /// Which product runs: the kernel, the weight's format and the activations' rounding.
@@ -315,7 +259,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quant_packed_len, m)?)?;
     m.add_function(wrap_pyfunction!(quant_pack, m)?)?;
     m.add_function(wrap_pyfunction!(quant_packed_linear, m)?)?;
-    m.add_function(wrap_pyfunction!(quant_packed_linear_prefill, m)?)?;
     m.add_function(wrap_pyfunction!(quant_packed_dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(quant_packed_dequantize_transposed, m)?)?;
     Ok(())

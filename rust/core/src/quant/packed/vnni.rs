@@ -185,18 +185,30 @@ unsafe fn block_tile<V: Values, T: Element, const R: usize, const N: usize>(
         for t in 0..N {
             let column = (tile + t) * TILE;
             let width = TILE.min(job.out_features - column);
-            let bias = if job.bias.is_null() {
-                _mm512_setzero_ps()
-            } else {
-                let mut lanes = [0f32; TILE];
-                std::ptr::copy_nonoverlapping(job.bias.add(column), lanes.as_mut_ptr(), width);
-                _mm512_loadu_ps(lanes.as_ptr())
-            };
+            let bias = bias_lanes(job.bias, column, width);
             for (r, sums) in acc.iter().enumerate() {
                 let target = job.out.add((row + r) * job.out_features + column);
                 store(_mm512_add_ps(sums[t], bias), target, width);
             }
         }
+    }
+}
+
+/// The bias of output columns `column..column + width` (`width` at most 16) in a vector's
+/// first lanes, zeros elsewhere and where there is no bias (`bias` null).
+///
+/// # Safety
+/// A non-null `bias` holds at least `column + width` floats; the CPU has AVX-512 F.
+#[inline(always)]
+pub(super) unsafe fn bias_lanes(bias: *const f32, column: usize, width: usize) -> __m512 {
+    // SAFETY: the caller's promise; the lanes copied stay within `bias` and `lanes`.
+    unsafe {
+        if bias.is_null() {
+            return _mm512_setzero_ps();
+        }
+        let mut lanes = [0f32; TILE];
+        std::ptr::copy_nonoverlapping(bias.add(column), lanes.as_mut_ptr(), width);
+        _mm512_loadu_ps(lanes.as_ptr())
     }
 }
 

@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::prefill::Job;
-use super::vnni::{load_block, store, Bytes, Nibbles, Values};
+use super::vnni::{bias_lanes, load_block, store, Bytes, Nibbles, Values};
 use super::{tile_block_bytes, values_bytes, BLOCK, TILE};
 use crate::element::Element;
 use crate::quant::Format;
@@ -145,13 +145,7 @@ unsafe fn micro<
         for t in 0..N {
             let column = (tile + t) * TILE;
             let width = TILE.min(job.out_features - column);
-            let bias = if job.bias.is_null() {
-                _mm512_setzero_ps()
-            } else {
-                let mut lanes = [0f32; TILE];
-                std::ptr::copy_nonoverlapping(job.bias.add(column), lanes.as_mut_ptr(), width);
-                _mm512_loadu_ps(lanes.as_ptr())
-            };
+            let bias = bias_lanes(job.bias, column, width);
             for (r, sums) in acc.iter().enumerate() {
                 let target = job.out.add((row + r) * job.out_features + column);
                 store(_mm512_add_ps(sums[t], bias), target, width);
