@@ -60,8 +60,6 @@ class FusedDecode:
         self._stack: Any = None
         # Steps of at least this many sequences take the layers' path.
         self._max_batch = 0
-        # Per layer: the float32 biases the stack reads (kept alive here).
-        self._biases: list[torch.Tensor] = []
 
     def run(
         self, rope: Rope, hidden: torch.Tensor, residual: torch.Tensor, forward_batch: ForwardBatch
@@ -136,10 +134,8 @@ class FusedDecode:
                 return None
             # First: measuring the crossover packs the weight where it will be packed.
             crossovers.append(weight.crossover(dtype))
-            bias = None
-            if linear.bias is not None:
-                bias = linear.bias.detach().to(torch.float32).contiguous()
-                self._biases.append(bias)
+            # The stack holds the numpy view, which holds the float32 copy.
+            bias = None if linear.bias is None else linear.bias.detach().to(torch.float32)
             projections.append(
                 (
                     weight.fmt,
@@ -147,7 +143,7 @@ class FusedDecode:
                     weight.held,
                     weight.out_features,
                     weight.in_features,
-                    None if bias is None else bias.numpy(),
+                    None if bias is None else bias.contiguous().numpy(),
                 )
             )
         norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
