@@ -20,8 +20,9 @@ the prefill integer kernel (activations rounded to one int8 per value) on bfloat
 as the model passes them, beside `torch_bf16` (PyTorch's matmul on a dequantized bf16 weight
 kept in memory), `quant_dense_bf16` (the class's dense path: dequantize for the call, then that
 matmul) and `quant_kernel` (the few-row kernel, activations split into two int8 parts). `plan`
-is the path the class measured for each row count (float32 and bfloat16 activations; the prefill
-kernel joins it from `SRT_INT8_PREFILL_MIN_ROWS` rows, when that is set).
+is the path the class measured for each row count in a prefill pass (float32 and bfloat16
+activations; the prefill kernel joins it from `INT8_ACTIVATION_MIN_ROWS` rows, as in the
+server, unless `--disable-int8-activations`), and `quant_linear` times the path it gives.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from roofline import copy_bandwidth
 
-from srt import _rust, envs
+from srt import _rust
 from srt.layers import cpu_kernels
-from srt.layers.quant_kernels import QuantizedWeight
+from srt.layers.quant_kernels import INT8_ACTIVATION_MIN_ROWS, QuantizedWeight, int8_activations
 
 # SmolLM2-135M-Instruct's GGUF: (in, out, format) per projection; the tied lm_head is Q8_0 in
 # the file, and Q4_1 for comparison.
@@ -89,6 +90,7 @@ def bench_shape(
     working_set: int,
     repeats: int,
     kernel_max_rows: int,
+    int8_offered: bool,
 ) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     dense = (rng.standard_normal((n, k), dtype=np.float32) * 0.05).astype(np.float32)
@@ -104,7 +106,9 @@ def bench_shape(
     w16 = first.dequantize(torch.bfloat16)
     bf16 = [w16] + [w16.clone() for _ in range(copies(w16.numel() * 2, working_set) - 1)]
     result: dict[str, Any] = {"format": fmt, "weight_bytes": first.nbytes}
-    result["plan"] = {str(dtype): first.plan(dtype) for dtype in (torch.float32, torch.bfloat16)}
+    result["plan"] = {
+        str(dtype): first.plan(dtype, int8_offered) for dtype in (torch.float32, torch.bfloat16)
+    }
     for rows in rows_list:
         x = torch.randn(rows, k)
         x16 = x.bfloat16()
@@ -149,23 +153,36 @@ def main() -> None:
         help="time the few-row kernel alone up to this many rows",
     )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument(
+        "--disable-int8-activations",
+        action="store_true",
+        help="as srt-serve's flag: no product rounds its activations to int8",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    int8_offered = not args.disable_int8_activations
     if args.threads:
         torch.set_num_threads(args.threads)
     results: dict[str, Any] = {
         "quant_kernel": _rust.quant_kernel(),
         "quant_packed_kernel": cpu_kernels.quant_packed_kernel(),
         "torch_threads": torch.get_num_threads(),
-        "int8_prefill_min_rows": envs.int8_prefill_min_rows(),
+        "int8_activations_from_rows": int8_offered and INT8_ACTIVATION_MIN_ROWS,
         "copy_GBps": round(copy_bandwidth(torch.device("cpu")) / 1e9, 1),
         "shapes": {},
     }
-    with torch.inference_mode():
+    with torch.inference_mode(), int8_activations(int8_offered):
         for name in args.shapes:
             k, n, fmt = SHAPES[name]
             results["shapes"][f"{name} {k}->{n}"] = bench_shape(
-                k, n, fmt, args.rows, args.working_set, args.repeats, args.kernel_max_rows
+                k,
+                n,
+                fmt,
+                args.rows,
+                args.working_set,
+                args.repeats,
+                args.kernel_max_rows,
+                int8_offered,
             )
             print(name, results["shapes"][f"{name} {k}->{n}"], file=sys.stderr, flush=True)
     emit(results, args.json)

@@ -73,6 +73,27 @@ def runner_extend_and_decode_logits(runner: ModelRunner) -> list[torch.Tensor]:
     return outputs
 
 
+def teacher_forced_logits(
+    runner: ModelRunner, prompts: list[list[int]], tokens: list[list[int]]
+) -> torch.Tensor:
+    """Float32 logits `[steps, len(prompts), vocab]` of one extend of all prompts, then decode
+    steps that feed each prompt its `tokens` (all of one length, `steps`) in turn, whatever the
+    runner would have chosen: every step sees the same context as the run that chose them."""
+    book = SlotBook(runner)
+    rows = take_rows(runner, len(prompts))
+    batch = runner.prepare_extend(
+        rows, [0] * len(prompts), prompts, book.take(sum(len(p) for p in prompts))
+    )
+    seq_lens = [len(p) for p in prompts]
+    logits = [runner.forward(batch).float().cpu()]
+    for step in range(len(tokens[0]) - 1):
+        seq_lens = [n + 1 for n in seq_lens]
+        fed = [t[step] for t in tokens]
+        batch = runner.prepare_decode(rows, seq_lens, fed, book.take(len(rows)))
+        logits.append(runner.forward(batch).float().cpu())
+    return torch.stack(logits)
+
+
 def greedy_generate(
     runner: ModelRunner, prompts: list[list[int]], max_new_tokens: int, banned: set[int]
 ) -> list[list[int]]:

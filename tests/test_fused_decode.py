@@ -110,7 +110,7 @@ def test_batches_at_a_crossover_and_float_weights_take_the_layers(
     # As if measured: products of 3 rows and more go dense, in the layers and so in the stack.
     monkeypatch.setattr(quant_kernels, "_plans", {})
     monkeypatch.setattr(
-        quant_kernels, "_measure_plan", lambda weight, dtype: ((0, KERNEL), (3, DENSE))
+        quant_kernels, "_measure_plan", lambda weight, dtype, offered: ((0, KERNEL), (3, DENSE))
     )
     runner = quantized_runner(tiny_model_factory, "llama", every_matrix("q4_1"), "float32")
     runner_extend_and_decode_logits(runner)  # decode steps of 3 sequences

@@ -91,32 +91,65 @@ def test_a_path_takes_over_where_it_wins_twice_in_a_row() -> None:
 
 
 @needs_packed
-def test_the_prefill_kernel_is_timed_only_from_the_rows_the_environment_allows(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_prefill_kernel_is_timed_only_where_offered_and_from_its_least_rows() -> None:
     weight, _ = make("q4_1", 32, 64)
     assert weight.pack()
     generator = torch.Generator().manual_seed(0)
-    assert set(quant_kernels._probe(weight, 64, torch.float32, generator)) == {KERNEL, DENSE}
-    monkeypatch.setenv("SRT_INT8_PREFILL_MIN_ROWS", "16")
-    assert set(quant_kernels._probe(weight, 8, torch.float32, generator)) == {KERNEL, DENSE}
-    timed = quant_kernels._probe(weight, 16, torch.float32, generator)
-    assert set(timed) == {KERNEL, PREFILL, DENSE}
+    least = quant_kernels.INT8_ACTIVATION_MIN_ROWS
+
+    def timed(rows: int, offered: bool) -> set[str]:
+        return set(quant_kernels._probe(weight, rows, torch.float32, offered, generator))
+
+    assert timed(64, False) == {KERNEL, DENSE}
+    assert timed(least - 1, True) == {KERNEL, DENSE}
+    assert timed(least, True) == {KERNEL, PREFILL, DENSE}
 
 
-@pytest.mark.parametrize("least", ["0", "4"])
-def test_linear_takes_the_path_its_measured_plan_gives(
-    least: str, monkeypatch: pytest.MonkeyPatch
+@needs_packed
+def test_products_round_activations_to_int8_only_inside_the_offer(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("SRT_INT8_PREFILL_MIN_ROWS", least)
+    least = quant_kernels.INT8_ACTIVATION_MIN_ROWS
+    monkeypatch.setattr(quant_kernels, "_plans", {})
+    monkeypatch.setattr(
+        quant_kernels,
+        "_measure_plan",
+        lambda weight, dtype, offered: ((0, KERNEL), (least, PREFILL if offered else DENSE)),
+    )
+    weight, _ = make("q4_1", 32, 64)
+    assert weight.pack()
+    x = torch.randn(least, 64)
+    exact, rounded = weight._dense(x, None), weight._prefill(x, None)
+    assert not torch.equal(exact, rounded)
+    assert torch.equal(weight.linear(x), exact)
+    with quant_kernels.int8_activations(True):
+        assert torch.equal(weight.linear(x), rounded)
+        with quant_kernels.int8_activations(False):
+            assert torch.equal(weight.linear(x), exact)
+        assert torch.equal(weight.linear(x[:-1]), weight._kernel(x[:-1], None))
+    assert torch.equal(weight.linear(x), exact)
+
+
+@pytest.mark.parametrize("offered", [False, True])
+def test_linear_takes_the_path_its_measured_plan_gives(
+    offered: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(quant_kernels, "_plans", {})
     weight, reference = make("q4_1", 96, 128)
     for dtype in (torch.float32, torch.bfloat16):
-        plan = weight.plan(dtype)
+        plan = weight.plan(dtype, offered)
         assert plan[0] == (0, KERNEL)
         assert all(path in (KERNEL, PREFILL, DENSE) for _, path in plan)
         assert [start for start, _ in plan] == sorted({start for start, _ in plan})
-        assert weight.crossover(dtype) == (plan[1][0] if len(plan) > 1 else 512)
+        if offered:
+            assert all(
+                start >= quant_kernels.INT8_ACTIVATION_MIN_ROWS
+                for start, path in plan
+                if path == PREFILL
+            )
+        else:
+            assert PREFILL not in dict(plan).values()
+            assert weight.crossover(dtype) == (plan[1][0] if len(plan) > 1 else 512)
         boundaries = [(1, KERNEL)] + [
             (rows, path)
             for (_, below), (start, path) in itertools.pairwise(plan)
@@ -125,5 +158,7 @@ def test_linear_takes_the_path_its_measured_plan_gives(
         for rows, path in boundaries:
             x = torch.randn(rows, 128).to(dtype)
             expected = getattr(weight, path)(x, None)
-            assert torch.equal(weight.linear(x.view(1, rows, 128)), expected.view(1, rows, 96))
-            close(weight.linear(x).float(), F.linear(x.float(), reference), 5e-2)
+            with quant_kernels.int8_activations(offered):
+                product = weight.linear(x.view(1, rows, 128))
+            assert torch.equal(product, expected.view(1, rows, 96))
+            close(product.view(rows, 96).float(), F.linear(x.float(), reference), 5e-2)

@@ -59,7 +59,7 @@ def test_every_field_has_a_flag() -> None:
             "--max-stop-sequences", "2", "--max-stop-sequence-length", "9", "--max-logprobs", "1",
             "--max-logit-bias-entries", "7", "--allowed-hosts", "srt.example",
             "--cpu-omp-threads-bind", "0-1",
-            "--quantization", "int8", "--tool-call-parser", "hermes",
+            "--quantization", "int8", "--disable-int8-activations", "--tool-call-parser", "hermes",
             "--enable-jump-forward", "--constrained-json-any-whitespace",
             "--metrics-name-prefix", "sglang", "--enable-trace", "--otlp-traces-endpoint", "c:1",
         ]
@@ -78,7 +78,8 @@ def test_every_field_has_a_flag() -> None:
         max_n=4, max_client_batch_size=3, max_samples_per_request=6, max_stop_sequences=2,
         max_stop_sequence_length=9, max_logprobs=1, max_logit_bias_entries=7,
         allowed_hosts=("srt.example",), cpu_omp_threads_bind="0-1", quantization="int8",
-        tool_call_parser="hermes", enable_jump_forward=True, constrained_json_any_whitespace=True,
+        disable_int8_activations=True, tool_call_parser="hermes", enable_jump_forward=True,
+        constrained_json_any_whitespace=True,
         metrics_name_prefix="sglang", enable_trace=True, otlp_traces_endpoint="c:1",
     )  # fmt: skip
     assert args == expected

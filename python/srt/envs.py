@@ -53,12 +53,3 @@ def fused_decode() -> bool:
     (`models/fused_decode.py`; `SRT_FUSED_DECODE=0` runs the layers one by one, to compare: both
     give the same bits)."""
     return os.environ.get("SRT_FUSED_DECODE", "1") != "0"
-
-
-def int8_prefill_min_rows() -> int:
-    """The fewest rows a quantized linear may compute with activations rounded to one int8 per
-    value (`SRT_INT8_PREFILL_MIN_ROWS`; default 0: never). From that many rows, where the weight
-    is packed, the prefill integer kernel joins the paths timed for `QuantizedWeight`'s plan. It
-    is faster than a bf16 matmul but rounds activations coarser than bf16 (see
-    layers/quant_kernels.py), so it is opt-in."""
-    return int(os.environ.get("SRT_INT8_PREFILL_MIN_ROWS", "0"))

@@ -112,6 +112,15 @@ class ServerArgs:
             choices=QUANTIZATIONS,
         ),
     )
+    disable_int8_activations: bool = field(
+        default=False,
+        metadata=_arg(
+            "device and precision",
+            "With --quantization gguf on a CPU with AVX-512 VNNI: keep the activations of "
+            "prefill-sized products in --dtype instead of rounding them to int8 per block of "
+            "32 as llama.cpp does (slower; closer to the dequantized model).",
+        ),
+    )
     attention_backend: str | None = field(
         default=None,
         metadata=_arg(

@@ -14,12 +14,16 @@ products run at twice bf16's); or the dense path, which dequantizes the weight f
 runs PyTorch's matrix multiply in the activations' dtype (oneDNN's bf16 products where
 `--dtype auto` chose bf16).
 
-The prefill kernel is opt-in (`SRT_INT8_PREFILL_MIN_ROWS`, envs.py): rounding activations to
-int8 moves the model further from its float32 self than bf16 does. Measured on SmolLM2-135M Q4_1
-against its dequantized float32 model (12 prompts, 32 greedy tokens, float32 activations):
-12/12 identical with the split kernel and float32 dense products, 7/12 with the prefill kernel
-for products of 16 rows or more, 3/12 when it also took decode batches of 12 rows. Its speed on
-a quiet 2-core Zen 5 (SmolLM2's projections, 256 to 4096 bf16 rows, benches/bench_quant_linear.py):
+The prefill kernel is offered only inside `int8_activations(True)`, which the model runner
+enters for extend (prefill) passes of `--quantization gguf` models unless
+`--disable-int8-activations`: decode steps keep the split kernel's ~15 bits. Why: measured on
+SmolLM2-135M Q4_1 against its dequantized float32 model (chat prompts, 32 tokens, each step fed
+the reference's token; float32 activations otherwise), the next-token distributions stay as
+close with prefill rounded to int8 (top-1 agreement 98.2% of steps, mean KL divergence 1.3e-3,
+12 prompts) as with every product in bf16 (97.5%, 1.1e-3, 24 prompts), while rounding decode
+batches of 16 rows or more too gave 95.7% and 3.6e-3 (24 prompts): a decode step's error
+reaches its token directly, a prefill's only through the cached K and V. Its speed on a quiet
+2-core Zen 5 (SmolLM2's projections, 256 to 4096 bf16 rows, benches/bench_quant_linear.py):
 0.48 to 0.60 TOP/s, against 0.39 to 0.43 TFLOP/s for PyTorch's bf16 matmul on a dequantized
 weight and 0.29 to 0.41 for the dense path (which dequantizes for each call).
 
@@ -33,15 +37,17 @@ call `plan()` while it warms up. So a row's result can depend on how many rows s
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from srt import _rust, envs
+from srt import _rust
 from srt.layers import cpu_kernels
 
 BLOCK_SIZE = 32
@@ -54,12 +60,28 @@ PathFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 # per weight, or float32 FMAs, where a many-row path's grows at half that or better-blocked).
 _PROBE_ROWS = (4, 8, 16, 32, 64, 128, 256)
 _PROBE_REPEATS = 3
+# The fewest rows of a product that may round activations to int8 (inside `int8_activations`).
+INT8_ACTIVATION_MIN_ROWS = 16
 # The paths `linear` chooses between (methods of QuantizedWeight), the few-row kernel first.
 KERNEL, PREFILL, DENSE = "_kernel", "_prefill", "_dense"
 # A plan: (fewest rows, path) pairs by rising row count, the first (0, KERNEL).
 Plan = tuple[tuple[int, str], ...]
-# (fmt, out_features, in_features, activations' dtype, packed) -> the measured plan.
-_plans: dict[tuple[str, int, int, torch.dtype, bool], Plan] = {}
+# (fmt, out_features, in_features, activations' dtype, packed, int8 offered) -> the measured plan.
+_plans: dict[tuple[str, int, int, torch.dtype, bool, bool], Plan] = {}
+# Whether products may round activations to int8 now (`int8_activations`).
+_int8_offered: contextvars.ContextVar[bool] = contextvars.ContextVar("int8_offered", default=False)
+
+
+@contextlib.contextmanager
+def int8_activations(offered: bool) -> Iterator[None]:
+    """Inside, when `offered`, products of `INT8_ACTIVATION_MIN_ROWS` rows or more on tiles may
+    take the prefill kernel (activations rounded to one int8 per value) where their plan measures
+    it fastest; outside, or when not offered, none does."""
+    token = _int8_offered.set(offered)
+    try:
+        yield
+    finally:
+        _int8_offered.reset(token)
 
 
 class QuantizedWeight:
@@ -92,8 +114,9 @@ class QuantizedWeight:
         # runs often.
         self.blocks: torch.Tensor | None = blocks
         self._packed: torch.Tensor | None = None
-        # Per dtype, the plan's (fewest rows, bound path) pairs, highest row count first.
-        self._paths: dict[torch.dtype, tuple[tuple[int, PathFn], ...]] = {}
+        # Per (dtype, int8 offered), the plan's (fewest rows, bound path) pairs, highest row
+        # count first.
+        self._paths: dict[tuple[torch.dtype, bool], tuple[tuple[int, PathFn], ...]] = {}
         self._held = blocks.numpy()
 
     @property
@@ -140,10 +163,11 @@ class QuantizedWeight:
         if dtype not in _ACTIVATION_DTYPES or x.device.type != "cpu":
             raise ValueError(f"x must be float32 or bfloat16 on the CPU, got {dtype} {x.device}")
         rows = (x.detach() if x.requires_grad else x).reshape(-1, self.in_features)
-        paths = self._paths.get(dtype)
+        offered = _int8_offered.get()
+        paths = self._paths.get((dtype, offered))
         if paths is None:
-            self.plan(dtype)
-            paths = self._paths[dtype]
+            self.plan(dtype, offered)
+            paths = self._paths[dtype, offered]
         m = rows.shape[0]
         path = next(path for start, path in paths if m >= start)
         out = path(rows, bias)
@@ -151,21 +175,25 @@ class QuantizedWeight:
             out = out.to(dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
-    def plan(self, dtype: torch.dtype = torch.float32) -> Plan:
-        """From which row count of `dtype` each path takes `linear`'s products (measured once
-        per format, shape and dtype in this process)."""
+    def plan(self, dtype: torch.dtype = torch.float32, int8_offered: bool = False) -> Plan:
+        """From which row count of `dtype` each path takes `linear`'s products, with the prefill
+        kernel offered or not (measured once per format, shape, dtype and offer in this
+        process)."""
         self.pack()
-        key = (self.fmt, self.out_features, self.in_features, dtype, self.packed)
+        offered = int8_offered and self.packed
+        key = (self.fmt, self.out_features, self.in_features, dtype, self.packed, offered)
         found = _plans.get(key)
         if found is None:
             # The whole weight, not a slice: the dense path writes and reads back the dequantized
             # weight, which stays in cache for a slice but not for a large lm_head.
-            found = _plans[key] = _measure_plan(self, dtype)
-        self._paths[dtype] = tuple((start, getattr(self, path)) for start, path in reversed(found))
+            found = _plans[key] = _measure_plan(self, dtype, offered)
+        bound = tuple((start, getattr(self, path)) for start, path in reversed(found))
+        self._paths[dtype, int8_offered] = bound
         return found
 
     def crossover(self, dtype: torch.dtype = torch.float32) -> int:
-        """The fewest rows of `dtype` that leave the few-row kernel for a many-row path."""
+        """The fewest rows of `dtype` that leave the few-row kernel for a many-row path (in a
+        decode step: activations not rounded to int8)."""
         plan = self.plan(dtype)
         return plan[1][0] if len(plan) > 1 else 2 * _PROBE_ROWS[-1]
 
@@ -272,14 +300,19 @@ class QuantizedWeight:
 
 
 def _probe(
-    weight: QuantizedWeight, rows: int, dtype: torch.dtype, generator: torch.Generator
+    weight: QuantizedWeight,
+    rows: int,
+    dtype: torch.dtype,
+    int8_offered: bool,
+    generator: torch.Generator,
 ) -> dict[str, float]:
-    """Seconds per call of every path the weight offers at `rows` rows of `dtype`: the best of
+    """Seconds per call of every path the weight offers at `rows` rows of `dtype` (the prefill
+    kernel only where offered, on tiles, from `INT8_ACTIVATION_MIN_ROWS` rows): the best of
     `_PROBE_REPEATS` timings each, taken alternately so that a burst of load elsewhere hits
     all of them."""
     x = torch.randn(rows, weight.in_features, generator=generator).to(dtype)
-    least = envs.int8_prefill_min_rows()
-    names = (KERNEL, PREFILL, DENSE) if weight.packed and 0 < least <= rows else (KERNEL, DENSE)
+    prefill = int8_offered and weight.packed and rows >= INT8_ACTIVATION_MIN_ROWS
+    names = (KERNEL, PREFILL, DENSE) if prefill else (KERNEL, DENSE)
     paths = {name: functools.partial(getattr(weight, name), x, None) for name in names}
     best = dict.fromkeys(names, float("inf"))
     for path in paths.values():
@@ -309,10 +342,11 @@ def _plan_from(timings: list[dict[str, float]]) -> Plan:
     return tuple(plan)
 
 
-def _measure_plan(weight: QuantizedWeight, dtype: torch.dtype) -> Plan:
+def _measure_plan(weight: QuantizedWeight, dtype: torch.dtype, int8_offered: bool) -> Plan:
     """The plan measured on this machine (see `_plan_from`)."""
     generator = torch.Generator().manual_seed(0)
-    return _plan_from([_probe(weight, rows, dtype, generator) for rows in _PROBE_ROWS])
+    timings = [_probe(weight, rows, dtype, int8_offered, generator) for rows in _PROBE_ROWS]
+    return _plan_from(timings)
 
 
 def _bias(bias: torch.Tensor | None) -> np.ndarray | None:

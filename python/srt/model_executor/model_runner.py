@@ -20,6 +20,7 @@ from srt.forward_mode import ForwardMode
 from srt.layers.attention.registry import create_attention_backend
 from srt.layers.forward_batch import ForwardBatch
 from srt.layers.linear import prepare_for_device
+from srt.layers.quant_kernels import int8_activations
 from srt.layers.quantization import quantize_int8, weight_bytes
 from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
@@ -107,6 +108,10 @@ class ModelRunner:
         # Serving never trains: without gradients the CPU kernels read parameters directly.
         self.model.eval().requires_grad_(False)
         prepare_for_device(self.model)
+        # Prefill passes of GGUF blocks may round activations to int8 (`quant_kernels`).
+        self.int8_prefill = (
+            config.quantization == "gguf" and not self.server_args.disable_int8_activations
+        )
         self.weight_bytes = weight_bytes(self.model)
         logger.info(
             "weights: %.1f MB (%s, quantization %s)",
@@ -308,9 +313,11 @@ class ModelRunner:
         if graphs is not None and graphs.can_run(forward_batch):
             return graphs.run(forward_batch)
         self.attn_backend.init_forward_metadata(forward_batch)
-        logits: torch.Tensor = self.model(
-            forward_batch.input_ids, forward_batch.positions, forward_batch
-        )
+        extend = forward_batch.forward_mode is ForwardMode.EXTEND
+        with int8_activations(self.int8_prefill and extend):
+            logits: torch.Tensor = self.model(
+                forward_batch.input_ids, forward_batch.positions, forward_batch
+            )
         return logits
 
 
