@@ -17,15 +17,16 @@ runs PyTorch's matrix multiply in the activations' dtype (oneDNN's bf16 products
 The prefill kernel is offered only inside `int8_activations(True)`, which the model runner
 enters for extend (prefill) passes of `--quantization gguf` models unless
 `--disable-int8-activations`: decode steps keep the split kernel's ~15 bits. Why: measured on
-SmolLM2-135M Q4_1 against its dequantized float32 model (chat prompts, 32 tokens, each step fed
-the reference's token; float32 activations otherwise), the next-token distributions stay as
-close with prefill rounded to int8 (top-1 agreement 98.2% of steps, mean KL divergence 1.3e-3,
-12 prompts) as with every product in bf16 (97.5%, 1.1e-3, 24 prompts), while rounding decode
-batches of 16 rows or more too gave 95.7% and 3.6e-3 (24 prompts): a decode step's error
-reaches its token directly, a prefill's only through the cached K and V. Its speed on a quiet
-2-core Zen 5 (SmolLM2's projections, 256 to 4096 bf16 rows, benches/bench_quant_linear.py):
-0.48 to 0.60 TOP/s, against 0.39 to 0.43 TFLOP/s for PyTorch's bf16 matmul on a dequantized
-weight and 0.29 to 0.41 for the dense path (which dequantizes for each call).
+SmolLM2-135M Q4_1 against its dequantized float32 model (24 chat prompts, 32 tokens, each step
+fed the reference's token), as top-1 agreement of the next token and mean KL divergence of its
+distribution: with bf16 activations (the default dtype where the CPU has AVX-512 BF16) 97.5% and
+1.1e-3 without int8, 96.4% and 2.3e-3 with prefill in int8, 95.8% and 4.8e-3 when decode
+batches of 16 rows or more were rounded too (a decode step's error reaches its token directly,
+a prefill's through the cached K and V); with float32 activations, 100% and 3e-8 without,
+97.1% and 1.2e-3 with prefill in int8. Its speed on a quiet 2-core Zen 4 (SmolLM2's
+projections, 256 to 4096 bf16 rows, benches/bench_quant_linear.py): 0.48 to 0.60 TOP/s, against
+0.39 to 0.43 TFLOP/s for PyTorch's bf16 matmul on a dequantized weight and 0.29 to 0.41 for the
+dense path (which dequantizes for each call).
 
 Which path takes which row counts is measured, not assumed: at the first call per (format,
 shape, dtype), every path is timed at a few row counts (`_measure_plan`: 0.05 to 1 s for each of

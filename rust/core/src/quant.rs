@@ -14,7 +14,7 @@
 //! Arithmetic: the activations stay float32 and every block is expanded to float32 weights in
 //! registers, then multiplied and added in float32, as with the dequantized weight, so results
 //! equal `F.linear` on the dequantized weight to float rounding. Measured on a busy 2-core
-//! AVX-512 (Zen 5) machine, one thread, weights cold (benches/bench_quant_linear.py): at 1 to 4
+//! AVX-512 (Zen 4) machine, one thread, weights cold (benches/bench_quant_linear.py): at 1 to 4
 //! rows a call takes a half to a quarter of float32 `F.linear`'s time on the dequantized
 //! weight, and up to half of bfloat16's; it is then bound by the instructions that expand the
 //! blocks (2 to 4 GB/s of blocks per core), not by the memory. Where the CPU has AVX-512 VNNI,

@@ -13,7 +13,7 @@ both parts is `e^(l1 - l) o1 + e^(l2 - l) o2`. The kernel handles grouped-query 
 Bf16 on a CPU with AVX-512 BF16 (and a head size that is a multiple of 32) takes srt's kernel
 instead (`cpu_kernels.prefill_attention`, blocked flash attention in `vdpbf16ps`): PyTorch's
 multiplies bf16 blocks at float32 speed there, and srt's took 2.5-2.6x less CPU time at
-SmolLM2's shapes from 1024 to 2048 new tokens, 2.8x after a 1024-token prefix (AMD Zen 5,
+SmolLM2's shapes from 1024 to 2048 new tokens, 2.8x after a 1024-token prefix (AMD Zen 4,
 benches/bench_extend_attention.py). The choice follows the CPU's instruction set as the
 kernels run it (`SRT_CPU_ISA` caps it).
 

@@ -70,7 +70,7 @@ pub const TILE: usize = 16;
 
 /// Multiply-adds below which a product runs on the calling thread alone. A decode step streams
 /// every weight from memory, where one core reads about half of what two do: measured on a
-/// 2-core Zen 5 with SmolLM2 (Q4_1, one row), a step took 12.2 ms with this at 2²² (every layer
+/// 2-core Zen 4 with SmolLM2 (Q4_1, one row), a step took 12.2 ms with this at 2²² (every layer
 /// on one thread), 10.0-10.5 at 2¹⁸ and 2¹⁹ (all but the smallest products on both), and
 /// 10.3-12.6 at 0 (the region's start then costs more than the smallest products).
 const PARALLEL_MIN_WORK: usize = 1 << 18;
