@@ -16,6 +16,7 @@ import torch
 
 from srt import envs
 from srt.constrained.xgrammar_backend import GrammarBackend
+from srt.distributed import get_tp_group, kv_heads_per_rank
 from srt.forward_mode import ForwardMode
 from srt.layers.attention.registry import create_attention_backend
 from srt.layers.forward_batch import ForwardBatch
@@ -47,6 +48,8 @@ class ModelRunner:
         # cannot run on the device is refused at once); everything else reads `server_args`.
         self.server_args = server_args = resolve_device_defaults(server_args)
         self.device = torch.device(server_args.device)
+        # One rank of `--tp-size` (srt.distributed, joined by the scheduler process), or alone.
+        self.tp = get_tp_group()
         self.model_config = ModelConfig.load(
             model_path,
             server_args.dtype,
@@ -71,7 +74,8 @@ class ModelRunner:
             server_args.trust_remote_code,
             server_args.constrained_json_any_whitespace,
         )
-        self.sampling = SamplingStates(self.grammars, config.vocab_size)
+        sync = self.tp.broadcast_ints if self.tp.size > 1 else None
+        self.sampling = SamplingStates(self.grammars, config.vocab_size, sync)
         if server_args.random_seed is not None:
             torch.manual_seed(server_args.random_seed)
 
@@ -117,8 +121,9 @@ class ModelRunner:
 
     def init_memory_pool(self) -> None:
         config = self.model_config
+        kv_heads = kv_heads_per_rank(config.num_kv_heads, self.tp.size)  # this rank's
         bytes_per_slot = KVPool.bytes_per_slot(
-            config.num_layers, config.num_kv_heads, config.head_dim, config.dtype
+            config.num_layers, kv_heads, config.head_dim, config.dtype
         )
         self.max_total_tokens = self.server_args.max_total_tokens or self._default_kv_slots(
             bytes_per_slot
@@ -133,7 +138,7 @@ class ModelRunner:
         self.kv_pool = KVPool(
             self.max_total_tokens,
             config.num_layers,
-            config.num_kv_heads,
+            kv_heads,
             config.head_dim,
             config.dtype,
             self.device,
@@ -149,6 +154,9 @@ class ModelRunner:
         """Captures decode CUDA graphs on CUDA unless turned off or the backend cannot."""
         self.cuda_graph_runner: CudaGraphRunner | None = None
         if self.device.type != "cuda" or self.server_args.disable_cuda_graph:
+            return
+        if self.tp.size > 1:
+            logger.info("CUDA graphs are off: tensor-parallel decode runs its collectives eagerly")
             return
         if not self.attn_backend.supports_cuda_graph:
             logger.info(
@@ -180,7 +188,11 @@ class ModelRunner:
         self.sampling.remove(rid)
 
     def grammar_status(self, kind: str, text: str) -> GrammarStatus:
-        """Where grammar (`kind`, `text`) stands, its compile started if new (never waits)."""
+        """Where grammar (`kind`, `text`) stands, its compile started if new. Alone it never
+        waits; a tensor-parallel rank waits for the compile, so that every rank admits the
+        request in the same step (a compile's end is a matter of timing, which ranks differ in)."""
+        if self.tp.size > 1:
+            self.grammars.wait(kind, text)
         return self.grammars.status(kind, text)
 
     def jump_forward(self, rid: str, max_rollback: int, budget: int) -> JumpForward | None:

@@ -1,0 +1,60 @@
+"""Tensor-parallel ranks in test processes: each spawned rank joins a gloo group on loopback,
+builds its shard of a model and writes what it computed to a file the test reads back."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from runner_helpers import make_runner, runner_extend_and_decode_logits
+
+from srt.distributed import init_tensor_parallel
+
+RANK_TIMEOUT_S = 300.0
+
+
+def free_addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def run_ranks(size: int, body: Callable[..., Any], out_dir: Path, *args: Any) -> list[Any]:
+    """Runs `body(rank, out_dir, *args)` in `size` spawned processes joined in one gloo group;
+    returns what each rank saved (`torch.save` to out_dir/rank{r}.pt) in rank order."""
+    addr = free_addr()
+    context = mp.get_context("spawn")
+    processes = [
+        context.Process(target=_rank_main, args=(rank, size, addr, body, out_dir, *args))
+        for rank in range(size)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(RANK_TIMEOUT_S)
+        if process.exitcode is None:
+            process.kill()
+    codes = [p.exitcode for p in processes]
+    assert codes == [0] * size, f"ranks exited with {codes}"
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(size)]
+
+
+def _rank_main(
+    rank: int, size: int, addr: str, body: Callable[..., Any], out_dir: Path, *args: Any
+) -> None:
+    torch.set_num_threads(1)
+    init_tensor_parallel(rank, size, addr, "cpu")
+    torch.save(body(rank, out_dir, *args), out_dir / f"rank{rank}.pt")
+
+
+def extend_and_decode(rank: int, out_dir: Path, model: Path) -> dict[str, Any]:
+    """`runner_helpers.extend_and_decode_logits` on this rank's shard of `model`, on the CPU,
+    with the rank's KV cache shape [slots, KV heads, head dim] and its attention's head counts."""
+    runner = make_runner(model, max_total_tokens=256)
+    attn: Any = runner.model.get_submodule("model.layers.0.self_attn")
+    shapes = [*runner.kv_pool.k_buffers[0].shape[1:], attn.num_heads, attn.num_kv_heads]
+    return {"logits": runner_extend_and_decode_logits(runner), "shapes": shapes}
