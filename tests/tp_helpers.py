@@ -58,3 +58,12 @@ def extend_and_decode(rank: int, out_dir: Path, model: Path) -> dict[str, Any]:
     attn: Any = runner.model.get_submodule("model.layers.0.self_attn")
     shapes = [*runner.kv_pool.k_buffers[0].shape[1:], attn.num_heads, attn.num_kv_heads]
     return {"logits": runner_extend_and_decode_logits(runner), "shapes": shapes}
+
+
+def quantized_extend_and_decode(rank: int, out_dir: Path, model: Path) -> list[torch.Tensor]:
+    """`extend_and_decode`'s logits with every projection and the embedding (tied to the
+    lm_head in Qwen) in Q8_0 blocks, sharded as they load: rows of q/k/v, gate/up and the
+    vocabulary, 32-column blocks of o_proj and down_proj."""
+    from test_quantized_loading import checkpoint, every_matrix, loaded
+
+    return runner_extend_and_decode_logits(loaded(model, checkpoint(model, every_matrix("q8_0"))))
