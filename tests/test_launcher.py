@@ -70,10 +70,10 @@ def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
 class Server:
     """`launcher_process.py` (the stages without the HTTP server) in a subprocess."""
 
-    def __init__(self, model: Path, *flags: str, wait_ready: bool = True) -> None:
+    def __init__(self, model: Path, wait_ready: bool = True) -> None:
         self.shm_before = set(os.listdir("/dev/shm"))
         script = Path(__file__).with_name("launcher_process.py")
-        cmd = [sys.executable, str(script), *stage_flags(model), *flags]
+        cmd = [sys.executable, str(script), *stage_flags(model)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.children: list[int] = []
         if wait_ready:

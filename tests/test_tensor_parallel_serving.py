@@ -3,7 +3,8 @@ what it receives. Greedy outputs are TP=1's (up to near ties: the all-reduce sum
 order), and the scheduler behaves as with one rank: the radix cache serves shared prefixes,
 prompts are chunked, requests retract when the KV cache runs short and abort cleanly, and every
 rank ends with no slot in use (`SRT_CHECK_INVARIANTS=1`: each rank checks after every step). A
-rank that dies takes the server down like any stage: exit 1, no process or ring left behind.
+rank that dies, even mid-collective, takes the server down like any stage: exit 1, no process
+or ring left behind.
 """
 
 from __future__ import annotations
@@ -11,15 +12,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
+import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from test_engine_scheduling import shared_prefix_prompts
-from test_launcher import Server
+from test_launcher import rings_of, wait_gone
 
 from srt.entrypoints.engine import Engine
 from srt.testing.server_process import ServerProcess, free_port, running_server, spawn_server
@@ -122,12 +128,13 @@ def engines(model: Path) -> Iterator[Callable[..., Engine]]:
 
 
 @pytest.mark.slow
-def test_chunks_retractions_and_aborts_as_with_one_rank(
+def test_chunks_retractions_aborts_and_grammars_as_with_one_rank(
     engines: Callable[..., Engine],
 ) -> None:
     """A KV cache of 160 tokens and 16-token chunks (test_engine_scheduling's pressure): 16
     requests of 41- to 55-token prompts and 48 new tokens each retract; the outputs are TP=1's
-    under the same pressure, and an abort mid-decode frees everything on both ranks."""
+    under the same pressure, an abort mid-decode frees everything on both ranks, and a
+    constrained request waits for its grammar on both."""
     prompts = shared_prefix_prompts(16)
     params = {**GREEDY, "max_new_tokens": 48}
     one = engines(**SCHEDULING)
@@ -156,19 +163,55 @@ def test_chunks_retractions_and_aborts_as_with_one_rank(
     last = asyncio.run(abort_mid_decode())
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
 
+    # A grammar compiles on every rank before its request is admitted on any.
+    constrained = {"temperature": 0.0, "regex": "[0-9]{3}-[a-c]{2}", "max_new_tokens": 16}
+    result = two.generate(input_ids=prompts[0], sampling_params=constrained)
+    assert isinstance(result, dict)
+    assert re.fullmatch("[0-9]{3}-[a-c]{2}", result["text"]), result["text"]
+
 
 @pytest.mark.slow
-def test_a_dead_rank_takes_the_server_down_cleanly(model: Path) -> None:
-    """SIGKILL of rank 1's scheduler: the launcher names it, stops the rest and exits 1,
-    leaving no stage process and no ring."""
-    server = Server(model, "--tp-size", "2")
-    assert {"scheduler", "scheduler-tp1", "detokenizer"} == set(server.stage_pids)
-    os.kill(server.stage_pids["scheduler-tp1"], signal.SIGKILL)
-    rc, err = server.finish()
-    assert rc == 1
-    assert "scheduler-tp1 process" in err, err
-    assert "SIGKILL" in err, err
-    server.assert_clean()
+def test_a_rank_dying_mid_generation_takes_the_server_down_cleanly(
+    model: Path, tmp_path: Path
+) -> None:
+    """SIGKILL of rank 1's scheduler while rank 0 waits in a decode step's all-reduce: the
+    request gets a 503, srt-serve names the rank and exits 1, and no stage process or ring is
+    left behind."""
+    server = spawn_server(model, "--tp-size", "2", log_dir=tmp_path)
+    stages: dict[str, int] = {}
+    try:
+        server.wait_healthy()
+        stages = {c.name(): c.pid for c in psutil.Process(server.process.pid).children()}
+        assert {"srt-scheduler", "srt-scheduler-t", "srt-detokenizer"} <= set(stages)
+        body = {"input_ids": PROMPTS[0], "sampling_params": {**GREEDY, "max_new_tokens": 2000}}
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(try_post, server, body)
+            wait_for_decoding(server)
+            os.kill(stages["srt-scheduler-t"], signal.SIGKILL)
+            assert server.process.wait(60) == 1
+            assert answer.result(60) == 503
+    finally:
+        server.stop()
+    assert "scheduler-tp1 process" in server.output(), server.output_tail()
+    assert "SIGKILL" in server.output(), server.output_tail()
+    assert wait_gone(list(stages.values())) == []
+    assert rings_of(server.process.pid) == []
+
+
+def try_post(server: ServerProcess, body: dict[str, Any]) -> int:
+    """The status of a /generate request (an error's too)."""
+    try:
+        post(server, "/generate", body)
+        return 200
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def wait_for_decoding(server: ServerProcess, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while "Decode batch" not in server.output():
+        assert time.monotonic() < deadline, server.output_tail()
+        time.sleep(0.1)
 
 
 @pytest.mark.slow

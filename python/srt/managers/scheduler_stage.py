@@ -6,6 +6,7 @@ shares what it receives with the others (`tp_ranks`)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -23,6 +24,7 @@ from srt.io_struct import (
 )
 from srt.ipc.channel import Receiver, Sender
 from srt.ipc.rings import RingNames
+from srt.managers import batch_log
 from srt.managers.hf_tokenizer import tokenizer_files
 from srt.managers.scheduler import GRAMMAR_POLL_S, Scheduler
 from srt.managers.stage_process import Stage, run_stage
@@ -50,6 +52,8 @@ class SchedulerStage(Stage):
             bind_cpu_threads(server_args.cpu_omp_threads_bind, (tp_rank % per_node, per_node))
         server_args, group = join(server_args, tp_rank, device_type)
         self.first_rank = group.is_first
+        if not self.first_rank:  # every rank runs the same batches: rank 0 logs them
+            logging.getLogger(batch_log.__name__).setLevel(logging.WARNING)
         self.sync = RankSync(group) if group.size > 1 else None
         runner = ModelRunner(server_args, model_path)
         # The same tokenizer.json the detokenizer decodes with (a GGUF file's is written out).
