@@ -101,6 +101,16 @@ def test_srt_serve_tp2_reuses_cached_prefixes(tp_server: ServerProcess) -> None:
     assert again["meta_info"]["cached_tokens"] >= 24
 
 
+def test_idle_ranks_use_no_cpu(tp_server: ServerProcess) -> None:
+    """Rank 0 sleeps on its ring, the others in rank 0's broadcast: neither spins."""
+    procs = psutil.Process(tp_server.process.pid).children()
+    time.sleep(0.5)
+    before = [sum(p.cpu_times()[:2]) for p in procs]
+    time.sleep(2)
+    used = [sum(p.cpu_times()[:2]) - b for p, b in zip(procs, before, strict=True)]
+    assert max(used) < 0.02 * 2, f"idle stages used {used} s of CPU in 2 s"
+
+
 def test_srt_serve_tp2_stops_cleanly(model: Path, tmp_path: Path) -> None:
     """SIGTERM: both ranks and the detokenizer exit 0, and so does srt-serve."""
     server = spawn_server(model, "--tp-size", "2", log_dir=tmp_path)
