@@ -4,7 +4,7 @@ builds its shard of a model and writes what it computed to a file the test reads
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,16 +17,12 @@ from srt.distributed import init_tensor_parallel
 RANK_TIMEOUT_S = 300.0
 
 
-def free_addr() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
-
-
 def run_ranks(size: int, body: Callable[..., Any], out_dir: Path, *args: Any) -> list[Any]:
     """Runs `body(rank, out_dir, *args)` in `size` spawned processes joined in one gloo group;
     returns what each rank saved (`torch.save` to out_dir/rank{r}.pt) in rank order."""
-    addr = free_addr()
+    # A file, not a TCP port: a port found free may be taken by another process before rank 0
+    # binds it.
+    addr = f"file://{out_dir / f'rendezvous-{uuid.uuid4().hex}'}"
     context = mp.get_context("spawn")
     processes = [
         context.Process(target=_rank_main, args=(rank, size, addr, body, out_dir, *args))
@@ -67,3 +63,12 @@ def quantized_extend_and_decode(rank: int, out_dir: Path, model: Path) -> list[t
     from test_quantized_loading import checkpoint, every_matrix, loaded
 
     return runner_extend_and_decode_logits(loaded(model, checkpoint(model, every_matrix("q8_0"))))
+
+
+def dequantized_extend_and_decode(model: Path) -> list[torch.Tensor]:
+    """`quantized_extend_and_decode`'s logits at one rank from the blocks dequantized to
+    float32: the reference test_quantized_loading holds quantized logits to."""
+    from test_quantized_loading import checkpoint, dequantized, every_matrix, loaded
+
+    tensors = checkpoint(model, every_matrix("q8_0"))
+    return runner_extend_and_decode_logits(loaded(model, dequantized(tensors)))

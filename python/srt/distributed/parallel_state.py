@@ -97,8 +97,9 @@ def set_tp_group(group: TPGroup) -> None:
 def init_tensor_parallel(
     rank: int, size: int, init_addr: str, device_type: str, local_rank: int = 0
 ) -> TPGroup:
-    """Joins the `size` ranks meeting at `init_addr` (`host:port`, rank 0's TCP store) as rank
-    `rank`, and makes their group this process's. NCCL carries the layers' collectives on CUDA
+    """Joins the `size` ranks meeting at `init_addr` (`host:port`, rank 0's TCP store, or any
+    `torch.distributed` init URL such as `file:///path`) as rank `rank`, and makes their group
+    this process's. NCCL carries the layers' collectives on CUDA
     (this rank on GPU `local_rank` of its machine), gloo on the CPU; the CPU group is gloo on
     both."""
     if not 0 <= rank < size:
@@ -107,8 +108,9 @@ def init_tensor_parallel(
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
     timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    init_url = init_addr if "://" in init_addr else f"tcp://{init_addr}"
     dist.init_process_group(
-        backend, init_method=f"tcp://{init_addr}", rank=rank, world_size=size, timeout=timeout
+        backend, init_method=init_url, rank=rank, world_size=size, timeout=timeout
     )
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
     group = TPGroup(rank, size, dist.group.WORLD, cpu_group or dist.group.WORLD)
