@@ -68,6 +68,10 @@ def run_rank(rank: int, size: int, addr: str, opts: argparse.Namespace, out: Pat
     if rank == 0:
         result = {"prefill_s": min(prefills), "decode_step_s": min(decodes)}
         torch.save({"result": result, "logits": logits}, out)
+    if size > 1:  # leave together, past the group's destructors (they may abort without a peer)
+        torch.distributed.barrier()
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def one_run(

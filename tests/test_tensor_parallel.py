@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from runner_helpers import extend_and_decode_logits
+from safetensors import safe_open
+from safetensors.torch import save_file
 from tp_helpers import (
     dequantized_extend_and_decode,
     extend_and_decode,
@@ -21,6 +23,7 @@ from tp_helpers import (
 from srt.distributed import TPGroup, kv_heads_per_rank, set_tp_group
 from srt.io_struct import AbortReq, FlushCacheReq, Message, ShutdownReq
 from srt.ipc.codec import CodecError
+from srt.layers.lazy_tensor import LazyTensor
 from srt.layers.parallel_linear import take_rows, vocab_shard
 from srt.layers.quant_kernels import QuantizedWeight
 from srt.managers.tp_ranks import pack, unpack
@@ -78,6 +81,24 @@ def test_quantized_shards_compute_one_ranks_logits(
     for logits in run_ranks(2, quantized_extend_and_decode, tmp_path, model):
         for ours, theirs in zip(logits, reference, strict=True):
             torch.testing.assert_close(ours, theirs, atol=1e-3 * float(theirs.abs().max()), rtol=0)
+
+
+def test_a_rank_reads_only_its_slice_of_a_safetensors_tensor(tmp_path: Path) -> None:
+    """`LazyTensor`: the rows or columns asked for, read from the file; all of it on `load`."""
+    weight, bias = torch.randn(6, 4), torch.randn(6)
+    save_file({"w": weight, "b": bias}, tmp_path / "m.safetensors")
+    with safe_open(str(tmp_path / "m.safetensors"), framework="pt") as f:
+        lazy_weight, lazy_bias = LazyTensor(f.get_slice("w")), LazyTensor(f.get_slice("b"))
+        assert (lazy_weight.shape, lazy_weight.dim()) == ((6, 4), 2)
+        assert torch.equal(lazy_weight.narrow(0, 2, 3), weight[2:5])
+        assert torch.equal(lazy_weight.narrow(1, 2, 2), weight[:, 2:])
+        assert torch.equal(lazy_weight.load(), weight)
+        assert torch.equal(lazy_bias.load(), bias)
+        rows = take_rows(lazy_weight, 4, 2, padded=3)
+        assert isinstance(rows, torch.Tensor)
+        assert torch.equal(rows, torch.cat([weight[4:], torch.zeros(1, 4)]))
+        with pytest.raises(ValueError, match="cannot narrow"):
+            lazy_weight.narrow(1, 3, 2)
 
 
 def test_kv_heads_per_rank() -> None:

@@ -4,12 +4,14 @@ builds its shard of a model and writes what it computed to a file the test reads
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from runner_helpers import make_runner, runner_extend_and_decode_logits
 
 from srt.distributed import init_tensor_parallel
@@ -45,6 +47,10 @@ def _rank_main(
     torch.set_num_threads(1)
     init_tensor_parallel(rank, size, addr, "cpu")
     torch.save(body(rank, out_dir, *args), out_dir / f"rank{rank}.pt")
+    # Leave together and without running the process group's C++ destructors, as stage
+    # processes do: a group torn down after its peer has gone may abort the process.
+    dist.barrier()
+    os._exit(0)
 
 
 def extend_and_decode(rank: int, out_dir: Path, model: Path) -> dict[str, Any]:

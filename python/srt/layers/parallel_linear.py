@@ -22,9 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from srt.distributed import get_tp_group, kv_heads_per_rank
+from srt.layers.lazy_tensor import LazyTensor
 from srt.layers.linear import Linear
 from srt.layers.quant_kernels import QuantizedWeight
 from srt.layers.quantization import CheckpointTensor
+
+# What a rank's weight loading cuts: a tensor or blocks, or a safetensors tensor not read yet.
+Loadable = CheckpointTensor | LazyTensor
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,9 @@ def heads_part(num_heads: int, head_dim: int) -> Part:
     return Part(num_heads * head_dim, first * head_dim, local * head_dim)
 
 
-def take_rows(tensor: CheckpointTensor, start: int, rows: int, padded: int = 0) -> CheckpointTensor:
-    """Rows `start:start+rows` of `tensor` (copied out of it, so that it can be freed), then
-    zero rows up to `padded` rows in all."""
+def take_rows(tensor: Loadable, start: int, rows: int, padded: int = 0) -> CheckpointTensor:
+    """Rows `start:start+rows` of `tensor` (copied out of it, so that it can be freed; only
+    they are read from the file of a `LazyTensor`), then zero rows up to `padded` in all."""
     pad = max(padded - rows, 0)
     if isinstance(tensor, QuantizedWeight):
         parts = [tensor.select_rows(start, start + rows)]
@@ -65,8 +69,8 @@ def take_rows(tensor: CheckpointTensor, start: int, rows: int, padded: int = 0) 
         return QuantizedWeight.cat(parts)
     shard = tensor.narrow(0, start, rows)
     if pad:
-        shard = torch.cat([shard, shard.new_zeros(pad, *shard.shape[1:])])
-    return shard.clone()
+        return torch.cat([shard, shard.new_zeros(pad, *shard.shape[1:])])
+    return shard if isinstance(tensor, LazyTensor) else shard.clone()
 
 
 class ColumnParallelLinear(Linear):
@@ -82,7 +86,7 @@ class ColumnParallelLinear(Linear):
         """Rows this rank holds of each part."""
         return [p.rows for p in self.parts]
 
-    def shard(self, tensor: CheckpointTensor, part: int | None) -> CheckpointTensor:
+    def shard(self, tensor: Loadable, part: int | None) -> Loadable:
         """This rank's rows of checkpoint tensor `tensor` (part `part` of the weight or bias)."""
         p = self.parts[part or 0]
         if tensor.shape[0] != p.total:
@@ -98,16 +102,19 @@ class RowParallelLinear(Linear):
         self.tp = get_tp_group()
         self.total_in = in_features
 
-    def shard(self, tensor: CheckpointTensor, part: int | None) -> CheckpointTensor:
+    def shard(self, tensor: Loadable, part: int | None) -> Loadable:
         """This rank's columns of the weight; the bias on rank 0, zeros elsewhere."""
         if self.tp.size == 1 or tensor.shape[-1] != self.total_in:
             return tensor
+        start = self.tp.rank * self.in_features
         if isinstance(tensor, QuantizedWeight):
-            start = self.tp.rank * self.in_features
             return tensor.select_columns(start, start + self.in_features)
         if tensor.dim() == 1:  # the bias: summed once
-            return tensor if self.tp.is_first else torch.zeros_like(tensor)
-        return tensor.narrow(1, self.tp.rank * self.in_features, self.in_features).clone()
+            bias = tensor.load() if isinstance(tensor, LazyTensor) else tensor
+            return bias if self.tp.is_first else torch.zeros_like(bias)
+        if isinstance(tensor, LazyTensor):
+            return tensor.narrow(1, start, self.in_features)
+        return tensor.narrow(1, start, self.in_features).clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(super().forward(x))
@@ -122,7 +129,7 @@ class ParallelLMHead(Linear):
         self.tp = get_tp_group()
         self.vocab_size, self.vocab_start, self.vocab_end = vocab_size, start, end
 
-    def shard(self, tensor: CheckpointTensor, part: int | None) -> CheckpointTensor:
+    def shard(self, tensor: Loadable, part: int | None) -> Loadable:
         return shard_vocab(tensor, self.vocab_size, self.vocab_start, self.vocab_end)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -141,9 +148,7 @@ def vocab_shard(vocab_size: int) -> tuple[int, int, int]:
     return start, min(start + per_rank, vocab_size), per_rank
 
 
-def shard_vocab(
-    tensor: CheckpointTensor, vocab_size: int, start: int, end: int
-) -> CheckpointTensor:
+def shard_vocab(tensor: Loadable, vocab_size: int, start: int, end: int) -> Loadable:
     """Rows start:end of a [vocab, hidden] table, padded with zero rows to an equal share."""
     if get_tp_group().size == 1 or tensor.shape[0] != vocab_size:
         return tensor

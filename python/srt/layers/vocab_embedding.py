@@ -8,9 +8,8 @@ import torch
 from torch import nn
 
 from srt.distributed import get_tp_group
-from srt.layers.parallel_linear import shard_vocab, vocab_shard
+from srt.layers.parallel_linear import Loadable, shard_vocab, vocab_shard
 from srt.layers.quant_kernels import QuantizedWeight
-from srt.layers.quantization import CheckpointTensor
 
 
 class VocabEmbedding(nn.Embedding):
@@ -52,7 +51,7 @@ class VocabParallelEmbedding(VocabEmbedding):
         self.tp = get_tp_group()
         self.vocab_size, self.vocab_start, self.vocab_end = num_embeddings, start, end
 
-    def shard(self, tensor: CheckpointTensor, part: int | None) -> CheckpointTensor:
+    def shard(self, tensor: Loadable, part: int | None) -> Loadable:
         return shard_vocab(tensor, self.vocab_size, self.vocab_start, self.vocab_end)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_
 from srt.model_executor.model_config import ModelConfig
 from srt.model_executor.resolve import resolve_device_defaults
 from srt.model_executor.sampling_info import SamplingStates
-from srt.model_executor.weight_loader import iterate_weights
+from srt.model_executor.weight_loader import iterate_weight_slices, iterate_weights
 from srt.model_executor.worker_batch import (
     GenerationBatchResult,
     GrammarStatus,
@@ -101,10 +101,10 @@ class ModelRunner:
             finally:
                 torch.set_default_dtype(default_dtype)
         if self.server_args.load_format != "dummy":  # dummy keeps the random initialization
+            # Tensor-parallel ranks read only their shards of a safetensors checkpoint.
+            read = iterate_weight_slices if self.tp.size > 1 else iterate_weights
             self.model.load_weights(  # type: ignore[operator]
-                iterate_weights(
-                    config.model_path, config.gguf_file, config.hf_config, config.quantization
-                )
+                read(config.model_path, config.gguf_file, config.hf_config, config.quantization)
             )
         if config.quantization == "int8":
             quantize_int8(self.model)

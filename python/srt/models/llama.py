@@ -24,16 +24,17 @@ from srt.distributed import get_tp_group
 from srt.layers.activation import SiluAndMul
 from srt.layers.forward_batch import ForwardBatch
 from srt.layers.layernorm import RMSNorm
+from srt.layers.lazy_tensor import LazyTensor
 from srt.layers.logits_processor import compute_logits
 from srt.layers.parallel_linear import (
     ColumnParallelLinear,
+    Loadable,
     ParallelLMHead,
     RowParallelLinear,
     heads_part,
     split_part,
 )
 from srt.layers.quant_kernels import QuantizedWeight
-from srt.layers.quantization import CheckpointTensor
 from srt.layers.radix_attention import RadixAttention
 from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary, rope_parameters
 from srt.layers.vocab_embedding import VocabParallelEmbedding
@@ -182,7 +183,7 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.model(input_ids, positions, forward_batch)
         return compute_logits(hidden, self.lm_head, forward_batch)
 
-    def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, Loadable]]) -> None:
         """Copies checkpoint tensors (Hugging Face names) into the parameters; every parameter
         must be filled exactly once, shards of fused parameters included. GGUF blocks
         (`QuantizedWeight`) of a linear or embedding weight are kept as blocks, in place of the
@@ -200,6 +201,8 @@ class LlamaForCausalLM(nn.Module):
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name} has no place in {type(self).__name__}")
             tensor = self._rank_shard(target, shard, tensor)
+            if isinstance(tensor, LazyTensor):  # not cut for this rank: needed whole
+                tensor = tensor.load()
             param = params[target]
             if isinstance(tensor, QuantizedWeight) and blocks.can_hold(target):
                 blocks.add(target, shard, tensor, name)
@@ -226,9 +229,7 @@ class LlamaForCausalLM(nn.Module):
                 return name.replace(f".{part}.", f".{fused}."), shard
         return name, None
 
-    def _rank_shard(
-        self, target: str, shard: int | None, tensor: CheckpointTensor
-    ) -> CheckpointTensor:
+    def _rank_shard(self, target: str, shard: int | None, tensor: Loadable) -> Loadable:
         """This rank's part of checkpoint tensor `tensor` (all of it with one rank)."""
         module = self.get_submodule(target.rpartition(".")[0])
         cut = getattr(module, "shard", None)
