@@ -32,3 +32,10 @@ python3 benches/bench_one_batch.py --model /tmp/llama3-8b --load-format dummy \
 python3 benches/bench_one_batch.py --model /tmp/llama3-8b --load-format dummy \
     --batch-sizes 1 8 --input-len 512 --output-len 16 --disable-cuda-graph \
     --json "$out/one_batch_eager.json"
+
+# Tensor parallelism over NCCL (machines with at least 2 GPUs): TP=2's logits against TP=1's
+# (the bench exits non-zero past its tolerance), with each degree's step times.
+if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+    python3 benches/scale_tp.py --device cuda --tp 2 --batch-size 32 --input-len 256 \
+        --json "$out/scale_tp.json" 2>&1 | tee "$out/scale_tp.log"
+fi

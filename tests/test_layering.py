@@ -33,6 +33,7 @@ FLOORS = {
     "kernels": 5,
     "mem_cache": 6,
     "ipc": 6,
+    "distributed": 6,  # tensor-parallel groups and collectives (torch.distributed)
     "constrained": 2,  # grammars for the model runner (xgrammar, torch)
     "function_call": 1,  # tool calls read from output text, for the OpenAI API (no torch)
 }

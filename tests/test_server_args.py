@@ -62,11 +62,13 @@ def test_every_field_has_a_flag() -> None:
             "--quantization", "int8", "--disable-int8-activations", "--tool-call-parser", "hermes",
             "--enable-jump-forward", "--constrained-json-any-whitespace",
             "--metrics-name-prefix", "sglang", "--enable-trace", "--otlp-traces-endpoint", "c:1",
+            "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000",
         ]
     )  # fmt: skip
     expected = ServerArgs(
         model_path="/m", tokenizer_path="/t", context_length=512, dtype="float16", device="cpu",
-        trust_remote_code=True, host="0.0.0.0", port=8000, api_key="k", tp_size=2,
+        trust_remote_code=True, host="0.0.0.0", port=8000, api_key="k", tp_size=2, nnodes=2,
+        node_rank=1, dist_init_addr="10.0.0.1:5000",
         mem_fraction_static=0.5, max_total_tokens=4096, max_running_requests=16,
         max_prefill_tokens=2048, chunked_prefill_size=-1, page_size=16, schedule_policy="lpm",
         disable_radix_cache=True, attention_backend="triton", stream_interval=4,

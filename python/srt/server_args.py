@@ -32,6 +32,7 @@ _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d+)?")
 # prometheus_client; tests/test_metric_names.py holds them equal.
 _METRICS_PREFIX = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
+_HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:\d{1,5}")
 
 
 class ServerArgsError(ValueError):
@@ -252,7 +253,25 @@ class ServerArgs:
         metadata=_arg("observability", "Log each request's prompt and output text."),
     )
 
-    tp_size: int = field(default=1, metadata=_arg("parallelism", "Tensor-parallel degree."))
+    tp_size: int = field(
+        default=1,
+        metadata=_arg("parallelism", "Tensor-parallel degree: ranks, one scheduler process each."),
+    )
+    nnodes: int = field(
+        default=1, metadata=_arg("parallelism", "Machines the tensor-parallel ranks span.")
+    )
+    node_rank: int = field(
+        default=0,
+        metadata=_arg("parallelism", "This machine's place among --nnodes (0 serves HTTP)."),
+    )
+    dist_init_addr: str | None = field(
+        default=None,
+        metadata=_arg(
+            "parallelism",
+            "HOST:PORT where the ranks meet (node 0's address; needed with --nnodes > 1; "
+            "default: a free port on 127.0.0.1).",
+        ),
+    )
 
     mem_fraction_static: float | None = field(
         default=None,
@@ -366,6 +385,7 @@ class ServerArgs:
                 )
         _check_range(self, "port", lo=1, hi=65535)
         _check_range(self, "tp_size", lo=1)
+        _check_parallelism(self)
         _check_range(self, "context_length", lo=1)
         _check_range(self, "max_total_tokens", lo=1)
         _check_range(self, "max_running_requests", lo=1)
@@ -470,6 +490,20 @@ def check_local_model_path(model_path: str) -> None:
     """ValueError when `model_path` names a local path that does not exist (hub ids pass)."""
     if model_path.startswith(("/", ".", "~")) and not Path(model_path).expanduser().exists():
         raise ValueError(f"no model at {model_path}: the path does not exist")
+
+
+def _check_parallelism(args: ServerArgs) -> None:
+    _check_range(args, "nnodes", lo=1)
+    _check_range(args, "node_rank", lo=0, hi=args.nnodes - 1)
+    if args.tp_size % args.nnodes:
+        raise ServerArgsError(
+            "tp_size", f"{args.tp_size} ranks do not split evenly over --nnodes {args.nnodes}"
+        )
+    addr = args.dist_init_addr
+    if addr is not None and not _HOST_PORT.fullmatch(addr):
+        raise ServerArgsError("dist_init_addr", f"{addr!r} is not HOST:PORT")
+    if args.nnodes > 1 and addr is None:
+        raise ServerArgsError("dist_init_addr", "--nnodes > 1 needs node 0's HOST:PORT")
 
 
 def _check_range(

@@ -23,6 +23,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerFast
@@ -76,6 +77,11 @@ class GrammarBackend:
         if error is not None:
             return GrammarStatus(error=f"sampling parameter {kind} is invalid: {_message(error)}")
         return GRAMMAR_READY
+
+    def wait(self, kind: str, text: str) -> None:
+        """Blocks until grammar (`kind`, `text`) has compiled or failed, its compile started
+        if it is new."""
+        wait_futures([self._future((kind, text))])
 
     def matcher(self, kind: str, text: str) -> xgr.GrammarMatcher:
         """A new matcher at the start of grammar (`kind`, `text`), which `status` said is

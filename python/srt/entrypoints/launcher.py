@@ -11,6 +11,11 @@ Guarantees, whatever way the server ends:
   (`PR_SET_PDEATHSIG`) and sees the launcher's pidfd close, and exits;
 - no shared memory is left: the ring names vanish once both ends attached (the second end
   unlinks them), and whoever exits first (launcher or child) unlinks any that remain.
+
+With `--tp-size N` the scheduler is N processes, one per tensor-parallel rank (`scheduler`,
+`scheduler-tp1`, ...), each a child like any other: one that dies is the stage to blame. Over
+`--nnodes`, each machine's launcher starts its own ranks; node 0 also the detokenizer, and only
+node 0 serves (`worker_node.py` runs the others).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import importlib
 import multiprocessing as mp
 import os
 import signal
+import socket
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -88,7 +94,7 @@ class Launcher:
     """Owns one server's rings and stage processes."""
 
     def __init__(self, server_args: ServerArgs) -> None:
-        self.server_args = server_args
+        self.server_args = with_dist_init_addr(server_args)
         self.rings = RingNames.new()
         self.children: list[Child] = []
 
@@ -97,21 +103,26 @@ class Launcher:
         the detokenizer). Raises `ChildDied` if a stage fails to start."""
         self.rings.create(envs.ring_capacity())
         try:
-            spawn = mp.get_context("spawn")
-            for name, target in STAGES.items():
-                ours, theirs = spawn.Pipe(duplex=False)
-                args = (self.server_args, self.rings, mp.current_process().pid, theirs)
-                process = spawn.Process(
-                    target=run_entry_point, args=(target, *args), name=f"srt-{name}"
-                )
-                process.start()
-                theirs.close()
-                self.children.append(Child(name, process, ours))
-            self._wait_ready()
+            self.spawn()
             return Sender(self.rings.scheduler), Receiver(self.rings.tokenizer)
         except BaseException:
             self.close()
             raise
+
+    def spawn(self) -> None:
+        """Starts this machine's stage processes (`stage_specs`) and waits until each is ready.
+        Raises `ChildDied` if one fails to start (the caller closes the others)."""
+        spawn = mp.get_context("spawn")
+        for name, target, extra in stage_specs(self.server_args):
+            ours, theirs = spawn.Pipe(duplex=False)
+            args = (self.server_args, self.rings, mp.current_process().pid, theirs, *extra)
+            process = spawn.Process(
+                target=run_entry_point, args=(target, *args), name=f"srt-{name}"
+            )
+            process.start()
+            theirs.close()
+            self.children.append(Child(name, process, ours))
+        self._wait_ready()
 
     def _wait_ready(self) -> None:
         pending = {child.conn: child for child in self.children}
@@ -185,6 +196,31 @@ class Launcher:
                 child.process.kill()
                 child.process.join()
         self.rings.unlink()
+
+
+def stage_specs(args: ServerArgs) -> list[tuple[str, str, tuple[Any, ...]]]:
+    """(name, entry point, extra arguments) of each stage process this machine runs: its
+    tensor-parallel ranks' schedulers, and on node 0 the detokenizer."""
+    per_node = args.tp_size // args.nnodes
+    first = args.node_rank * per_node
+    specs: list[tuple[str, str, tuple[Any, ...]]] = [
+        ("scheduler" if rank == 0 else f"scheduler-tp{rank}", STAGES["scheduler"], (rank,))
+        for rank in range(first, first + per_node)
+    ]
+    if args.node_rank == 0:
+        specs.append(("detokenizer", STAGES["detokenizer"], ()))
+    return specs
+
+
+def with_dist_init_addr(args: ServerArgs) -> ServerArgs:
+    """`args` with the address where tensor-parallel ranks meet: the one given, else (one
+    machine) a port free now on 127.0.0.1, which rank 0's store binds moments later."""
+    if args.tp_size == 1 or args.dist_init_addr is not None:
+        return args
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return args.replace(dist_init_addr=f"127.0.0.1:{port}")
 
 
 def _set_done(future: asyncio.Future[None]) -> None:

@@ -121,6 +121,11 @@ class QuantizedWeight:
         self._held = blocks.numpy()
 
     @property
+    def shape(self) -> tuple[int, int]:
+        """[out_features, in_features], as a float weight's."""
+        return (self.out_features, self.in_features)
+
+    @property
     def nbytes(self) -> int:
         """Bytes of blocks or tiles (what a product reads)."""
         held = self.blocks if self._packed is None else self._packed
@@ -287,6 +292,25 @@ class QuantizedWeight:
         if not 0 <= start < end <= self.out_features:
             raise ValueError(f"rows {start}:{end} are not a non-empty range of {self.out_features}")
         return QuantizedWeight(self._unpacked_blocks()[start:end], self.fmt, self.in_features)
+
+    def select_columns(self, start: int, end: int) -> QuantizedWeight:
+        """Input columns `start:end` (a copy), e.g. one rank's shard of a row-parallel layer.
+        Blocks run along a row, 32 columns each: both ends must be multiples of 32."""
+        if not 0 <= start < end <= self.in_features or start % BLOCK_SIZE or end % BLOCK_SIZE:
+            raise ValueError(
+                f"columns {start}:{end} of {self.in_features} are not a non-empty range whose "
+                f"ends are multiples of {BLOCK_SIZE} (one block)"
+            )
+        width = BLOCK_BYTES[self.fmt]
+        blocks = self._unpacked_blocks()[:, start // BLOCK_SIZE * width : end // BLOCK_SIZE * width]
+        return QuantizedWeight(blocks.contiguous(), self.fmt, end - start)
+
+    @staticmethod
+    def zeros(rows: int, fmt: str, in_features: int) -> QuantizedWeight:
+        """`rows` rows of zero blocks (a zero scale: every weight dequantizes to 0), which pad a
+        rank's shard of a vocabulary to its full share."""
+        row_bytes = in_features // BLOCK_SIZE * BLOCK_BYTES[fmt]
+        return QuantizedWeight(torch.zeros(rows, row_bytes, dtype=torch.uint8), fmt, in_features)
 
     @staticmethod
     def cat(weights: list[QuantizedWeight]) -> QuantizedWeight:

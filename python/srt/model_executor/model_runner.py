@@ -16,6 +16,7 @@ import torch
 
 from srt import envs
 from srt.constrained.xgrammar_backend import GrammarBackend
+from srt.distributed import get_tp_group, kv_heads_per_rank
 from srt.forward_mode import ForwardMode
 from srt.layers.attention.registry import create_attention_backend
 from srt.layers.forward_batch import ForwardBatch
@@ -27,7 +28,7 @@ from srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_
 from srt.model_executor.model_config import ModelConfig
 from srt.model_executor.resolve import resolve_device_defaults
 from srt.model_executor.sampling_info import SamplingStates
-from srt.model_executor.weight_loader import iterate_weights
+from srt.model_executor.weight_loader import iterate_weight_slices, iterate_weights
 from srt.model_executor.worker_batch import (
     GenerationBatchResult,
     GrammarStatus,
@@ -48,6 +49,8 @@ class ModelRunner:
         # cannot run on the device is refused at once); everything else reads `server_args`.
         self.server_args = server_args = resolve_device_defaults(server_args)
         self.device = torch.device(server_args.device)
+        # One rank of `--tp-size` (srt.distributed, joined by the scheduler process), or alone.
+        self.tp = get_tp_group()
         self.model_config = ModelConfig.load(
             model_path,
             server_args.dtype,
@@ -72,7 +75,8 @@ class ModelRunner:
             server_args.trust_remote_code,
             server_args.constrained_json_any_whitespace,
         )
-        self.sampling = SamplingStates(self.grammars, config.vocab_size)
+        sync = self.tp.broadcast_ints if self.tp.size > 1 else None
+        self.sampling = SamplingStates(self.grammars, config.vocab_size, sync)
         if server_args.random_seed is not None:
             torch.manual_seed(server_args.random_seed)
 
@@ -98,10 +102,10 @@ class ModelRunner:
             finally:
                 torch.set_default_dtype(default_dtype)
         if self.server_args.load_format != "dummy":  # dummy keeps the random initialization
+            # Tensor-parallel ranks read only their shards of a safetensors checkpoint.
+            read = iterate_weight_slices if self.tp.size > 1 else iterate_weights
             self.model.load_weights(  # type: ignore[operator]
-                iterate_weights(
-                    config.model_path, config.gguf_file, config.hf_config, config.quantization
-                )
+                read(config.model_path, config.gguf_file, config.hf_config, config.quantization)
             )
         if config.quantization == "int8":
             quantize_int8(self.model)
@@ -122,8 +126,9 @@ class ModelRunner:
 
     def init_memory_pool(self) -> None:
         config = self.model_config
+        kv_heads = kv_heads_per_rank(config.num_kv_heads, self.tp.size)  # this rank's
         bytes_per_slot = KVPool.bytes_per_slot(
-            config.num_layers, config.num_kv_heads, config.head_dim, config.dtype
+            config.num_layers, kv_heads, config.head_dim, config.dtype
         )
         self.max_total_tokens = self.server_args.max_total_tokens or self._default_kv_slots(
             bytes_per_slot
@@ -138,7 +143,7 @@ class ModelRunner:
         self.kv_pool = KVPool(
             self.max_total_tokens,
             config.num_layers,
-            config.num_kv_heads,
+            kv_heads,
             config.head_dim,
             config.dtype,
             self.device,
@@ -154,6 +159,9 @@ class ModelRunner:
         """Captures decode CUDA graphs on CUDA unless turned off or the backend cannot."""
         self.cuda_graph_runner: CudaGraphRunner | None = None
         if self.device.type != "cuda" or self.server_args.disable_cuda_graph:
+            return
+        if self.tp.size > 1:
+            logger.info("CUDA graphs are off: tensor-parallel decode runs its collectives eagerly")
             return
         if not self.attn_backend.supports_cuda_graph:
             logger.info(
@@ -185,7 +193,11 @@ class ModelRunner:
         self.sampling.remove(rid)
 
     def grammar_status(self, kind: str, text: str) -> GrammarStatus:
-        """Where grammar (`kind`, `text`) stands, its compile started if new (never waits)."""
+        """Where grammar (`kind`, `text`) stands, its compile started if new. Alone it never
+        waits; a tensor-parallel rank waits for the compile, so that every rank admits the
+        request in the same step (a compile's end is a matter of timing, which ranks differ in)."""
+        if self.tp.size > 1:
+            self.grammars.wait(kind, text)
         return self.grammars.status(kind, text)
 
     def jump_forward(self, rid: str, max_rollback: int, budget: int) -> JumpForward | None:

@@ -10,10 +10,16 @@ request's logits before each sample and takes each token sampled, so it is where
 output is, retractions included, and goes with the request. A jump forward
 (`srt.constrained.jump_forward`) changes that output without sampling: the matcher and the
 recorded tokens change together.
+
+Under tensor parallelism every rank samples from the same all-gathered logits with the same
+seeds; `sync_ids` (rank 0's ids broadcast) makes rank 0's tokens every rank's, so that a
+difference in the last bit of a draw can never split the ranks' schedules (SGLang syncs them
+too).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -75,8 +81,14 @@ class SamplingStates:
     """The sampling state of every admitted request, by request id; constrained requests' logits
     are `vocab_size` wide and their grammars come from `grammars`."""
 
-    def __init__(self, grammars: GrammarBackend | None = None, vocab_size: int = 0) -> None:
+    def __init__(
+        self,
+        grammars: GrammarBackend | None = None,
+        vocab_size: int = 0,
+        sync_ids: Callable[[list[int]], list[int]] | None = None,
+    ) -> None:
         self.states: dict[str, RequestSampling] = {}
+        self.sync_ids = sync_ids
         self.grammars = grammars
         self.masks = GrammarMasks(vocab_size) if grammars is not None else None
 
@@ -131,15 +143,16 @@ class SamplingStates:
         if self.masks is not None:
             self.masks.apply(logits, matchers)
         out = sample(logits, [s.row for s in chosen], [s.output_ids for s in chosen])
-        for state, token in zip(chosen, out.next_ids, strict=True):
+        next_ids = out.next_ids if self.sync_ids is None else self.sync_ids(out.next_ids)
+        for state, token in zip(chosen, next_ids, strict=True):
             state.output_ids.append(token)
         return GenerationBatchResult(
-            next_ids=out.next_ids,
+            next_ids=next_ids,
             logprobs=out.logprobs,
             top_logprobs=out.top_logprobs,
             input_token_logprobs=input_logprobs,
             input_top_logprobs=input_tops,
-            grammar_ended=accept_tokens(matchers, out.next_ids),
+            grammar_ended=accept_tokens(matchers, next_ids),
         )
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from srt.layers.lazy_tensor import LazyTensor
 from srt.layers.quant_kernels import BLOCK_BYTES, QuantizedWeight
 from srt.layers.quantization import CheckpointTensor
 
@@ -68,6 +69,22 @@ def iterate_weights(
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 yield name, f.get_tensor(name)
+
+
+def iterate_weight_slices(
+    model_path: str, gguf_file: str | None, hf_config: Any, quantization: str = "none"
+) -> Iterator[tuple[str, CheckpointTensor | LazyTensor]]:
+    """`iterate_weights`, but a local safetensors checkpoint's tensors come unread
+    (`LazyTensor`), so that a tensor-parallel rank reads only its shard of each."""
+    directory = Path(model_path)
+    files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+    if gguf_file is not None or not files:
+        yield from iterate_weights(model_path, gguf_file, hf_config, quantization)
+        return
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                yield name, LazyTensor(f.get_slice(name))
 
 
 def _gguf_weights(

@@ -11,7 +11,8 @@ gives the same bits either way; only the Python goes.
 
 When it runs: decode steps on the CPU, float32 or bf16, whose attention reads the KV cache in
 place (`TorchNativeAttnBackend.in_place_decode`, not the cascade over shared prefixes), in
-models without per-head q/k norms, with fewer sequences than the smallest of the projections'
+models without per-head q/k norms, on one tensor-parallel rank (the stack has no all-reduce
+between a layer's shards), with fewer sequences than the smallest of the projections'
 crossovers (`QuantizedWeight.crossover`: below it, their measured plan runs the few-row kernel
 the stack runs; at or past it, a many-row path, and so does the step). Elsewhere, or with
 `SRT_FUSED_DECODE=0`, the layers run one by one.
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from srt import _rust, envs
+from srt.distributed import get_tp_group
 from srt.forward_mode import ForwardMode
 from srt.layers import cpu_kernels
 from srt.layers.attention.torch_native import TorchNativeAttnBackend
@@ -55,7 +57,7 @@ class FusedDecode:
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
-        self.enabled = envs.fused_decode()
+        self.enabled = envs.fused_decode() and get_tp_group().size == 1
         self._pool: KVPool | None = None
         self._stack: Any = None
         # Steps of at least this many sequences take the layers' path.

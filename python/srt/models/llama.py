@@ -4,6 +4,12 @@ Qwen families, which differ only in their attention projections (see qwen2.py, q
 Weights keep Hugging Face's names, except that q/k/v and gate/up projections are fused into one
 matrix each (`qkv_proj`, `gate_up_proj`): `load_weights` stacks the checkpoint's shards into them,
 float tensors by copying, GGUF blocks by concatenating their rows (models/loading.py).
+
+Under tensor parallelism (srt.distributed) each rank builds its share: its attention heads (and
+KV heads, replicated when fewer than the ranks), its share of the MLP's intermediate rows and of
+the vocabulary (layers/parallel_linear.py); `load_weights` cuts each checkpoint tensor to the
+rank's shard before it is copied, and the decode steps run layer by layer (the fused Rust step
+has no all-reduce).
 """
 
 from __future__ import annotations
@@ -14,16 +20,24 @@ from typing import Any
 import torch
 from torch import nn
 
+from srt.distributed import get_tp_group
 from srt.layers.activation import SiluAndMul
 from srt.layers.forward_batch import ForwardBatch
 from srt.layers.layernorm import RMSNorm
-from srt.layers.linear import Linear
+from srt.layers.lazy_tensor import LazyTensor
 from srt.layers.logits_processor import compute_logits
+from srt.layers.parallel_linear import (
+    ColumnParallelLinear,
+    Loadable,
+    ParallelLMHead,
+    RowParallelLinear,
+    heads_part,
+    split_part,
+)
 from srt.layers.quant_kernels import QuantizedWeight
-from srt.layers.quantization import CheckpointTensor
 from srt.layers.radix_attention import RadixAttention
 from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary, rope_parameters
-from srt.layers.vocab_embedding import VocabEmbedding
+from srt.layers.vocab_embedding import VocabParallelEmbedding
 from srt.models.fused_decode import FusedDecode
 from srt.models.loading import QuantizedShards, copy_checked, copy_shard
 
@@ -49,16 +63,26 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config: Any, layer_id: int) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = head_dim_of(config)
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
+        if total_heads % get_tp_group().size:
+            raise ValueError(
+                f"{total_heads} attention heads do not split evenly over "
+                f"{get_tp_group().size} tensor-parallel ranks"
+            )
+        q_part = heads_part(total_heads, self.head_dim)
+        kv_part = heads_part(total_kv_heads, self.head_dim)
+        # This rank's heads.
+        self.num_heads = q_part.rows // self.head_dim
+        self.num_kv_heads = kv_part.rows // self.head_dim
+        self.q_size = q_part.rows
+        self.kv_size = kv_part.rows
         bias = getattr(config, "attention_bias", False)
-        self.qkv_proj = Linear(
-            config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias or self.qkv_bias
+        self.qkv_proj = ColumnParallelLinear(
+            config.hidden_size, [q_part, kv_part, kv_part], bias=bias or self.qkv_bias
         )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias)
+        self.o_proj = RowParallelLinear(q_part.total, config.hidden_size, bias=bias)
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
@@ -84,8 +108,9 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        part = split_part(config.intermediate_size)
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [part, part], bias=bias)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +138,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: Any, attention_cls: type[LlamaAttention]) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, attention_cls) for i in range(config.num_hidden_layers)
         )
@@ -146,7 +171,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config, self.attention_cls)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)
         if self.tie_word_embeddings:  # one parameter, listed once, under the embedding's name
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -158,7 +183,7 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.model(input_ids, positions, forward_batch)
         return compute_logits(hidden, self.lm_head, forward_batch)
 
-    def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, Loadable]]) -> None:
         """Copies checkpoint tensors (Hugging Face names) into the parameters; every parameter
         must be filled exactly once, shards of fused parameters included. GGUF blocks
         (`QuantizedWeight`) of a linear or embedding weight are kept as blocks, in place of the
@@ -175,6 +200,9 @@ class LlamaForCausalLM(nn.Module):
             target, shard = self._target_of(name)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name} has no place in {type(self).__name__}")
+            tensor = self._rank_shard(target, shard, tensor)
+            if isinstance(tensor, LazyTensor):  # not cut for this rank: needed whole
+                tensor = tensor.load()
             param = params[target]
             if isinstance(tensor, QuantizedWeight) and blocks.can_hold(target):
                 blocks.add(target, shard, tensor, name)
@@ -201,6 +229,14 @@ class LlamaForCausalLM(nn.Module):
                 return name.replace(f".{part}.", f".{fused}."), shard
         return name, None
 
+    def _rank_shard(self, target: str, shard: int | None, tensor: Loadable) -> Loadable:
+        """This rank's part of checkpoint tensor `tensor` (all of it with one rank)."""
+        module = self.get_submodule(target.rpartition(".")[0])
+        cut = getattr(module, "shard", None)
+        if get_tp_group().size == 1 or cut is None:
+            return tensor
+        return cut(tensor, shard)
+
     def _shard_count(self, name: str) -> int:
         if ".qkv_proj." in name:
             return 3
@@ -209,10 +245,7 @@ class LlamaForCausalLM(nn.Module):
         return 1
 
     def _shard_sizes(self, name: str) -> list[int]:
-        config = self.config
-        if ".qkv_proj." in name:
-            head_dim = head_dim_of(config)
-            kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-            kv_size = kv_heads * head_dim
-            return [config.num_attention_heads * head_dim, kv_size, kv_size]
-        return [config.intermediate_size] * 2
+        """Rows of each checkpoint shard of fused parameter `name`, as this rank holds them."""
+        module = self.get_submodule(name.rpartition(".")[0])
+        assert isinstance(module, ColumnParallelLinear), "only fused projections have shards"
+        return module.local_sizes

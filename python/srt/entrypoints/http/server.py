@@ -32,6 +32,7 @@ from srt.entrypoints.http.middleware import (
     host_middleware,
 )
 from srt.entrypoints.launcher import ChildDied, Launcher
+from srt.entrypoints.worker_node import serve_ranks
 from srt.ipc.channel import Receiver, Sender
 from srt.logs import configure_logging
 from srt.managers.generate_req_input import GenerateReqInput
@@ -226,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(argv)
     configure_logging("main", args.log_level)
+    if args.node_rank > 0:  # only node 0 serves: this machine runs its ranks
+        return uvloop.run(serve_ranks(with_model(args)))
     return uvloop.run(serve(with_model(args)))
 
 
