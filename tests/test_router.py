@@ -9,6 +9,7 @@ import json
 import random
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "tiny-llama"
 WORDS = ("alpha", "bravo", "delta", "gamma", "kilo", "lima", "oscar", "sierra", "tango", "zulu")
-GROUPS = 4
+GROUPS = 5  # odd: see the round-robin run
 PROMPTS_PER_GROUP = 4
 
 
@@ -171,49 +172,76 @@ def test_load_is_reported_to_the_router(replicas: list[ServerProcess]) -> None:
 # ---- prefix-cache affinity ---------------------------------------------------------------------
 
 
-def cache_counters(replica: ServerProcess) -> tuple[float, float]:
-    """(prompt tokens, cached prompt tokens) of the finished requests, from `/metrics`."""
+COUNTERS = ("srt_prompt_tokens_total", "srt_cached_tokens_total", "srt_requests_total")
+
+
+def counters(replica: ServerProcess) -> dict[str, float]:
+    """The `COUNTERS` of a replica's finished requests, from its `/metrics`."""
     with urllib.request.urlopen(f"{replica.url}/metrics", timeout=30) as response:
         text = response.read().decode()
-    totals = {"srt_prompt_tokens_total": 0.0, "srt_cached_tokens_total": 0.0}
+    totals = dict.fromkeys(COUNTERS, 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in totals:
                 totals[sample.name] += sample.value
-    return totals["srt_prompt_tokens_total"], totals["srt_cached_tokens_total"]
+    return totals
 
 
-def hit_rate(url: str, replicas: list[ServerProcess], seed: int) -> float:
-    """The replicas' prefix-cache hit rate over a shared-prefix workload sent to `url` one
-    request at a time, group after group, on emptied caches."""
+def send_rounds(url: str, seed: int, *, concurrent: bool) -> None:
+    """A shared-prefix workload: `GROUPS` system prompts, `PROMPTS_PER_GROUP` questions each,
+    sent in rounds (the r-th question of every group, then the next round), a round's requests
+    at once or one after another. Requests in flight together never share a prefix, so a
+    group's later questions find its prefix wherever its first one left it."""
+    rng = random.Random(seed)
+    systems = [" ".join(rng.choices(WORDS, k=60)) for _ in range(GROUPS)]
+    for _ in range(PROMPTS_PER_GROUP):
+        texts = [f"{system}\n{' '.join(rng.choices(WORDS, k=5))}" for system in systems]
+        if concurrent:
+            with ThreadPoolExecutor(len(texts)) as pool:
+                list(pool.map(lambda text: generate(url, text, 8), texts))
+        else:
+            for text in texts:
+                generate(url, text, 8)
+
+
+def hit_rate(
+    url: str, replicas: list[ServerProcess], seed: int, *, concurrent: bool
+) -> tuple[float, list[int]]:
+    """The replicas' prefix-cache hit rate over `send_rounds` to `url` on emptied caches, and
+    how many of the requests each replica served."""
     for replica in replicas:
         assert post_json(f"{replica.url}/flush_cache", {})["success"]
-    before = [cache_counters(r) for r in replicas]
-    rng = random.Random(seed)
-    for _ in range(GROUPS):
-        system = " ".join(rng.choices(WORDS, k=60))
-        for _ in range(PROMPTS_PER_GROUP):
-            generate(url, f"{system}\n{' '.join(rng.choices(WORDS, k=5))}", 1)
-    after = [cache_counters(r) for r in replicas]
-    prompt = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
-    cached = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
-    return cached / prompt
+    before = [counters(r) for r in replicas]
+    send_rounds(url, seed, concurrent=concurrent)
+    delta = [
+        {name: a[name] - b[name] for name in COUNTERS}
+        for a, b in zip([counters(r) for r in replicas], before, strict=True)
+    ]
+    prompt = sum(d["srt_prompt_tokens_total"] for d in delta)
+    cached = sum(d["srt_cached_tokens_total"] for d in delta)
+    return cached / prompt, [int(d["srt_requests_total"]) for d in delta]
 
 
 def test_cache_aware_routing_keeps_a_single_replicas_hit_rate(
     replicas: list[ServerProcess],
 ) -> None:
-    """Round robin splits each group over both replicas, so each computes the shared prefix;
-    cache-aware routing sends a group to the replica that holds its prefix."""
-    single = hit_rate(replicas[0].url, replicas, seed=1)
+    """Cache-aware routing spreads the groups over both replicas and sends each group's later
+    questions where its prefix is; round robin splits each group over both replicas, so both
+    compute its prefix."""
+    single, _ = hit_rate(replicas[0].url, replicas, seed=1, concurrent=True)
     urls = [s.url for s in replicas]
     with running_router(urls, "cache_aware") as router:
-        cache_aware = hit_rate(router.url, replicas, seed=2)
+        # At once: with nothing in flight the router sends every new prefix to the same
+        # (least loaded) replica, as one replica would.
+        cache_aware, served = hit_rate(router.url, replicas, seed=2, concurrent=True)
     with running_router(urls, "round_robin") as router:
-        round_robin = hit_rate(router.url, replicas, seed=3)
-    # A group's first prompt misses, the other three hit their prefix: about 3/4 of a prefix
-    # that is most of each prompt; round robin misses twice a group, about 2/4.
+        # One after another, so that round robin's choices do not hang on arrival order: with
+        # an odd number of groups, each group alternates between the replicas.
+        round_robin, _ = hit_rate(router.url, replicas, seed=3, concurrent=False)
+    # One replica misses a group's prefix once, on its first question: about 3/4 of a prefix
+    # that is most of each prompt is cached; round robin misses it twice, about 2/4.
     assert single > 0.5
+    assert min(served) > 0
     assert cache_aware >= 0.9 * single
     assert round_robin <= 0.8 * cache_aware
 
