@@ -19,7 +19,8 @@ each on the same seed in every configuration:
   each round's prompts to the replicas in arrival order, so a group's P prompts all land on one
   replica with probability 2/2^P and it otherwise misses twice: at P = 4, about 1.875 misses a
   group to one, so of the prefix tokens it caches about 0.53 to one replica's 0.75 (a ratio of
-  about 1.41; 1.6 at P = 3, 2 at P = 2, less at larger P).
+  about 1.41 on average, never above (P-1)/(P-2) = 1.5; 1.6 at P = 3, 2 at P = 2, less at
+  larger P: `--gsp-prompts-per-group`).
 
 Each run also records how its requests spread over the replicas (`requests_per_replica`, from
 their `/metrics`), the CPU seconds of this benchmark's whole process tree (`own_cpu_s`: the
