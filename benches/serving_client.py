@@ -44,7 +44,8 @@ async def discover_model(session: aiohttp.ClientSession, base_url: str) -> str:
         async with session.get(f"{base_url}/v1/models") as response:
             if response.status != 200:
                 raise ValueError(f"GET /v1/models: {await _error_text(response)}")
-            models = (await response.json()).get("data") or []
+            # Whatever its Content-Type: sglang-router 0.3.2 labels its own list text/plain.
+            models = (await response.json(content_type=None)).get("data") or []
     except aiohttp.ClientError as e:
         raise ValueError(f"cannot reach {base_url}: {e}") from e
     if not models:

@@ -25,6 +25,7 @@ from srt.entrypoints.http.openai_protocol import CHAT_FIELDS, COMPLETION_FIELDS,
 from srt.entrypoints.http.openapi import describe
 from srt.entrypoints.http.request_schemas import ModelLimits
 from srt.entrypoints.http.server import build_app
+from srt.entrypoints.http.sglang_fields import CHAT_DEFAULTS, COMPLETION_DEFAULTS, GENERATE_DEFAULTS
 from srt.request_limits import RequestLimits
 from srt.server_args import ServerArgs
 from srt.testing.server_process import ServerProcess, running_server
@@ -71,9 +72,11 @@ def test_the_description_covers_every_field(api_schema: Any) -> None:
         body = raw[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         return set(body["properties"])
 
-    assert fields("/generate") == set(GENERATE_FIELDS)
-    assert fields("/v1/completions") == COMPLETION_FIELDS | set(SAMPLING_FIELDS)
-    assert fields("/v1/chat/completions") == CHAT_FIELDS | set(SAMPLING_FIELDS)
+    assert fields("/generate") == set(GENERATE_FIELDS) | set(GENERATE_DEFAULTS)
+    assert fields("/v1/completions") == COMPLETION_FIELDS | set(SAMPLING_FIELDS) | set(
+        COMPLETION_DEFAULTS
+    )
+    assert fields("/v1/chat/completions") == CHAT_FIELDS | set(SAMPLING_FIELDS) | set(CHAT_DEFAULTS)
     for path in BODY_ROUTES:
         assert fields(path), path
     sampling = raw["/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]

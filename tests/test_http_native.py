@@ -209,6 +209,10 @@ def test_model_and_server_info(server: ServerProcess) -> None:
     assert info["phase"] == "ready"
     assert info["api_key"] is None
     assert info["load"]["max_total_tokens"] > 0
+    assert info["dp_size"] == 1
+    # SGLang's newer names, which sglang-router asks first.
+    assert call(server, "GET", "/model_info") == (200, model)
+    assert call(server, "GET", "/server_info")[1].keys() == info.keys()
 
 
 def test_tokenize_and_detokenize_round_trip(server: ServerProcess) -> None:

@@ -23,6 +23,7 @@ from srt.entrypoints.http.context import (
     request_errors,
 )
 from srt.entrypoints.http.errors import bad_request, json_response, read_json_object
+from srt.entrypoints.http.sglang_fields import GENERATE_DEFAULTS, without_defaults
 from srt.managers.generate_req_input import GenerateReqInput
 
 routes = web.RouteTableDef()
@@ -39,7 +40,9 @@ ACCUMULATED_META = (
 
 
 def generate_input(body: dict[str, Any]) -> GenerateReqInput:
-    """The `GenerateReqInput` of a `/generate` body; unknown fields are a 400."""
+    """The `GenerateReqInput` of a `/generate` body; unknown fields are a 400 (SGLang's fields
+    at their defaults are accepted: `sglang_fields`)."""
+    body = without_defaults(body, GENERATE_DEFAULTS)
     unknown = sorted(set(body) - set(GENERATE_FIELDS))
     if unknown:
         raise bad_request(

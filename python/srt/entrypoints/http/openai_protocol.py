@@ -25,6 +25,7 @@ from typing import Any
 from srt.entrypoints.http.errors import ApiError, bad_request
 from srt.entrypoints.http.openai_messages import parse_messages
 from srt.entrypoints.http.openai_tools import ToolPlan, parse_tools
+from srt.entrypoints.http.sglang_fields import CHAT_DEFAULTS, COMPLETION_DEFAULTS, without_defaults
 from srt.managers.generate_req_input import GenerateReqInput
 
 MAX_LOGIT_BIAS = 100.0
@@ -139,6 +140,7 @@ class OpenAIRequest:
 def parse_completion_request(body: Mapping[str, Any], model_name: str) -> OpenAIRequest:
     """The request of a `/v1/completions` body; ApiError 400 (or 404 for the model) for what
     only OpenAI's schema refuses."""
+    body = without_defaults(body, COMPLETION_DEFAULTS)
     check_fields(body, COMPLETION_FIELDS)
     check_model(body, model_name)
     texts, ids = parse_prompt(body.get("prompt"))
@@ -167,6 +169,7 @@ def parse_chat_request(
     """The request of a `/v1/chat/completions` body (its messages rendered later, by the
     tokenizer manager) on a server whose `--tool-call-parser` is `tool_call_parser`; ApiError
     400 (or 404 for the model) for what only OpenAI's schema refuses."""
+    body = without_defaults(body, CHAT_DEFAULTS)
     check_fields(body, CHAT_FIELDS)
     check_model(body, model_name)
     check_chat_extras(body)

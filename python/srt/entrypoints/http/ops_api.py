@@ -1,5 +1,10 @@
-"""Operations routes: health, model and server information, cache flush, aborts, tokenization,
-and Prometheus metrics (with `--enable-metrics`)."""
+"""Operations routes: health, model and server information, load, cache flush, aborts,
+tokenization, and Prometheus metrics (with `--enable-metrics`).
+
+A load balancer in front of several servers (sglang-router, docs/scale-out.md) manages them
+through these: `/health` (its periodic check), `/server_info` and `/model_info` (read when a
+worker registers; SGLang's newer names, tried before `/get_server_info` and `/get_model_info`),
+`/get_load` (its load monitor), `/flush_cache` (fanned out) and `/metrics` (aggregated)."""
 
 from __future__ import annotations
 
@@ -61,6 +66,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=manager.metrics.render(load), headers={"Content-Type": CONTENT_TYPE})
 
 
+@routes.get("/model_info")
 @routes.get("/get_model_info")
 async def get_model_info(request: web.Request) -> web.Response:
     """The served model: its path, tokenizer (the local directory of its files, which for a
@@ -80,6 +86,7 @@ async def get_model_info(request: web.Request) -> web.Response:
     )
 
 
+@routes.get("/server_info")
 @routes.get("/get_server_info")
 async def get_server_info(request: web.Request) -> web.Response:
     """The server's arguments (secrets withheld), version, current load, and the slowest of
@@ -94,12 +101,34 @@ async def get_server_info(request: web.Request) -> web.Response:
     }
     return json_response(
         {
+            # One scheduler per server: srt's data parallelism is replicas behind a router.
+            "dp_size": 1,
             **args,
             "version": __version__,
             "phase": context.phase.value,
             "load": {k: v for k, v in dataclasses.asdict(load).items() if k != "rid"},
             "slowest_requests": manager.reporter.recent.slowest(),
         }
+    )
+
+
+@routes.get("/get_load")
+async def get_load(request: web.Request) -> web.Response:
+    """The scheduler's load in SGLang's shape, a list with one entry per data-parallel rank (one
+    here): requests running and waiting, and the KV-cache tokens in use (held by requests or
+    locked in the prefix cache; evictable ones excluded). sglang-router sums `num_tokens`."""
+    manager = context_of(request).tokenizer_manager()
+    with request_errors():
+        load = await manager.get_load()
+    return json_response(
+        [
+            {
+                "dp_rank": 0,
+                "num_reqs": load.num_running_reqs + load.num_waiting_reqs,
+                "num_waiting_reqs": load.num_waiting_reqs,
+                "num_tokens": load.num_used_tokens,
+            }
+        ]
     )
 
 

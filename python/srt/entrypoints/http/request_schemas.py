@@ -20,6 +20,12 @@ from srt.entrypoints.http.openai_protocol import (
     MAX_LOGIT_BIAS,
     SAMPLING_FIELDS,
 )
+from srt.entrypoints.http.sglang_fields import (
+    CHAT_DEFAULTS,
+    COMPLETION_DEFAULTS,
+    GENERATE_DEFAULTS,
+    default_schemas,
+)
 from srt.request_limits import RequestLimits
 from srt.sampling_params import SamplingParams
 
@@ -161,6 +167,7 @@ def generate_schema(limits: ModelLimits) -> Schema:
         "top_logprobs_num": _one_or_list(_top_logprobs(limits), limits),
         "stream": BOOLEAN,
         "logprob_start_len": _one_or_list({"type": "integer", "minimum": -1}, limits),
+        **default_schemas(GENERATE_DEFAULTS),
     }
     return {
         "type": "object",
@@ -277,6 +284,7 @@ def completion_schema(limits: ModelLimits) -> Schema:
         "echo": {"type": ["boolean", "null"]},
         "best_of": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.requests.max_n},
         "suffix": {"type": ["string", "null"], "maxLength": 0},
+        **default_schemas(COMPLETION_DEFAULTS),
     }
     return {
         "type": "object",
@@ -363,6 +371,7 @@ def chat_schema(limits: ModelLimits) -> Schema:
         "audio": {"type": "null"},
         "web_search_options": {"type": "null"},
         **{name: {} for name in HARMLESS_CHAT_FIELDS},
+        **default_schemas(CHAT_DEFAULTS),
     }
     return {
         "type": "object",
