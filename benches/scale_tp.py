@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,7 @@ def measure(size: int, opts: argparse.Namespace, out_dir: Path) -> dict[str, Any
     return saved
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--tp", type=int, default=2)
@@ -133,18 +134,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--atol", type=float, default=1e-3)
     parser.add_argument("--json", type=Path, default=None)
-    opts = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def compare(opts: argparse.Namespace) -> dict[str, Any]:
+    """TP=1 and TP=`opts.tp` measured one after the other, their step times and logits
+    compared (on a tiny random Llama unless `opts.model`)."""
     with tempfile.TemporaryDirectory(prefix="srt-scale-tp-") as tmp:
-        if opts.model is None:
-            opts.model = str(make_tiny_model("llama", Path(tmp) / "model", preset="tiny-hd64"))
-        one = measure(1, opts, Path(tmp))
-        many = measure(opts.tp, opts, Path(tmp))
+        model = opts.model or str(make_tiny_model("llama", Path(tmp) / "model", preset="tiny-hd64"))
+        run_opts = argparse.Namespace(**{**vars(opts), "model": model})
+        one = measure(1, run_opts, Path(tmp))
+        many = measure(opts.tp, run_opts, Path(tmp))
     diff = max(
         float((a - b).abs().max()) for a, b in zip(many["logits"], one["logits"], strict=True)
     )
-    results = {
+    return {
         "bench": "scale_tp",
-        "model": opts.model,
+        "model": opts.model or "tiny-hd64 llama (random)",
         "device": opts.device,
         "batch_size": opts.batch_size,
         "input_len": opts.input_len,
@@ -156,7 +162,13 @@ def main(argv: list[str] | None = None) -> int:
         "prefill_ratio_tp1_over_tpN": one["result"]["prefill_s"] / many["result"]["prefill_s"],
         "max_abs_logit_diff": diff,
     }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv)
+    results = compare(opts)
     emit(results, opts.json)
+    diff = results["max_abs_logit_diff"]
     if diff > opts.atol:
         print(f"TP={opts.tp} logits differ from TP=1's by {diff} > {opts.atol}", file=sys.stderr)
         return 1
