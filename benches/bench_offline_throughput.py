@@ -35,7 +35,7 @@ from bench_utils import emit
 from transformers import AutoModelForCausalLM
 
 from srt.entrypoints.engine import Engine
-from srt.server_args import split_gguf_path
+from srt.server_args_check import split_gguf_path
 
 
 def random_workload(

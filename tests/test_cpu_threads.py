@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from srt.server_args import parse_cpu_list
+from srt.server_args_check import parse_cpu_list
 
 
 @pytest.mark.parametrize(

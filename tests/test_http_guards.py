@@ -17,7 +17,8 @@ from aiohttp.test_utils import make_mocked_request
 
 from srt.entrypoints.http.errors import ApiError
 from srt.entrypoints.http.middleware import allowed_origin, host_allowed, host_middleware
-from srt.server_args import ServerArgs, ServerArgsError
+from srt.server_args import ServerArgs
+from srt.server_args_check import ServerArgsError
 from srt.testing.server_process import ServerProcess, running_server
 
 pytestmark = pytest.mark.slow

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from srt import server_args as server_args_module
+from srt import server_args_check
 from srt.io_struct import GetLoadOut
 from srt.managers.metric_names import PREFIX_PATTERN, SGLANG_NAMES, metric_name
 from srt.managers.metrics import TokenizerMetrics
 from srt.managers.request_times import RequestTimes
-from srt.server_args import ServerArgs, ServerArgsError
+from srt.server_args import ServerArgs
+from srt.server_args_check import ServerArgsError
 from srt.server_cli import parse_args
 
 SGLANG_DASHBOARD_SERIES = (
@@ -96,7 +97,7 @@ def test_a_bad_prefix_is_refused_naming_the_flag(prefix: str) -> None:
 def test_the_flag_parses_and_the_patterns_agree() -> None:
     assert parse_args(["--metrics-name-prefix", "sglang"]).metrics_name_prefix == "sglang"
     assert ServerArgs().metrics_name_prefix == "srt"
-    assert server_args_module._METRICS_PREFIX.pattern == PREFIX_PATTERN.pattern
+    assert server_args_check._METRICS_PREFIX.pattern == PREFIX_PATTERN.pattern
 
 
 def test_srts_dashboard_queries_only_series_srt_exports() -> None:

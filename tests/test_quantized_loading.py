@@ -23,7 +23,8 @@ from srt.model_executor.model_config import resolve_quantization
 from srt.model_executor.model_runner import ModelRunner
 from srt.model_executor.weight_loader import iterate_weights
 from srt.models.llama import LlamaForCausalLM
-from srt.server_args import ServerArgs, ServerArgsError
+from srt.server_args import ServerArgs
+from srt.server_args_check import ServerArgsError
 
 # int8 weights err by up to half a step (absmax / 254 of their row), and the kernel rounds its
 # activations and output to bfloat16 (8 significant bits). Measured on the four tiny fixture

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from srt.entrypoints.http import server
-from srt.server_args import SCHEDULE_POLICIES, ServerArgs, ServerArgsError, flag_of
+from srt.server_args import SCHEDULE_POLICIES, ServerArgs
+from srt.server_args_check import ServerArgsError, flag_of
 from srt.server_cli import build_parser, parse_args
 
 

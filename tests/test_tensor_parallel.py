@@ -28,7 +28,8 @@ from srt.layers.parallel_linear import take_rows, vocab_shard
 from srt.layers.quant_kernels import QuantizedWeight
 from srt.managers.tp_ranks import pack, unpack
 from srt.model_executor.cpu_threads import share_of
-from srt.server_args import ServerArgs, ServerArgsError
+from srt.server_args import ServerArgs
+from srt.server_args_check import ServerArgsError
 
 # Float32 logits of the tiny models are O(1): sums in another order differ by a few ulps.
 ATOL = 1e-4

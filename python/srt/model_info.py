@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from srt import envs
-from srt.server_args import split_gguf_path
+from srt.server_args_check import split_gguf_path
 
 _DONE_MARKER = ".srt-prepared"
 

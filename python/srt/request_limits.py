@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from srt.server_args import ServerArgs, flag_of
+from srt.server_args import ServerArgs
+from srt.server_args_check import flag_of
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

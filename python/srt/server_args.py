@@ -2,18 +2,18 @@
 
 The fields drive the CLI: each one becomes `--field-name` (with the aliases in its metadata), its
 type comes from the annotation, and its help section, text and choices from the metadata.
-Validation lives in `__post_init__`, so an Engine built
-from Python gets the same checks as `srt-serve`.
+Validation runs in `__post_init__` (`server_args_check.validate`), so an Engine built from Python
+gets the same checks as `srt-serve`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from srt.server_args_check import validate
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -27,24 +27,6 @@ LOAD_FORMATS = ("auto", "dummy")
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 # `function_call.registry.TOOL_CALL_PARSERS`' names (tests/test_server_args.py holds them equal).
 TOOL_CALL_PARSERS = ("hermes", "llama3")
-_ORIGIN = re.compile(r"https?://[^/\s:]+(:\d+)?")
-# `managers.metric_names.PREFIX_PATTERN`, spelled out so that parsing a command line imports no
-# prometheus_client; tests/test_metric_names.py holds them equal.
-_METRICS_PREFIX = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
-_HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:\d{1,5}")
-
-
-class ServerArgsError(ValueError):
-    """A field holds a value it cannot take; `flag` names it as the CLI spells it."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        self.flag = flag_of(field_name)
-        super().__init__(f"argument {self.flag}: {message}")
-
-
-def flag_of(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
 
 
 def _arg(
@@ -376,68 +358,7 @@ class ServerArgs:
     )
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            choices = f.metadata["choices"]
-            value = getattr(self, f.name)
-            if choices and value is not None and value not in choices:
-                raise ServerArgsError(
-                    f.name, f"invalid choice {value!r} (choose from {', '.join(choices)})"
-                )
-        _check_range(self, "port", lo=1, hi=65535)
-        _check_range(self, "tp_size", lo=1)
-        _check_parallelism(self)
-        _check_range(self, "context_length", lo=1)
-        _check_range(self, "max_total_tokens", lo=1)
-        _check_range(self, "max_running_requests", lo=1)
-        _check_range(self, "max_prefill_tokens", lo=1)
-        _check_range(self, "max_queued_requests", lo=1)
-        _check_range(self, "max_request_bytes", lo=1)
-        _check_range(self, "graceful_shutdown_timeout", lo=0)
-        _check_range(self, "page_size", lo=1)
-        _check_range(self, "cuda_graph_max_bs", lo=1)
-        _check_range(self, "stream_interval", lo=1)
-        for name in (
-            "max_n",
-            "max_client_batch_size",
-            "max_samples_per_request",
-            "max_stop_sequence_length",
-        ):
-            _check_range(self, name, lo=1)
-        for name in ("max_stop_sequences", "max_logprobs", "max_logit_bias_entries"):
-            _check_range(self, name, lo=0)
-        _check_range(self, "watchdog_timeout", lo=0, open_lo=True)
-        if self.chunked_prefill_size != -1:
-            _check_range(self, "chunked_prefill_size", lo=1)
-        for origin in self.allowed_origins:
-            if origin != "*" and not _ORIGIN.fullmatch(origin):
-                raise ServerArgsError(
-                    "allowed_origins", f"{origin!r} is not an origin like https://host[:port]"
-                )
-        for host in self.allowed_hosts:
-            if host != "*" and not _HOST.fullmatch(host):
-                raise ServerArgsError(
-                    "allowed_hosts", f"{host!r} is not a host name or address (without a port)"
-                )
-        if self.cpu_omp_threads_bind not in ("auto", "nobind"):
-            try:
-                parse_cpu_list(self.cpu_omp_threads_bind)
-            except ValueError as e:
-                raise ServerArgsError("cpu_omp_threads_bind", str(e)) from None
-        if not _METRICS_PREFIX.fullmatch(self.metrics_name_prefix):
-            raise ServerArgsError(
-                "metrics_name_prefix",
-                f"{self.metrics_name_prefix!r} is not a metric name prefix "
-                "(letters, digits and _, not starting with a digit)",
-            )
-        fraction = self.mem_fraction_static
-        if fraction is not None and not (math.isfinite(fraction) and 0 < fraction <= 1):
-            raise ServerArgsError("mem_fraction_static", f"must be in (0, 1], got {fraction}")
-        if (
-            self.quantization == "gguf"
-            and self.model_path is not None
-            and split_gguf_path(self.model_path)[1] is None
-        ):
-            raise ServerArgsError("quantization", "gguf needs a GGUF file as --model-path")
+        validate(self)
         self._resolve_model_defaults()
 
     def _resolve_model_defaults(self) -> None:
@@ -464,62 +385,7 @@ MODEL_DEFAULTED = ("tokenizer_path", "served_model_name")
 """Fields whose default is `model_path`."""
 
 
-def split_gguf_path(model_path: str) -> tuple[str, str | None]:
-    """(directory or hub id, GGUF file name or None) for a `--model-path` or `--tokenizer-path`."""
-    path = Path(model_path)
-    if path.suffix == ".gguf":
-        return str(path.parent), path.name
-    return model_path, None
-
-
-def parse_cpu_list(spec: str) -> list[int]:
-    """The CPUs of a list like `0-3,6`, in its order, each once."""
-    cpus: list[int] = []
-    for part in spec.split(","):
-        first, dash, last = part.strip().partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
-            raise ValueError(f"{spec!r} is not auto, nobind or a CPU list like 0-3,6")
-        lo, hi = int(first), int(last) if dash else int(first)
-        if hi < lo:
-            raise ValueError(f"the range {part.strip()!r} of {spec!r} runs backwards")
-        cpus.extend(cpu for cpu in range(lo, hi + 1) if cpu not in cpus)
-    return cpus
-
-
 def check_local_model_path(model_path: str) -> None:
     """ValueError when `model_path` names a local path that does not exist (hub ids pass)."""
     if model_path.startswith(("/", ".", "~")) and not Path(model_path).expanduser().exists():
         raise ValueError(f"no model at {model_path}: the path does not exist")
-
-
-def _check_parallelism(args: ServerArgs) -> None:
-    _check_range(args, "nnodes", lo=1)
-    _check_range(args, "node_rank", lo=0, hi=args.nnodes - 1)
-    if args.tp_size % args.nnodes:
-        raise ServerArgsError(
-            "tp_size", f"{args.tp_size} ranks do not split evenly over --nnodes {args.nnodes}"
-        )
-    addr = args.dist_init_addr
-    if addr is not None and not _HOST_PORT.fullmatch(addr):
-        raise ServerArgsError("dist_init_addr", f"{addr!r} is not HOST:PORT")
-    if args.nnodes > 1 and addr is None:
-        raise ServerArgsError("dist_init_addr", "--nnodes > 1 needs node 0's HOST:PORT")
-
-
-def _check_range(
-    args: ServerArgs,
-    name: str,
-    *,
-    lo: float,
-    hi: float = math.inf,
-    open_lo: bool = False,
-) -> None:
-    value = getattr(args, name)
-    if value is None:
-        return
-    too_low = value <= lo if open_lo else value < lo
-    if not math.isfinite(value) or too_low or value > hi:
-        bound = f"> {lo}" if open_lo else f">= {lo}"
-        if hi != math.inf:
-            bound = f"in [{lo}, {hi}]"
-        raise ServerArgsError(name, f"must be {bound}, got {value}")

@@ -9,7 +9,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from srt.server_args import ServerArgs, ServerArgsError, flag_of
+from srt.server_args import ServerArgs
+from srt.server_args_check import ServerArgsError, flag_of
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):

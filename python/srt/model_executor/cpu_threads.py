@@ -19,7 +19,7 @@ import os
 import torch
 
 from srt import _rust
-from srt.server_args import parse_cpu_list
+from srt.server_args_check import parse_cpu_list
 
 logger = logging.getLogger(__name__)
 

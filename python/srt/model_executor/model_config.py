@@ -12,7 +12,8 @@ from transformers import AutoConfig, GenerationConfig
 from srt.model_executor.resolve import default_dtype
 from srt.model_info import beside_hf_files
 from srt.models.llama import head_dim_of
-from srt.server_args import check_local_model_path, split_gguf_path
+from srt.server_args import check_local_model_path
+from srt.server_args_check import split_gguf_path
 
 logger = logging.getLogger(__name__)
 
