@@ -56,7 +56,7 @@ from scale_workloads import requests_served, shared_prefix_rounds
 from serving_client import ProcessTreeCpu
 
 from srt.testing.router_process import running_router
-from srt.testing.server_process import ServerProcess, spawn_server
+from srt.testing.server_process import ServerProcess, all_healthy, spawn_server
 
 SUMMARY_KEYS = ("completed", "failed", "duration_s", "output_throughput", "cache_hit_rate")
 
@@ -148,13 +148,8 @@ def replicas(model: str | None, cores: Sequence[int]) -> Iterator[list[ServerPro
             )
             for core in cores
         ]
-        try:
-            for server in servers:
-                server.wait_healthy()
+        with all_healthy(servers):
             yield servers
-        finally:
-            for server in servers:
-                server.stop()
 
 
 def benchmark(args: argparse.Namespace, seed: int) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from srt.testing.router_process import running_router
-from srt.testing.server_process import ServerProcess, spawn_server
+from srt.testing.server_process import ServerProcess, all_healthy, spawn_server
 
 pytest.importorskip("sglang_router", reason="needs sglang-router: pip install sglang-router")
 
@@ -40,14 +40,8 @@ def replicas(
     model = tiny_model_factory("llama")
     log_dir = tmp_path_factory.mktemp("replicas")
     flags = ("--served-model-name", MODEL, "--enable-metrics")
-    servers = [spawn_server(model, *flags, log_dir=log_dir) for _ in range(2)]
-    try:
-        for server in servers:
-            server.wait_healthy()
+    with all_healthy([spawn_server(model, *flags, log_dir=log_dir) for _ in range(2)]) as servers:
         yield servers
-    finally:
-        for server in servers:
-            server.stop()
 
 
 def get_json(url: str) -> Any:

@@ -106,10 +106,21 @@ def spawn_server(model: Path | str | None, *flags: str, log_dir: Path) -> Server
 def running_server(model: Path | str | None, *flags: str) -> Iterator[ServerProcess]:
     """A healthy server for the duration of the block (on srt-serve's default model when
     `model` is None); stopped (SIGTERM) after it."""
-    with tempfile.TemporaryDirectory(prefix="srt-serve-") as log_dir:
-        server = spawn_server(model, *flags, log_dir=Path(log_dir))
-        try:
+    with (
+        tempfile.TemporaryDirectory(prefix="srt-serve-") as log_dir,
+        all_healthy([spawn_server(model, *flags, log_dir=Path(log_dir))]) as (server,),
+    ):
+        yield server
+
+
+@contextlib.contextmanager
+def all_healthy(servers: list[ServerProcess]) -> Iterator[list[ServerProcess]]:
+    """`servers` (spawned side by side) once each answers `/health`; every one stopped after
+    the block, or as soon as one fails to start."""
+    try:
+        for server in servers:
             server.wait_healthy()
-            yield server
-        finally:
+        yield servers
+    finally:
+        for server in servers:
             server.stop()
