@@ -9,8 +9,9 @@ kernels' arithmetic: `benches/profile_decode_step.py` measured 4.1 ms of integer
 10.8 ms step. The stack calls the same kernels in the same order on the same values, so a step
 gives the same bits either way; only the Python goes.
 
-When it runs: decode steps on the CPU, float32 or bf16, whose attention reads the KV cache in
-place (`TorchNativeAttnBackend.in_place_decode`, not the cascade over shared prefixes), in
+When it runs: decode steps on the CPU, float32 or bf16, whose attention can read the KV cache in
+place (`TorchNativeAttnBackend.in_place_decode`, also where the layers would cascade shared
+prefixes: the stack is faster than that), in
 models without per-head q/k norms, on one tensor-parallel rank (the stack has no all-reduce
 between a layer's shards), with fewer sequences than the smallest of the projections'
 crossovers (`QuantizedWeight.crossover`: below it, their measured plan runs the few-row kernel
