@@ -16,6 +16,7 @@ from test_quantized_loading import checkpoint, every_matrix
 
 from srt import _rust
 from srt.layers import cpu_kernels, quant_kernels
+from srt.layers.attention.torch_native import TorchNativeAttnBackend
 from srt.layers.quant_kernels import DENSE, KERNEL, QuantizedWeight
 from srt.model_executor.model_runner import ModelRunner
 from srt.models.fused_decode import FusedDecode
@@ -111,16 +112,20 @@ def test_shared_prefixes_decode_through_the_stack_rather_than_the_cascade(
     cascade), the step the stack can take runs fused, with the cascaded layers' logits within
     float32 rounding."""
     runner = quantized_runner(tiny_model_factory, "llama", every_matrix("q4_1"), "float32")
-    runner.attn_backend.cascade_min_saved = 1
+    backend = runner.attn_backend
+    assert isinstance(backend, TorchNativeAttnBackend)
+    backend.cascade_min_saved = 1
     fused = runner_extend_and_decode_logits(runner)
-    assert runner.attn_backend._cascade is not None  # the layers would have cascaded
+    assert backend._cascade is not None  # the layers would have cascaded
     assert counted == [False, False, True, True, True]
     counted.clear()
     monkeypatch.setenv("SRT_FUSED_DECODE", "0")
     layered = quantized_runner(tiny_model_factory, "llama", every_matrix("q4_1"), "float32")
-    layered.attn_backend.cascade_min_saved = 1
+    backend = layered.attn_backend
+    assert isinstance(backend, TorchNativeAttnBackend)
+    backend.cascade_min_saved = 1
     cascaded = runner_extend_and_decode_logits(layered)
-    assert layered.attn_backend._cascade is not None
+    assert backend._cascade is not None
     assert counted == [False] * 5
     for ours, theirs in zip(fused, cascaded, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
