@@ -100,17 +100,17 @@ def streamed_calls(chunks: Any) -> tuple[str, list[tuple[str, str, str]], str | 
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
 def test_required_always_calls_a_listed_tool(client: openai.OpenAI, temperature: float) -> None:
     for seed in (1, 2, 3):
-        answer = client.chat.completions.create(
-            model=MODEL,
-            messages=MESSAGES,
-            tools=TOOLS,
-            tool_choice="required",
-            parallel_tool_calls=False,
-            max_tokens=MAX_TOKENS,
-            temperature=temperature,
-            seed=seed,
-            n=2,
-        )
+        request: Any = {
+            "model": MODEL,
+            "messages": MESSAGES,
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "max_tokens": MAX_TOKENS,
+            "temperature": temperature,
+            "seed": seed,
+        }
+        answer = client.chat.completions.create(**request, n=2)
         for choice in answer.choices:
             assert choice.finish_reason == "tool_calls"
             assert choice.message.content is None
@@ -119,17 +119,7 @@ def test_required_always_calls_a_listed_tool(client: openai.OpenAI, temperature:
             assert call.id.startswith("call_")
             valid_call(call.function.name, call.function.arguments)
         content, calls, finish = streamed_calls(
-            client.chat.completions.create(
-                model=MODEL,
-                messages=MESSAGES,
-                tools=TOOLS,
-                tool_choice="required",
-                parallel_tool_calls=False,
-                max_tokens=MAX_TOKENS,
-                temperature=temperature,
-                seed=seed,
-                stream=True,
-            )
+            client.chat.completions.create(**request, stream=True)
         )
         assert (content, finish, len(calls)) == ("", "tool_calls", 1)
         valid_call(calls[0][1], calls[0][2])

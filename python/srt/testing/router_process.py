@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from srt.testing.server_process import free_port
+from srt.testing.server_process import LocalProcess, free_port
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -32,18 +32,7 @@ POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 
 
 @dataclass
-class RouterProcess:
-    process: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
+class RouterProcess(LocalProcess):
     def healthy_workers(self) -> int | None:
         """How many workers `/readiness` counts healthy, or None when nothing answers."""
         try:

@@ -37,7 +37,9 @@ def free_port() -> int:
 
 
 @dataclass
-class ServerProcess:
+class LocalProcess:
+    """A process serving HTTP on a port of 127.0.0.1, its output written to `log_path`."""
+
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
@@ -49,6 +51,9 @@ class ServerProcess:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+
+@dataclass
+class ServerProcess(LocalProcess):
     def output_tail(self, lines: int = 30) -> str:
         return "\n".join(self.output().splitlines()[-lines:])
 
