@@ -27,6 +27,8 @@ use crate::isa::{self, Isa};
 use crate::parallel;
 use crate::{Error, Result};
 
+#[cfg(target_arch = "x86_64")]
+mod grouped;
 pub mod prefill;
 mod tiers;
 
@@ -285,12 +287,33 @@ impl<T: Element> Task<'_, T> {
                 scores[i * len + t] = dot(query, &keys[kv_of(i)]) * self.scale;
             }
         }
-        // Float32 scales the weights before the sum; a reduced type does as PyTorch's CPU flash
-        // attention does for it: each exponential rounded to T before its product with V, and
-        // the float32 sum of the unrounded ones dividing the weighted sum at the end.
+        self.weigh(len, scratch);
+        let sums = &mut scratch.sums;
+        sums.clear();
+        sums.resize(count * d, 0.0);
+        for (t, &slot) in row_slots.iter().enumerate() {
+            if let Some(&ahead) = row_slots.get(t + PREFETCH_ROWS) {
+                prefetch(self.cache_row(self.v_cache, ahead));
+            }
+            let values = self.cache_row(self.v_cache, slot);
+            for (i, head_sums) in sums.chunks_exact_mut(d).enumerate() {
+                axpy(scratch.scores[i * len + t], &values[kv_of(i)], head_sums);
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.finish(seq, heads, scratch) };
+    }
+
+    /// Turns the scores (`[heads, len]`) into the weights of V and each head's inverse sum
+    /// of weights. Float32 scales the weights before the sum; a reduced type does as
+    /// PyTorch's CPU flash attention does for it: each exponential rounded to T before its
+    /// product with V, and the float32 sum of the unrounded ones dividing the weighted sum at
+    /// the end.
+    #[inline(always)]
+    fn weigh(&self, len: usize, scratch: &mut Scratch) {
         let inverses = &mut scratch.inverses;
         inverses.clear();
-        for weights in scores.chunks_exact_mut(len) {
+        for weights in scratch.scores.chunks_exact_mut(len) {
             let inverse = 1.0 / exponentiate(weights);
             if T::REDUCED {
                 weights.iter_mut().for_each(|w| *w = T::store(*w).load());
@@ -300,26 +323,27 @@ impl<T: Element> Task<'_, T> {
                 inverses.push(1.0);
             }
         }
-        let (sums, inverses) = (&mut scratch.sums, &scratch.inverses);
-        sums.clear();
-        sums.resize(count * d, 0.0);
-        for (t, &slot) in row_slots.iter().enumerate() {
-            if let Some(&ahead) = row_slots.get(t + PREFETCH_ROWS) {
-                prefetch(self.cache_row(self.v_cache, ahead));
-            }
-            let values = self.cache_row(self.v_cache, slot);
-            for (i, head_sums) in sums.chunks_exact_mut(d).enumerate() {
-                axpy(scores[i * len + t], &values[kv_of(i)], head_sums);
-            }
-        }
-        // SAFETY: this task owns these heads' `count * d` outputs of its sequence.
+    }
+
+    /// Writes the weighted sums of query heads `heads` of sequence `seq`, each scaled by its
+    /// head's inverse, rounded to T.
+    ///
+    /// # Safety
+    /// No other thread writes these heads of this sequence.
+    #[inline(always)]
+    unsafe fn finish(&self, seq: usize, heads: Range<usize>, scratch: &Scratch) {
+        let (all_heads, d) = (self.shape.heads, self.shape.head_dim);
+        // SAFETY: this task owns these heads' outputs of its sequence.
         let out = unsafe {
-            std::slice::from_raw_parts_mut(self.out.add((seq * all_heads + first) * d), count * d)
+            std::slice::from_raw_parts_mut(
+                self.out.add((seq * all_heads + heads.start) * d),
+                heads.len() * d,
+            )
         };
         for ((head_out, head_sums), &inverse) in out
             .chunks_exact_mut(d)
-            .zip(sums.chunks_exact(d))
-            .zip(inverses.iter())
+            .zip(scratch.sums.chunks_exact(d))
+            .zip(scratch.inverses.iter())
         {
             for (o, &sum) in head_out.iter_mut().zip(head_sums) {
                 *o = T::store(if T::REDUCED { sum * inverse } else { sum });

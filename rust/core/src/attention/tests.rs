@@ -15,7 +15,12 @@ struct Case {
 /// Sequences of the given lengths over a pool of scattered slots; 9 query heads over 3 K/V
 /// heads of 20 floats (a head size that is not a multiple of 8).
 fn case(seq_lens: &[i32]) -> Case {
-    let (heads, kv_heads, head_dim, pool_slots) = (9, 3, 20, 97);
+    case_of(seq_lens, 9, 3, 20)
+}
+
+/// Sequences of the given lengths over a pool of scattered slots, in heads of this shape.
+fn case_of(seq_lens: &[i32], heads: usize, kv_heads: usize, head_dim: usize) -> Case {
+    let pool_slots = 97;
     let width = *seq_lens.iter().max().unwrap() as usize + 2;
     let batch = seq_lens.len();
     let mut slots = vec![-1; batch * width];
@@ -286,14 +291,14 @@ fn every_tier_equals_the_float64_reference_in_float32() {
     }
 }
 
-#[test]
-fn bf16_caches_give_the_reference_of_their_values_within_two_roundings() {
-    // Head size 20: the AVX-512 BF16 products run one masked step per head.
-    let mut case = case(&[1, 5, 40, 17, 64, 300]);
+/// Checks every tier's bf16 result on `case`'s values rounded to bf16 against the float64
+/// reference of the rounded values.
+fn check_bf16_tiers_against_the_reference(mut case: Case) {
     let (q, k, v) = (to_bf16(&case.q), to_bf16(&case.k), to_bf16(&case.v));
     let widen = |values: &[Bf16]| values.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
     (case.q, case.k, case.v) = (widen(&q), widen(&k), widen(&v));
     let want = reference(&case);
+    let shape = case.shape;
     for isa in tiers() {
         let out = attend_on(isa, &case, &q, &k, &v);
         for (index, (got, &want)) in out.iter().zip(&want).enumerate() {
@@ -303,21 +308,46 @@ fn bf16_caches_give_the_reference_of_their_values_within_two_roundings() {
             let got = f64::from(got.to_f32());
             assert!(
                 (got - want).abs() <= want.abs() / 256.0 + 1.0 / 256.0 + 1e-5,
-                "{isa:?} element {index}: {got} vs {want}"
+                "{isa:?} {shape:?} element {index}: {got} vs {want}"
             );
         }
     }
 }
 
 #[test]
+fn bf16_caches_give_the_reference_of_their_values_within_two_roundings() {
+    // Head size 20: the AVX-512 BF16 products run one masked step per head.
+    check_bf16_tiers_against_the_reference(case(&[1, 5, 40, 17, 64, 300]));
+}
+
+#[test]
+fn bf16_heads_of_32_to_128_give_the_reference_within_two_roundings() {
+    // AVX-512 BF16 takes these head sizes in `grouped.rs`: lengths around its blocks of 16
+    // keys, groups of one to eight query heads per K/V head (eight: two runs of four).
+    for (heads, kv_heads, head_dim) in
+        [(9, 3, 64), (8, 2, 128), (4, 4, 32), (16, 2, 96), (6, 1, 64)]
+    {
+        let case = case_of(&[1, 15, 16, 17, 40, 300], heads, kv_heads, head_dim);
+        check_bf16_tiers_against_the_reference(case);
+    }
+}
+
+#[test]
 fn bf16_sequences_come_out_the_same_bits_alone_and_in_a_batch_on_every_tier() {
-    let batch = case(&[3, 50, 12, 33]);
+    // Heads of 64 go to `grouped.rs` on AVX-512 BF16; 300 rows alone are enough for several
+    // threads, which then share the sequence's query heads.
+    for batch in [case(&[3, 50, 12, 33]), case_of(&[3, 50, 12, 300], 9, 3, 64)] {
+        sequences_come_out_the_same_bits_alone_and_in_a_batch(&batch);
+    }
+}
+
+fn sequences_come_out_the_same_bits_alone_and_in_a_batch(batch: &Case) {
     let (q, k, v) = (to_bf16(&batch.q), to_bf16(&batch.k), to_bf16(&batch.v));
     let per_seq = batch.shape.heads * batch.shape.head_dim;
     let width = batch.shape.width;
     for isa in tiers() {
-        let together = attend_on(isa, &batch, &q, &k, &v);
-        for seq in 0..4 {
+        let together = attend_on(isa, batch, &q, &k, &v);
+        for seq in 0..batch.shape.batch {
             let alone = Case {
                 shape: DecodeShape {
                     batch: 1,

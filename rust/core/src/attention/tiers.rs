@@ -1,6 +1,7 @@
 //! The code each instruction-set tier runs for one sequence of decode attention: the portable
-//! body compiled for the tier's registers, and on AVX-512 BF16 with bf16 caches, the products of
-//! query and key heads in `vdpbf16ps` (32 bf16 pairs multiplied into 16 float32 sums per
+//! body compiled for the tier's registers, and on AVX-512 BF16 with bf16 caches, `grouped.rs`
+//! for head sizes it takes, else the portable body with the products of query and key heads in
+//! `vdpbf16ps` (32 bf16 pairs multiplied into 16 float32 sums per
 //! instruction, the products exact, no widening of either operand). The weighted sum of V widens
 //! each row to float32 on every tier: it scales a row by a float32 weight, which a bf16 product
 //! would round.
@@ -8,6 +9,8 @@
 use std::any::TypeId;
 use std::ops::Range;
 
+#[cfg(target_arch = "x86_64")]
+use super::grouped;
 use super::{dot, Scratch, Task};
 use crate::element::{Bf16, Element};
 use crate::isa::Isa;
@@ -31,7 +34,11 @@ pub(super) unsafe fn run<T: Element>(
             // promise, which includes the CPU having AVX-512 BF16.
             return unsafe {
                 let task = &*(task as *const Task<'_, T>).cast::<Task<'_, Bf16>>();
-                run_avx512_bf16(task, seq, heads, scratch)
+                if grouped::takes(task.shape.head_dim) {
+                    grouped::run(task, seq, heads, scratch)
+                } else {
+                    run_avx512_bf16(task, seq, heads, scratch)
+                }
             };
         }
         // SAFETY: `isa` is at most the detected tier, so the CPU has these features; the rest
