@@ -95,6 +95,8 @@ def test_model_decodes_the_same_with_and_without_cascade(
     them out), a sixth shares nothing; eight greedy decode steps on both paths."""
     runner = make_runner(tiny_model_factory(arch), max_total_tokens=512)
     assert isinstance(runner.attn_backend, TorchNativeAttnBackend)
+    # The cascade takes the place of gathering K/V; in place, every sequence reads its rows.
+    runner.attn_backend.decode_in_place = False
     pool = runner.req_to_token_pool
     book = SlotBook(runner)
     rows = take_rows(runner, 6)

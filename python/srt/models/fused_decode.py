@@ -10,13 +10,11 @@ kernels' arithmetic: `benches/profile_decode_step.py` measured 4.1 ms of integer
 gives the same bits either way; only the Python goes.
 
 When it runs: decode steps on the CPU, float32 or bf16, whose attention can read the KV cache in
-place (`TorchNativeAttnBackend.in_place_decode`, also where the layers would cascade shared
-prefixes: the stack is faster than that), in
-models without per-head q/k norms, on one tensor-parallel rank (the stack has no all-reduce
-between a layer's shards), with fewer sequences than the smallest of the projections'
-crossovers (`QuantizedWeight.crossover`: below it, their measured plan runs the few-row kernel
-the stack runs; at or past it, a many-row path, and so does the step). Elsewhere, or with
-`SRT_FUSED_DECODE=0`, the layers run one by one.
+place (`TorchNativeAttnBackend.in_place_decode`), in models without per-head q/k norms, on one
+tensor-parallel rank (the stack has no all-reduce between a layer's shards), with fewer
+sequences than the smallest of the projections' crossovers (`QuantizedWeight.crossover`: below
+it, their measured plan runs the few-row kernel the stack runs; at or past it, a many-row path,
+and so does the step). Elsewhere, or with `SRT_FUSED_DECODE=0`, the layers run one by one.
 """
 
 from __future__ import annotations
