@@ -73,14 +73,14 @@ def test_long_prompts_are_prefilled_in_chunks() -> None:
 
 
 @pytest.mark.parametrize(
-    ("device", "given", "expected"), [("cpu", None, 4096), ("cuda", None, 8192), ("cpu", 64, 64)]
+    ("device", "given", "expected"), [("cpu", None, 2048), ("cuda", None, 8192), ("cpu", 64, 64)]
 )
 def test_the_chunk_size_defaults_by_device(device: str, given: int | None, expected: int) -> None:
     args = resolve_device_defaults(ServerArgs(chunked_prefill_size=given), torch.device(device))
     assert args.chunked_prefill_size == expected
     assert scheduler_over(ScriptedRunner(), chunked_prefill_size=given).chunked_prefill_size in (
         given,
-        4096,
+        2048,
     )
 
 

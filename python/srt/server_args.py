@@ -289,7 +289,7 @@ class ServerArgs:
         metadata=_arg(
             "scheduling",
             "Most prompt tokens computed in one prefill step, longer prompts are split across "
-            "steps; -1 turns chunked prefill off (default: 4096 on the CPU, 8192 on CUDA).",
+            "steps; -1 turns chunked prefill off (default: 2048 on the CPU, 8192 on CUDA).",
         ),
     )
     schedule_policy: str = field(
