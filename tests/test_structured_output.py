@@ -155,7 +155,8 @@ def test_a_compiling_grammar_blocks_no_other_request() -> None:
     assert done["plain"].reason.type == "length"  # ran to its end meanwhile
     assert scheduler.grammar_queue.get("json") is not None
     assert "json" not in runner.specs  # never admitted while compiling
-    assert scheduler.get_load().num_waiting_reqs == 1
+    load = scheduler.get_load()
+    assert (load.num_waiting_reqs, load.num_waiting_tokens) == (1, 2)  # the json request's prompt
     runner.grammars[("json_schema", "{}")] = GRAMMAR_READY
     assert len(run_to_completion(scheduler)["json"].output_ids) == 3
 

@@ -219,6 +219,7 @@ class GetLoadOut:
     max_total_tokens: int
     invariant_violations: int = 0
     num_retracted_reqs: int = 0
+    num_waiting_tokens: int = 0  # the waiting requests' prompts (and outputs, if retracted)
 
 
 @dataclass(frozen=True, slots=True)

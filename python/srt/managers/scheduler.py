@@ -486,12 +486,14 @@ class Scheduler:
         """How busy the scheduler is (the reply to `GetLoadReq` `rid`). Used tokens are the slots
         held by requests or locked in the cache (free and evictable ones excluded)."""
         total = self.allocator.size
+        waiting = [*self.waiting, *self.grammar_queue]
         return GetLoadOut(
             rid=rid,
             num_running_reqs=len(self.running) + (self.chunked_req is not None),
-            num_waiting_reqs=len(self.waiting) + len(self.grammar_queue),
+            num_waiting_reqs=len(waiting),
             num_used_tokens=total - self.cache.available(),
             max_total_tokens=total,
             invariant_violations=self.invariant_violations,
             num_retracted_reqs=self.num_retracted,
+            num_waiting_tokens=sum(len(req.fill_ids()) for req in waiting),
         )

@@ -115,8 +115,9 @@ async def get_server_info(request: web.Request) -> web.Response:
 @routes.get("/get_load")
 async def get_load(request: web.Request) -> web.Response:
     """The scheduler's load in SGLang's shape, a list with one entry per data-parallel rank (one
-    here): requests running and waiting, and the KV-cache tokens in use (held by requests or
-    locked in the prefix cache; evictable ones excluded). sglang-router sums `num_tokens`."""
+    here): requests running and waiting, and as tokens, those of the KV cache in use (held by
+    requests or locked in the prefix cache; evictable ones excluded) plus the waiting requests'
+    prompts, as SGLang counts them. sglang-router sums `num_tokens`."""
     manager = context_of(request).tokenizer_manager()
     with request_errors():
         load = await manager.get_load()
@@ -126,7 +127,7 @@ async def get_load(request: web.Request) -> web.Response:
                 "dp_rank": 0,
                 "num_reqs": load.num_running_reqs + load.num_waiting_reqs,
                 "num_waiting_reqs": load.num_waiting_reqs,
-                "num_tokens": load.num_used_tokens,
+                "num_tokens": load.num_used_tokens + load.num_waiting_tokens,
             }
         ]
     )
