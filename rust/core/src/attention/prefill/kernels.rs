@@ -102,44 +102,63 @@ impl Packed {
     }
 }
 
-/// The two products of a tile of rows (at most `TILE_ROWS`) against one packed block.
+/// The two products and the online softmax of a tile of rows (at most `TILE_ROWS`) against
+/// one packed block, over its first `width` keys (a multiple of 32: the tile's rows see none
+/// past them, so the products stop there).
 pub(crate) trait Micro {
     /// `scores[i][j] = scale · q_i · key j` for `i` in the tile (`q_i` the `d` elements of `q`
-    /// at `tile[i]`), `scores` rows of `BLOCK_KEYS`.
+    /// at `tile[i]`) and `j < width`, `scores` rows of `BLOCK_KEYS`.
     ///
     /// # Safety
     /// Every `tile[i] + d` is within `q`, `keys` is a whole block, `scores` holds the tile's
-    /// rows, and the CPU has the implementation's instructions.
+    /// rows, `width` is a multiple of 32 up to `BLOCK_KEYS`, and the CPU has the
+    /// implementation's instructions.
     unsafe fn scores(
         q: &[Bf16],
         tile: &[usize],
         d: usize,
         keys: &[u32],
+        width: usize,
         scale: f32,
         scores: &mut [f32],
     );
 
-    /// `acc[i][c] += Σ_j weights[i][j] · value j column c` for the tile's rows (`weights` rows
-    /// of `BLOCK_KEYS`, `acc` rows of `d`).
+    /// One block's step of the online softmax for the tile's rows, row `i` seeing the first
+    /// `visible[i]` of its `scores` (rows of `BLOCK_KEYS`): raises `max[i]` to their maximum,
+    /// writes their terms `e^(score - max)` rounded to bf16 to `weights` (zeros up to `width`
+    /// past the visible ones), and rescales by `e^(old max - max)` the row's float32 sum
+    /// (`sums`, `LANES` partial sums a row) before adding the terms to it, and the row's
+    /// weighted sum (`acc`, rows of `d`).
     ///
     /// # Safety
-    /// `weights` and `acc` hold the same rows, `values` is a whole block, and the CPU has the
+    /// The slices hold the tile's rows, `visible[i] <= width`, `width` is a multiple of 32 up
+    /// to `BLOCK_KEYS`, a row seeing nothing has a finite `max`, and the CPU has the
     /// implementation's instructions.
-    unsafe fn weighted_sum(weights: &[Bf16], values: &[u32], d: usize, acc: &mut [f32]);
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn softmax(
+        scores: &[f32],
+        visible: &[usize],
+        width: usize,
+        max: &mut [f32],
+        sums: &mut [f32],
+        weights: &mut [Bf16],
+        acc: &mut [f32],
+        d: usize,
+    );
 
-    /// For one row's block of `BLOCK_KEYS` scores of which the first `visible` count: returns
-    /// the larger of `old_max` and their maximum, and the sum of `e^(score - max)` over them,
-    /// and writes those terms to `weights` rounded to bf16 (zeros past `visible`).
+    /// `acc[i][c] += Σ_{j < width} weights[i][j] · value j column c` for the tile's rows
+    /// (`weights` rows of `BLOCK_KEYS`, `acc` rows of `d`).
     ///
     /// # Safety
-    /// `scores` and `weights` are `BLOCK_KEYS` long, `visible` is in `1..=BLOCK_KEYS`, and the
-    /// CPU has the implementation's instructions.
-    unsafe fn exponentiate(
-        scores: &[f32],
-        visible: usize,
-        old_max: f32,
-        weights: &mut [Bf16],
-    ) -> (f32, f32);
+    /// `weights` and `acc` hold the same rows, `values` is a whole block, `width` is a
+    /// multiple of 32 up to `BLOCK_KEYS`, and the CPU has the implementation's instructions.
+    unsafe fn weighted_sum(
+        weights: &[Bf16],
+        values: &[u32],
+        d: usize,
+        width: usize,
+        acc: &mut [f32],
+    );
 }
 
 /// Portable code, each pair's two products summed before they join the float32 sum.
@@ -151,12 +170,13 @@ impl Micro for Portable {
         tile: &[usize],
         d: usize,
         keys: &[u32],
+        width: usize,
         scale: f32,
         scores: &mut [f32],
     ) {
         for (&offset, row) in tile.iter().zip(scores.chunks_exact_mut(BLOCK_KEYS)) {
             let query = &q[offset..offset + d];
-            for (j, score) in row.iter_mut().enumerate() {
+            for (j, score) in row[..width].iter_mut().enumerate() {
                 let mut sum = 0f32;
                 for (p, two) in query.chunks_exact(2).enumerate() {
                     let (kl, kh) = halves(keys[p * BLOCK_KEYS + j]);
@@ -167,12 +187,61 @@ impl Micro for Portable {
         }
     }
 
-    unsafe fn weighted_sum(weights: &[Bf16], values: &[u32], d: usize, acc: &mut [f32]) {
+    unsafe fn softmax(
+        scores: &[f32],
+        visible: &[usize],
+        width: usize,
+        max: &mut [f32],
+        sums: &mut [f32],
+        weights: &mut [Bf16],
+        acc: &mut [f32],
+        d: usize,
+    ) {
+        for (r, &seen) in visible.iter().enumerate() {
+            let row = &scores[r * BLOCK_KEYS..][..seen];
+            let mut lanes = [f32::NEG_INFINITY; LANES];
+            for chunk in row.chunks(LANES) {
+                for (lane, &s) in lanes.iter_mut().zip(chunk) {
+                    *lane = greater(*lane, s);
+                }
+            }
+            let old_max = max[r];
+            let new_max = greater(old_max, reduce(lanes, greater));
+            max[r] = new_max;
+            let mut block = [0f32; LANES];
+            let out = &mut weights[r * BLOCK_KEYS..][..width];
+            for (j, weight) in out.iter_mut().enumerate() {
+                let e = if j < seen {
+                    exp_nonpositive(row[j] - new_max)
+                } else {
+                    0.0
+                };
+                block[j % LANES] += e;
+                *weight = Bf16::from_f32(e);
+            }
+            // e^(-inf) is 0: the first block leaves nothing to rescale.
+            let correction = exp_nonpositive(old_max - new_max);
+            for (sum, b) in sums[r * LANES..][..LANES].iter_mut().zip(block) {
+                *sum = *sum * correction + b;
+            }
+            if correction != 1.0 {
+                acc[r * d..][..d].iter_mut().for_each(|a| *a *= correction);
+            }
+        }
+    }
+
+    unsafe fn weighted_sum(
+        weights: &[Bf16],
+        values: &[u32],
+        d: usize,
+        width: usize,
+        acc: &mut [f32],
+    ) {
         for (row, out) in weights
             .chunks_exact(BLOCK_KEYS)
             .zip(acc.chunks_exact_mut(d))
         {
-            for (jp, two) in row.chunks_exact(2).enumerate() {
+            for (jp, two) in row[..width].chunks_exact(2).enumerate() {
                 let (wl, wh) = (two[0].to_f32(), two[1].to_f32());
                 for (o, &value) in out.iter_mut().zip(&values[jp * d..(jp + 1) * d]) {
                     let (vl, vh) = halves(value);
@@ -181,41 +250,12 @@ impl Micro for Portable {
             }
         }
     }
-
-    unsafe fn exponentiate(
-        scores: &[f32],
-        visible: usize,
-        old_max: f32,
-        weights: &mut [Bf16],
-    ) -> (f32, f32) {
-        let mut masked = [f32::NEG_INFINITY; BLOCK_KEYS];
-        masked[..visible].copy_from_slice(&scores[..visible]);
-        let mut lanes = [f32::NEG_INFINITY; LANES];
-        for chunk in masked.chunks_exact(LANES) {
-            for (lane, &m) in lanes.iter_mut().zip(chunk) {
-                *lane = greater(*lane, m);
-            }
-        }
-        let max = greater(old_max, reduce(lanes, greater));
-        // e^(-inf) is 0: masked keys weigh nothing.
-        let mut sums = [0f32; LANES];
-        for (chunk, weight_chunk) in masked
-            .chunks_exact(LANES)
-            .zip(weights.chunks_exact_mut(LANES))
-        {
-            for ((sum, &m), weight) in sums.iter_mut().zip(chunk).zip(weight_chunk) {
-                let e = exp_nonpositive(m - max);
-                *sum += e;
-                *weight = Bf16::from_f32(e);
-            }
-        }
-        (max, reduce(sums, |a, b| a + b))
-    }
 }
 
 /// Lanes of the partial maxima and sums (one AVX-512 register: the compiler vectorizes the
-/// fixed-size loops, which a running float reduction would keep scalar).
-const LANES: usize = 16;
+/// fixed-size loops, which a running float reduction would keep scalar). A row's sum of weights
+/// stays `LANES` partial sums until its output is written.
+pub(crate) const LANES: usize = 16;
 
 /// The larger of `a` and `b` (`b` if either is NaN: a comparison, which vectorizes to one
 /// instruction, unlike `f32::max`'s NaN rules).
@@ -231,7 +271,7 @@ fn greater(a: f32, b: f32) -> f32 {
 /// `lanes` folded by `op` pairwise, halves at a time (four vector steps, not fifteen
 /// dependent scalar ones).
 #[inline(always)]
-fn reduce(mut lanes: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
+pub(crate) fn reduce(mut lanes: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
     let mut half = LANES / 2;
     while half > 0 {
         for i in 0..half {
