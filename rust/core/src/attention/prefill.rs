@@ -40,7 +40,7 @@ pub(crate) const BLOCK_KEYS: usize = 256;
 /// New tokens per task.
 const BLOCK_TOKENS: usize = 32;
 /// Rows per tile of the two products (16 accumulator registers of 32).
-pub(crate) const TILE_ROWS: usize = 8;
+pub(crate) const TILE_ROWS: usize = 12;
 /// Head sizes must be a multiple of this: the weighted sum runs over 32-column slices.
 pub const HEAD_DIM_MULTIPLE: usize = 32;
 /// Calls with fewer (query head, key) pairs than this run on the calling thread: a parallel
@@ -298,9 +298,10 @@ impl Task<'_> {
                 // at most BLOCK_KEYS and no row sees past it; every row seeing nothing of
                 // this block saw key 0, so its maximum is finite.
                 unsafe {
-                    M::scores(self.q, tile, d, keys, width, self.scale, scores);
+                    M::scores(self.q, tile, d, keys, width, scores);
                     M::softmax(
                         scores,
+                        self.scale,
                         visible,
                         width,
                         &mut scratch.max[r0..r0 + n],

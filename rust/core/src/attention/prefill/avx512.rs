@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::kernels::{Micro, LANES};
+use super::kernels::{key_index, value_index, Micro, LANES};
 use super::{Scratch, Task, BLOCK_KEYS, TILE_ROWS};
 use crate::element::Bf16;
 
@@ -45,10 +45,14 @@ unsafe fn dot_broadcast(acc: __m512, vector: __m512i, pair: *const i32) -> __m51
     acc
 }
 
-/// Calls `$kernel::<N>` for the tile's row count `$n` (1 to 8).
+/// Calls `$kernel::<N>` for the tile's row count `$n` (1 to `TILE_ROWS`, 12).
 macro_rules! by_rows {
     ($n:expr, $kernel:ident, $($arg:expr),*) => {
         match $n {
+            12 => $kernel::<12>($($arg),*),
+            11 => $kernel::<11>($($arg),*),
+            10 => $kernel::<10>($($arg),*),
+            9 => $kernel::<9>($($arg),*),
             8 => $kernel::<8>($($arg),*),
             7 => $kernel::<7>($($arg),*),
             6 => $kernel::<6>($($arg),*),
@@ -70,28 +74,16 @@ impl Micro for Avx512Bf16 {
         d: usize,
         keys: &[u32],
         width: usize,
-        scale: f32,
         scores: &mut [f32],
     ) {
         // SAFETY: forwarded from the caller (sizes, and the CPU's AVX-512 BF16).
-        unsafe {
-            by_rows!(
-                tile.len(),
-                scores_tile,
-                q,
-                tile,
-                d,
-                keys,
-                width,
-                scale,
-                scores
-            )
-        }
+        unsafe { by_rows!(tile.len(), scores_tile, q, tile, d, keys, width, scores) }
     }
 
     #[inline(always)]
     unsafe fn softmax(
         scores: &[f32],
+        scale: f32,
         visible: &[usize],
         width: usize,
         max: &mut [f32],
@@ -101,7 +93,7 @@ impl Micro for Avx512Bf16 {
         d: usize,
     ) {
         // SAFETY: forwarded from the caller.
-        unsafe { softmax_tile(scores, visible, width, max, sums, weights, acc, d) }
+        unsafe { softmax_tile(scores, scale, visible, width, max, sums, weights, acc, d) }
     }
 
     #[inline(always)]
@@ -124,8 +116,9 @@ fn lanes(visible: usize, first: usize) -> __mmask16 {
     ((1u32 << count) - 1) as __mmask16
 }
 
-/// See `Micro::softmax`. Each term is `2^t` with `t = score · log2(e) - max · log2(e)` (one
-/// fused multiply-add); masked loads and zero-masked results keep the invisible keys out, and
+/// See `Micro::softmax`. Each term is `2^t` with `t = raw · scale · log2(e) - max · log2(e)`
+/// (one fused multiply-add; the block's maximum is its largest raw score times `scale`, or its
+/// smallest for a negative `scale`: rounding keeps the order); masked loads and zero-masked results keep the invisible keys out, and
 /// `vcvtne2ps2bf16` rounds two vectors of terms to bf16 at once (to nearest even, as
 /// `Bf16::from_f32`). The corrections of the tile's rows are one vector of `2^t`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
@@ -133,6 +126,7 @@ fn lanes(visible: usize, first: usize) -> __mmask16 {
 #[allow(clippy::too_many_arguments)]
 unsafe fn softmax_tile(
     scores: &[f32],
+    scale: f32,
     visible: &[usize],
     width: usize,
     max: &mut [f32],
@@ -143,22 +137,40 @@ unsafe fn softmax_tile(
 ) {
     let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
     let below = _mm512_set1_ps(f32::NEG_INFINITY);
+    let above = _mm512_set1_ps(f32::INFINITY);
+    let factor = _mm512_set1_ps(scale * std::f32::consts::LOG2_E);
     let mut old_max = [0f32; 16];
     let mut new_max = [0f32; 16];
-    let mut block_sums = [_mm512_setzero_ps(); TILE_ROWS];
+    // The caller promises rows of BLOCK_KEYS in `scores` and `weights`, `width` a multiple of
+    // 32 within them, and `visible[r] <= width`: the masked loads below read only visible
+    // scores, the stores write whole pairs of vectors below `width`.
+    let row = |r: usize| scores.as_ptr().wrapping_add(r * BLOCK_KEYS);
+    // Every row's maximum first, then every row's terms: the rows' chains of dependent steps
+    // (a maximum's reduction, then its terms) overlap, where one row at a time would wait on
+    // each. Two running maxima and sums a row halve the chains through them.
+    let positive = scale >= 0.0;
     for (r, &seen) in visible.iter().enumerate() {
-        // The caller promises rows of BLOCK_KEYS in `scores` and `weights`, `width` a
-        // multiple of 32 within them, and `seen <= width`: the masked loads read only visible
-        // scores, the stores write whole pairs of vectors below `width`.
-        let row = scores.as_ptr().wrapping_add(r * BLOCK_KEYS);
-        let out = weights.as_mut_ptr().wrapping_add(r * BLOCK_KEYS);
-        let mut top = below;
-        for i in 0..width / 16 {
-            // SAFETY: as above.
-            let x = unsafe { _mm512_mask_loadu_ps(below, lanes(seen, 16 * i), row.add(16 * i)) };
-            top = _mm512_max_ps(top, x);
+        let start = if positive { below } else { above };
+        let mut top = [start; 2];
+        for i in (0..width / 16).step_by(2) {
+            for (k, top) in top.iter_mut().enumerate() {
+                let mask = lanes(seen, 16 * (i + k));
+                // SAFETY: as above.
+                let x = unsafe { _mm512_maskz_loadu_ps(mask, row(r).add(16 * (i + k))) };
+                *top = if positive {
+                    _mm512_mask_max_ps(*top, mask, *top, x)
+                } else {
+                    _mm512_mask_min_ps(*top, mask, *top, x)
+                };
+            }
         }
-        let block_max = _mm512_reduce_max_ps(top);
+        let block_max = if seen == 0 {
+            f32::NEG_INFINITY
+        } else if positive {
+            _mm512_reduce_max_ps(_mm512_max_ps(top[0], top[1])) * scale
+        } else {
+            _mm512_reduce_min_ps(_mm512_min_ps(top[0], top[1])) * scale
+        };
         let max_before = max[r];
         let row_max = if max_before > block_max {
             max_before
@@ -167,23 +179,27 @@ unsafe fn softmax_tile(
         };
         max[r] = row_max;
         (old_max[r], new_max[r]) = (max_before, row_max);
-        let shift = _mm512_set1_ps(-row_max * std::f32::consts::LOG2_E);
-        let mut sum = _mm512_setzero_ps();
+    }
+    let mut block_sums = [_mm512_setzero_ps(); TILE_ROWS];
+    for (r, &seen) in visible.iter().enumerate() {
+        let out = weights.as_mut_ptr().wrapping_add(r * BLOCK_KEYS);
+        let shift = _mm512_set1_ps(-new_max[r] * std::f32::consts::LOG2_E);
+        let mut sum = [_mm512_setzero_ps(); 2];
         for i in (0..width / 16).step_by(2) {
             let [low, high] = [i, i + 1].map(|i| {
                 let mask = lanes(seen, 16 * i);
                 // SAFETY: as above.
-                let x = unsafe { _mm512_maskz_loadu_ps(mask, row.add(16 * i)) };
-                exp2(mask, _mm512_fmadd_ps(x, log2e, shift))
+                let x = unsafe { _mm512_maskz_loadu_ps(mask, row(r).add(16 * i)) };
+                exp2(mask, _mm512_fmadd_ps(x, factor, shift))
             });
-            sum = _mm512_add_ps(_mm512_add_ps(sum, low), high);
+            sum = [_mm512_add_ps(sum[0], low), _mm512_add_ps(sum[1], high)];
             // SAFETY: __m512bh is 32 bf16 lanes, 512 bits of plain data, as __m512i.
             let rounded =
                 unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(high, low)) };
             // SAFETY: as above: 32 weights at 16 * i, below `width`.
             unsafe { _mm512_storeu_si512(out.add(16 * i).cast(), rounded) };
         }
-        block_sums[r] = sum;
+        block_sums[r] = _mm512_add_ps(sum[0], sum[1]);
     }
     // e^(old max - max) <= 1; 2^-127 for the first block (old max -inf), where the sums it
     // scales are zero.
@@ -256,21 +272,20 @@ unsafe fn scores_tile<const N: usize>(
     d: usize,
     keys: &[u32],
     width: usize,
-    scale: f32,
     scores: &mut [f32],
 ) {
-    // The caller promises `tile[i] + d` within `q`, `keys` of `d / 2` pair rows of
-    // BLOCK_KEYS, and `scores` of N rows of BLOCK_KEYS: every pointer below stays inside them.
+    // The caller promises `tile[i] + d` within `q`, `keys` a whole packed block (32 keys' pairs
+    // at each `key_index(p, k0, d)`, k0 a multiple of 32 below BLOCK_KEYS), and `scores` of N
+    // rows of BLOCK_KEYS: every pointer below stays inside them.
     let queries: [*const i32; N] = std::array::from_fn(|i| q.as_ptr().wrapping_add(tile[i]).cast());
-    let scale = _mm512_set1_ps(scale);
     for k0 in (0..width).step_by(32) {
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
         for p in 0..d / 2 {
             let row = keys
                 .as_ptr()
-                .wrapping_add(p * BLOCK_KEYS + k0)
+                .wrapping_add(key_index(p, k0, d))
                 .cast::<__m512i>();
-            // SAFETY: 32 pairs of the block's pair row p, inside `keys`.
+            // SAFETY: pair p of 32 keys from k0, inside `keys`.
             let (key0, key1) = unsafe { (_mm512_loadu_si512(row), _mm512_loadu_si512(row.add(1))) };
             for (sums, query) in acc.iter_mut().zip(queries) {
                 // SAFETY: pair p of a query of `d` elements.
@@ -284,8 +299,8 @@ unsafe fn scores_tile<const N: usize>(
             let out = scores.as_mut_ptr().wrapping_add(i * BLOCK_KEYS + k0);
             // SAFETY: 32 scores of row i, inside `scores`.
             unsafe {
-                _mm512_storeu_ps(out, _mm512_mul_ps(sums[0], scale));
-                _mm512_storeu_ps(out.add(16), _mm512_mul_ps(sums[1], scale));
+                _mm512_storeu_ps(out, sums[0]);
+                _mm512_storeu_ps(out.add(16), sums[1]);
             }
         }
     }
@@ -302,8 +317,8 @@ unsafe fn weighted_tile<const N: usize>(
     acc: &mut [f32],
 ) {
     // The caller promises `weights` of N rows of BLOCK_KEYS, `acc` of N rows of `d` (a
-    // multiple of 32), `values` of BLOCK_KEYS / 2 pair rows of `d`: every pointer below stays
-    // inside them.
+    // multiple of 32), `values` a whole packed block (32 columns of key pair jp at each
+    // `value_index(jp, c0)`, c0 a multiple of 32 below d): every pointer below stays inside them.
     let rows: [*const i32; N] =
         std::array::from_fn(|i| weights.as_ptr().wrapping_add(i * BLOCK_KEYS).cast());
     for c0 in (0..d).step_by(32) {
@@ -313,8 +328,11 @@ unsafe fn weighted_tile<const N: usize>(
             [_mm512_loadu_ps(out[i]), _mm512_loadu_ps(out[i].add(16))]
         });
         for jp in 0..width / 2 {
-            let row = values.as_ptr().wrapping_add(jp * d + c0).cast::<__m512i>();
-            // SAFETY: 32 columns of the block's pair row jp, inside `values`.
+            let row = values
+                .as_ptr()
+                .wrapping_add(value_index(jp, c0))
+                .cast::<__m512i>();
+            // SAFETY: 32 columns from c0 of key pair jp, inside `values`.
             let (v0, v1) = unsafe { (_mm512_loadu_si512(row), _mm512_loadu_si512(row.add(1))) };
             for (s, row) in sums.iter_mut().zip(rows) {
                 // SAFETY: weights 2jp and 2jp + 1 of a row of BLOCK_KEYS.

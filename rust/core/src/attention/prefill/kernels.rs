@@ -2,6 +2,12 @@
 //! against one packed key block, in portable code (the float32 equivalent of the instruction;
 //! `avx512.rs` has the vector ones).
 //!
+//! Both are stored in slices of 32 lanes (two vectors): a block of keys is `[BLOCK_KEYS / 32]
+//! [head_dim / 2][32]` pairs (32 keys' pairs, pair row after pair row), a block of values
+//! `[head_dim / 32][BLOCK_KEYS / 2][32]` (32 columns, key pair after key pair), so that a tile's
+//! pass over 32 keys or 32 columns reads one contiguous run instead of a strided one whose rows
+//! crowd a few sets of the first-level cache.
+//!
 //! `vdpbf16ps` multiplies 16 lanes of two bf16 each, adjacent pairs summed into 16 float32: the
 //! pairs must run along the reduction. In `q · kᵀ` that is the head dimension, which a query
 //! row already stores as adjacent pairs (one broadcast 32-bit word), so the keys are packed:
@@ -17,6 +23,21 @@ use crate::element::Bf16;
 #[inline(always)]
 fn pair(low: Bf16, high: Bf16) -> u32 {
     u32::from(low.0) | (u32::from(high.0) << 16)
+}
+
+/// Lanes of a slice of packed keys or values.
+pub(crate) const SLICE: usize = 32;
+
+/// Where pair `p` of key `j` of a block lies in its packed keys.
+#[inline(always)]
+pub(crate) fn key_index(p: usize, j: usize, d: usize) -> usize {
+    (j / SLICE) * (d / 2) * SLICE + p * SLICE + j % SLICE
+}
+
+/// Where column `c` of key pair `jp` of a block lies in its packed values.
+#[inline(always)]
+pub(crate) fn value_index(jp: usize, c: usize) -> usize {
+    (c / SLICE) * (BLOCK_KEYS / 2) * SLICE + jp * SLICE + c % SLICE
 }
 
 /// The two halves of a pair as float32.
@@ -56,7 +77,7 @@ impl Packed {
                 for j in 0..BLOCK_KEYS.min(total - block * BLOCK_KEYS) {
                     let key = &k[row(block * BLOCK_KEYS + j)..][..d];
                     for (p, two) in key.chunks_exact(2).enumerate() {
-                        packed_keys[p * BLOCK_KEYS + j] = pair(two[0], two[1]);
+                        packed_keys[key_index(p, j, d)] = pair(two[0], two[1]);
                     }
                 }
                 for jp in 0..BLOCK_KEYS / 2 {
@@ -65,16 +86,10 @@ impl Packed {
                         break;
                     }
                     let low = &v[row(first)..][..d];
-                    let out = &mut packed_values[jp * d..(jp + 1) * d];
-                    if first + 1 < total {
-                        let high = &v[row(first + 1)..][..d];
-                        for ((o, &l), &h) in out.iter_mut().zip(low).zip(high) {
-                            *o = pair(l, h);
-                        }
-                    } else {
-                        for (o, &l) in out.iter_mut().zip(low) {
-                            *o = pair(l, zero);
-                        }
+                    let high = (first + 1 < total).then(|| &v[row(first + 1)..][..d]);
+                    for (c, &l) in low.iter().enumerate() {
+                        let h = high.map_or(zero, |high| high[c]);
+                        packed_values[value_index(jp, c)] = pair(l, h);
                     }
                 }
             }
@@ -87,14 +102,14 @@ impl Packed {
         }
     }
 
-    /// Key block `block` of `kv_head`: `[head_dim / 2][BLOCK_KEYS]` pairs.
+    /// Key block `block` of `kv_head`: `[BLOCK_KEYS / 32][head_dim / 2][32]` pairs.
     pub(crate) fn keys(&self, kv_head: usize, block: usize) -> &[u32] {
         let per_block = BLOCK_KEYS * self.head_dim / 2;
         let start = (kv_head * self.blocks + block) * per_block;
         &self.keys[start..start + per_block]
     }
 
-    /// Value block `block` of `kv_head`: `[BLOCK_KEYS / 2][head_dim]` pairs.
+    /// Value block `block` of `kv_head`: `[head_dim / 32][BLOCK_KEYS / 2][32]` pairs.
     pub(crate) fn values(&self, kv_head: usize, block: usize) -> &[u32] {
         let per_block = BLOCK_KEYS * self.head_dim / 2;
         let start = (kv_head * self.blocks + block) * per_block;
@@ -106,8 +121,9 @@ impl Packed {
 /// one packed block, over its first `width` keys (a multiple of 32: the tile's rows see none
 /// past them, so the products stop there).
 pub(crate) trait Micro {
-    /// `scores[i][j] = scale · q_i · key j` for `i` in the tile (`q_i` the `d` elements of `q`
-    /// at `tile[i]`) and `j < width`, `scores` rows of `BLOCK_KEYS`.
+    /// `scores[i][j] = q_i · key j` for `i` in the tile (`q_i` the `d` elements of `q` at
+    /// `tile[i]`) and `j < width`, `scores` rows of `BLOCK_KEYS`: unscaled, the softmax scales
+    /// them on the way (one fused step there instead of a product here).
     ///
     /// # Safety
     /// Every `tile[i] + d` is within `q`, `keys` is a whole block, `scores` holds the tile's
@@ -119,12 +135,12 @@ pub(crate) trait Micro {
         d: usize,
         keys: &[u32],
         width: usize,
-        scale: f32,
         scores: &mut [f32],
     );
 
     /// One block's step of the online softmax for the tile's rows, row `i` seeing the first
-    /// `visible[i]` of its `scores` (rows of `BLOCK_KEYS`): raises `max[i]` to their maximum,
+    /// `visible[i]` of its `scores` (rows of `BLOCK_KEYS`, each times `scale` the float32
+    /// score): raises `max[i]` to their maximum,
     /// writes their terms `e^(score - max)` rounded to bf16 to `weights` (zeros up to `width`
     /// past the visible ones), and rescales by `e^(old max - max)` the row's float32 sum
     /// (`sums`, `LANES` partial sums a row) before adding the terms to it, and the row's
@@ -137,6 +153,7 @@ pub(crate) trait Micro {
     #[allow(clippy::too_many_arguments)]
     unsafe fn softmax(
         scores: &[f32],
+        scale: f32,
         visible: &[usize],
         width: usize,
         max: &mut [f32],
@@ -171,7 +188,6 @@ impl Micro for Portable {
         d: usize,
         keys: &[u32],
         width: usize,
-        scale: f32,
         scores: &mut [f32],
     ) {
         for (&offset, row) in tile.iter().zip(scores.chunks_exact_mut(BLOCK_KEYS)) {
@@ -179,16 +195,17 @@ impl Micro for Portable {
             for (j, score) in row[..width].iter_mut().enumerate() {
                 let mut sum = 0f32;
                 for (p, two) in query.chunks_exact(2).enumerate() {
-                    let (kl, kh) = halves(keys[p * BLOCK_KEYS + j]);
+                    let (kl, kh) = halves(keys[key_index(p, j, d)]);
                     sum += two[0].to_f32() * kl + two[1].to_f32() * kh;
                 }
-                *score = sum * scale;
+                *score = sum;
             }
         }
     }
 
     unsafe fn softmax(
         scores: &[f32],
+        scale: f32,
         visible: &[usize],
         width: usize,
         max: &mut [f32],
@@ -198,7 +215,10 @@ impl Micro for Portable {
         d: usize,
     ) {
         for (r, &seen) in visible.iter().enumerate() {
-            let row = &scores[r * BLOCK_KEYS..][..seen];
+            let row: Vec<f32> = scores[r * BLOCK_KEYS..][..seen]
+                .iter()
+                .map(|&s| s * scale)
+                .collect();
             let mut lanes = [f32::NEG_INFINITY; LANES];
             for chunk in row.chunks(LANES) {
                 for (lane, &s) in lanes.iter_mut().zip(chunk) {
@@ -243,8 +263,8 @@ impl Micro for Portable {
         {
             for (jp, two) in row[..width].chunks_exact(2).enumerate() {
                 let (wl, wh) = (two[0].to_f32(), two[1].to_f32());
-                for (o, &value) in out.iter_mut().zip(&values[jp * d..(jp + 1) * d]) {
-                    let (vl, vh) = halves(value);
+                for (c, o) in out.iter_mut().enumerate() {
+                    let (vl, vh) = halves(values[value_index(jp, c)]);
                     *o += wl * vl + wh * vh;
                 }
             }

@@ -40,13 +40,21 @@ fn case(heads: usize, kv_heads: usize, head_dim: usize, prefix: usize, new: usiz
 const SCALE: f32 = 0.125;
 
 fn attend(case: &Case, isa: Isa) -> Vec<f32> {
+    attend_scaled(case, isa, SCALE)
+}
+
+fn attend_scaled(case: &Case, isa: Isa, scale: f32) -> Vec<f32> {
     let mut out = vec![Bf16::default(); case.q.len()];
-    prefill_attention_on(isa, &case.shape, &case.q, &case.k, &case.v, SCALE, &mut out).unwrap();
+    prefill_attention_on(isa, &case.shape, &case.q, &case.k, &case.v, scale, &mut out).unwrap();
     out.iter().map(|x| x.to_f32()).collect()
 }
 
 /// Float64 attention of each new token's query heads over its visible keys.
 fn reference(case: &Case) -> Vec<f64> {
+    reference_scaled(case, SCALE)
+}
+
+fn reference_scaled(case: &Case, scale: f32) -> Vec<f64> {
     let PrefillShape {
         heads,
         kv_heads,
@@ -69,7 +77,7 @@ fn reference(case: &Case) -> Vec<f64> {
                                 * at(&case.k, (key * kv_heads + g) * d + c)
                         })
                         .sum::<f64>()
-                        * f64::from(SCALE)
+                        * f64::from(scale)
                 })
                 .collect();
             let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -149,6 +157,20 @@ fn equals_the_reference_around_block_edges() {
                     "{heads}/{kv_heads} heads of {d}, {prefix} + {new} tokens, {isa:?}: {error}"
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn equals_the_reference_with_a_negative_or_zero_scale() {
+    // The softmax scales raw scores on the way: a negative scale makes the smallest raw score
+    // of a block its maximum, a zero one makes every weight equal.
+    let case = case(9, 3, 64, BLOCK_KEYS - 20, 50);
+    for scale in [-0.125, 0.0] {
+        let expected = reference_scaled(&case, scale);
+        for isa in [Isa::Scalar, isa::detected()] {
+            let error = max_error(&attend_scaled(&case, isa, scale), &expected);
+            assert!(error < TOLERANCE, "scale {scale}, {isa:?}: {error}");
         }
     }
 }
