@@ -248,9 +248,9 @@ impl Task<'_> {
             let head = kv_head * group + r % group;
             (first_token + r / group) * heads * d + head * d
         };
-        scratch.scores.clear();
+        // A tile's scores and weights are written before they are read (up to its width):
+        // they are sized once per thread, not cleared per task.
         scratch.scores.resize(TILE_ROWS * BLOCK_KEYS, 0.0);
-        scratch.weights.clear();
         scratch
             .weights
             .resize(TILE_ROWS * BLOCK_KEYS, Bf16::default());

@@ -67,7 +67,7 @@ impl Packed {
         let per_block = BLOCK_KEYS * d / 2;
         let mut keys = vec![0u32; kv_heads * blocks * per_block];
         let mut values = vec![0u32; kv_heads * blocks * per_block];
-        let zero = Bf16::default();
+        let zeros = vec![Bf16::default(); d];
         for head in 0..kv_heads {
             for block in 0..blocks {
                 let start = (head * blocks + block) * per_block;
@@ -76,8 +76,10 @@ impl Packed {
                 let row = |key: usize| (key * kv_heads + head) * d;
                 for j in 0..BLOCK_KEYS.min(total - block * BLOCK_KEYS) {
                     let key = &k[row(block * BLOCK_KEYS + j)..][..d];
-                    for (p, two) in key.chunks_exact(2).enumerate() {
-                        packed_keys[key_index(p, j, d)] = pair(two[0], two[1]);
+                    // Pair p of key j at key_index(p, j, d): one column of its slice.
+                    let column = &mut packed_keys[key_index(0, j, d)..];
+                    for (slot, two) in column.iter_mut().step_by(SLICE).zip(key.chunks_exact(2)) {
+                        *slot = pair(two[0], two[1]);
                     }
                 }
                 for jp in 0..BLOCK_KEYS / 2 {
@@ -86,10 +88,19 @@ impl Packed {
                         break;
                     }
                     let low = &v[row(first)..][..d];
-                    let high = (first + 1 < total).then(|| &v[row(first + 1)..][..d]);
-                    for (c, &l) in low.iter().enumerate() {
-                        let h = high.map_or(zero, |high| high[c]);
-                        packed_values[value_index(jp, c)] = pair(l, h);
+                    // A missing second key of the last pair is zeros.
+                    let high = if first + 1 < total {
+                        &v[row(first + 1)..][..d]
+                    } else {
+                        &zeros[..d]
+                    };
+                    // Columns c0..c0 + 32 of key pair jp: one contiguous run of a slice.
+                    for c0 in (0..d).step_by(SLICE) {
+                        let run = &mut packed_values[value_index(jp, c0)..][..SLICE];
+                        let (low, high) = (&low[c0..c0 + SLICE], &high[c0..c0 + SLICE]);
+                        for ((slot, &l), &h) in run.iter_mut().zip(low).zip(high) {
+                            *slot = pair(l, h);
+                        }
                     }
                 }
             }
