@@ -1,6 +1,7 @@
-//! The two products of a tile in `vdpbf16ps` (AVX-512 BF16), and the task body compiled for
-//! that tier. A tile of up to `TILE_ROWS` rows keeps its sums in registers: two vectors per
-//! row (32 keys of scores, or a 32-column slice of the weighted sum), 16 of the 32 registers.
+//! The two products of a tile in `vdpbf16ps` (AVX-512 BF16), its online softmax step, and the
+//! task body compiled for that tier. A tile of up to `TILE_ROWS` rows keeps its sums in
+//! registers: two vectors per row (32 keys of scores, or a 32-column slice of the weighted
+//! sum), 24 of the 32 registers, each pair of loaded vectors serving 24 products.
 
 use std::arch::x86_64::*;
 
