@@ -21,29 +21,11 @@ pub(super) unsafe fn run(task: &Task<'_>, kv_head: usize, block: usize, scratch:
 
 struct Avx512Bf16;
 
-/// `acc + vdpbf16ps(vector, the pair at `pair` in every lane)`, the pair broadcast by the
-/// instruction's memory operand (`{1to16}`): a separate broadcast costs a shuffle on the
-/// vector pipes that the products need, and the compiler keeps one when a pair serves two
-/// products.
-///
-/// # Safety
-/// `pair` points to 4 readable bytes (any alignment); the CPU has AVX-512 BF16.
-#[target_feature(enable = "avx512f,avx512bf16")]
-#[inline]
-unsafe fn dot_broadcast(acc: __m512, vector: __m512i, pair: *const i32) -> __m512 {
-    let mut acc = acc;
-    // SAFETY: the caller promises the 4 bytes and the instruction; it reads only them and
-    // writes only `acc`.
-    unsafe {
-        std::arch::asm!(
-            "vdpbf16ps {acc}, {vector}, dword ptr [{pair}]{{1to16}}",
-            acc = inout(zmm_reg) acc,
-            vector = in(zmm_reg) vector,
-            pair = in(reg) pair,
-            options(pure, readonly, nostack, preserves_flags),
-        );
-    }
-    acc
+/// The 32 bf16 lanes of a vector of 16 pairs.
+#[inline(always)]
+fn bf16_lanes(pairs: __m512i) -> __m512bh {
+    // SAFETY: both are 512 bits of plain data; the pairs' bits are the bf16 lanes.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(pairs) }
 }
 
 /// Calls `$kernel::<N>` for the tile's row count `$n` (1 to `TILE_ROWS`, 12).
@@ -288,12 +270,13 @@ unsafe fn scores_tile<const N: usize>(
                 .cast::<__m512i>();
             // SAFETY: pair p of 32 keys from k0, inside `keys`.
             let (key0, key1) = unsafe { (_mm512_loadu_si512(row), _mm512_loadu_si512(row.add(1))) };
+            let (key0, key1) = (bf16_lanes(key0), bf16_lanes(key1));
             for (sums, query) in acc.iter_mut().zip(queries) {
-                // SAFETY: pair p of a query of `d` elements.
-                unsafe {
-                    sums[0] = dot_broadcast(sums[0], key0, query.add(p));
-                    sums[1] = dot_broadcast(sums[1], key1, query.add(p));
-                }
+                // SAFETY: pair p of a query of `d` elements (read unaligned).
+                let pair = unsafe { query.add(p).read_unaligned() };
+                let pair = bf16_lanes(_mm512_set1_epi32(pair));
+                sums[0] = _mm512_dpbf16_ps(sums[0], pair, key0);
+                sums[1] = _mm512_dpbf16_ps(sums[1], pair, key1);
             }
         }
         for (i, sums) in acc.iter().enumerate() {
@@ -335,12 +318,13 @@ unsafe fn weighted_tile<const N: usize>(
                 .cast::<__m512i>();
             // SAFETY: 32 columns from c0 of key pair jp, inside `values`.
             let (v0, v1) = unsafe { (_mm512_loadu_si512(row), _mm512_loadu_si512(row.add(1))) };
+            let (v0, v1) = (bf16_lanes(v0), bf16_lanes(v1));
             for (s, row) in sums.iter_mut().zip(rows) {
-                // SAFETY: weights 2jp and 2jp + 1 of a row of BLOCK_KEYS.
-                unsafe {
-                    s[0] = dot_broadcast(s[0], v0, row.add(jp));
-                    s[1] = dot_broadcast(s[1], v1, row.add(jp));
-                }
+                // SAFETY: weights 2jp and 2jp + 1 of a row of BLOCK_KEYS (read unaligned).
+                let pair = unsafe { row.add(jp).read_unaligned() };
+                let pair = bf16_lanes(_mm512_set1_epi32(pair));
+                s[0] = _mm512_dpbf16_ps(s[0], pair, v0);
+                s[1] = _mm512_dpbf16_ps(s[1], pair, v1);
             }
         }
         for (s, o) in sums.iter().zip(out) {
