@@ -99,6 +99,9 @@ fn lanes(visible: usize, first: usize) -> __mmask16 {
     ((1u32 << count) - 1) as __mmask16
 }
 
+// The corrections of a tile's rows are one vector of 16.
+const _: () = assert!(TILE_ROWS <= 16);
+
 /// See `Micro::softmax`. Each term is `2^t` with `t = raw · scale · log2(e) - max · log2(e)`
 /// (one fused multiply-add; the block's maximum is its largest raw score times `scale`, or its
 /// smallest for a negative `scale`: rounding keeps the order); masked loads and zero-masked results keep the invisible keys out, and
