@@ -13,7 +13,9 @@
 //!
 //! Arithmetic, as PyTorch's CPU flash attention does it for bf16: scores, the running maximum
 //! and the sum of weights are float32; each weight is rounded to bf16 before its product with
-//! V; the output is the float32 weighted sum divided by the float32 sum, rounded once.
+//! V; the output is the float32 weighted sum divided by the float32 sum, rounded once. A row's
+//! sum is 16 partial sums until its output; on AVX-512 BF16 each weight is `2^t` with
+//! `t = score · log2 e - max · log2 e`, by a polynomial accurate to float32's own rounding.
 //!
 //! A task is one KV head and a block of `BLOCK_TOKENS` new tokens: its rows are those tokens'
 //! query heads that read the KV head (token-major), so every key block loaded serves all of
@@ -22,7 +24,6 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::exp_nonpositive;
 use crate::element::Bf16;
 use crate::error::elements;
 use crate::isa::{self, Isa};
@@ -33,13 +34,16 @@ use crate::{Error, Result};
 mod avx512;
 mod kernels;
 
-/// Keys per block: a row's scores of one block are eight vectors of 16 float32 (longer blocks
-/// spread each row's fixed costs of the online softmax over more keys).
-pub(crate) const BLOCK_KEYS: usize = 128;
+/// Keys per block: longer blocks spread each row's fixed costs of the online softmax (the
+/// maximum's reduction, the rescaling of its sums) and each tile's loads and stores of its sums
+/// over more keys; measured faster than 128 even though a block of K and V (64 KiB) no longer
+/// fits the first-level cache.
+pub(crate) const BLOCK_KEYS: usize = 256;
 /// New tokens per task.
 const BLOCK_TOKENS: usize = 32;
-/// Rows per tile of the two products (16 accumulator registers of 32).
-pub(crate) const TILE_ROWS: usize = 8;
+/// Rows per tile of the two products (24 accumulator registers of 32; measured a little faster
+/// than 8 rows and 16 registers).
+pub(crate) const TILE_ROWS: usize = 12;
 /// Head sizes must be a multiple of this: the weighted sum runs over 32-column slices.
 pub const HEAD_DIM_MULTIPLE: usize = 32;
 /// Calls with fewer (query head, key) pairs than this run on the calling thread: a parallel
@@ -175,14 +179,15 @@ pub fn prefill_attention_on(
     Ok(())
 }
 
-/// A thread's scratch for one task: scores and weights of a key block, the running maximum,
-/// sum and weighted sum of each row, and each row's last visible key.
+/// A thread's scratch for one task: scores and weights of a tile's key block, the running
+/// maximum, partial sums and weighted sum of each row, each row's last visible key and query
+/// offset.
 #[derive(Default)]
 pub(crate) struct Scratch {
     scores: Vec<f32>,
     weights: Vec<Bf16>,
     max: Vec<f32>,
-    sum: Vec<f32>,
+    sums: Vec<f32>,
     acc: Vec<f32>,
     last_key: Vec<usize>,
     offsets: Vec<usize>,
@@ -246,14 +251,16 @@ impl Task<'_> {
             let head = kv_head * group + r % group;
             (first_token + r / group) * heads * d + head * d
         };
-        scratch.scores.clear();
-        scratch.scores.resize(rows * BLOCK_KEYS, 0.0);
-        scratch.weights.clear();
-        scratch.weights.resize(rows * BLOCK_KEYS, Bf16::default());
+        // A tile's scores and weights are written before they are read (up to its width):
+        // they are sized once per thread, not cleared per task.
+        scratch.scores.resize(TILE_ROWS * BLOCK_KEYS, 0.0);
+        scratch
+            .weights
+            .resize(TILE_ROWS * BLOCK_KEYS, Bf16::default());
         scratch.max.clear();
         scratch.max.resize(rows, f32::NEG_INFINITY);
-        scratch.sum.clear();
-        scratch.sum.resize(rows, 0.0);
+        scratch.sums.clear();
+        scratch.sums.resize(rows * kernels::LANES, 0.0);
         scratch.acc.clear();
         scratch.acc.resize(rows * d, 0.0);
         scratch.last_key.clear();
@@ -265,73 +272,61 @@ impl Task<'_> {
         let key_blocks = (prefix + first_token + tokens - 1) / BLOCK_KEYS + 1;
         for key_block in 0..key_blocks {
             let keys = self.packed.keys(kv_head, key_block);
-            for r0 in (0..rows).step_by(TILE_ROWS) {
-                let tile = &scratch.offsets[r0..(r0 + TILE_ROWS).min(rows)];
-                let scores = &mut scratch.scores[r0 * BLOCK_KEYS..];
-                // SAFETY: the caller promises M's instructions; `tile` holds offsets of whole
-                // queries inside q (checked lengths), `keys` a whole packed block.
-                unsafe { M::scores(self.q, tile, d, keys, self.scale, scores) };
-            }
-            let first_key = key_block * BLOCK_KEYS;
-            for r in 0..rows {
-                // SAFETY: the caller promises M's instructions.
-                unsafe { softmax_step::<M>(scratch, r, first_key, d) };
-            }
             let values = self.packed.values(kv_head, key_block);
+            let first_key = key_block * BLOCK_KEYS;
+            // A tile at a time through all three steps, so that its scores and weights stay
+            // in the first-level cache between them.
             for r0 in (0..rows).step_by(TILE_ROWS) {
                 let n = TILE_ROWS.min(rows - r0);
-                let weights = &scratch.weights[r0 * BLOCK_KEYS..(r0 + n) * BLOCK_KEYS];
+                let visible: [usize; TILE_ROWS] = std::array::from_fn(|i| {
+                    let last = scratch.last_key[r0 + i.min(n - 1)];
+                    (last + 1).saturating_sub(first_key).min(BLOCK_KEYS)
+                });
+                let visible = &visible[..n];
+                // Rows are token-major: the tile's last row sees the most keys. A tile that
+                // sees none of the block skips it (every row sees block 0, so its maxima are
+                // finite and nothing would change); one that sees part of it stops its
+                // products at the next multiple of 32 keys.
+                let width = visible[n - 1].next_multiple_of(32);
+                if width == 0 {
+                    continue;
+                }
+                let tile = &scratch.offsets[r0..r0 + n];
+                let scores = &mut scratch.scores[..n * BLOCK_KEYS];
+                let weights = &mut scratch.weights[..n * BLOCK_KEYS];
                 let acc = &mut scratch.acc[r0 * d..(r0 + n) * d];
-                // SAFETY: as above; `weights` and `acc` hold exactly n rows.
-                unsafe { M::weighted_sum(weights, values, d, acc) };
+                // SAFETY: the caller promises M's instructions; `tile` holds offsets of whole
+                // queries inside q (checked lengths), `keys` and `values` whole packed blocks,
+                // the other slices exactly the tile's n rows; `width` is a multiple of 32 of
+                // at most BLOCK_KEYS and no row sees past it; every row seeing nothing of
+                // this block saw key 0, so its maximum is finite.
+                unsafe {
+                    M::scores(self.q, tile, d, keys, width, scores);
+                    M::softmax(
+                        scores,
+                        self.scale,
+                        visible,
+                        width,
+                        &mut scratch.max[r0..r0 + n],
+                        &mut scratch.sums[r0 * kernels::LANES..(r0 + n) * kernels::LANES],
+                        weights,
+                        acc,
+                        d,
+                    );
+                    M::weighted_sum(weights, values, d, width, acc);
+                }
             }
         }
         for (r, &offset) in scratch.offsets.iter().enumerate() {
             // SAFETY: row r of this task is `d` elements of `out` at its query's offset, which
             // no other task writes.
             let out = unsafe { std::slice::from_raw_parts_mut(self.out.add(offset), d) };
-            let inverse = 1.0 / scratch.sum[r];
+            let lanes = std::array::from_fn(|i| scratch.sums[r * kernels::LANES + i]);
+            let inverse = 1.0 / kernels::reduce(lanes, |a, b| a + b);
             for (o, &a) in out.iter_mut().zip(&scratch.acc[r * d..(r + 1) * d]) {
                 *o = Bf16::from_f32(a * inverse);
             }
         }
-    }
-}
-
-/// Folds row `r`'s scores of the key block starting at `first_key` into its running maximum
-/// and sum, rescales its weighted sum, and leaves its weights (bf16, zero past its last
-/// visible key) for the product with V. Every row sees key 0, so after the first block its
-/// maximum is finite and a block it sees nothing of changes nothing.
-///
-/// # Safety
-/// The CPU has `M`'s instructions.
-#[inline(always)]
-unsafe fn softmax_step<M: kernels::Micro>(
-    scratch: &mut Scratch,
-    r: usize,
-    first_key: usize,
-    d: usize,
-) {
-    let visible = (scratch.last_key[r] + 1).saturating_sub(first_key);
-    let weights = &mut scratch.weights[r * BLOCK_KEYS..(r + 1) * BLOCK_KEYS];
-    if visible == 0 {
-        weights.fill(Bf16::default());
-        return;
-    }
-    let scores = &scratch.scores[r * BLOCK_KEYS..(r + 1) * BLOCK_KEYS];
-    let old_max = scratch.max[r];
-    // SAFETY: whole rows of a block, at least one key visible; the caller promises M's
-    // instructions.
-    let (max, block_sum) =
-        unsafe { M::exponentiate(scores, visible.min(BLOCK_KEYS), old_max, weights) };
-    // e^(-inf) is 0: the first block leaves nothing to rescale.
-    let correction = exp_nonpositive(old_max - max);
-    scratch.sum[r] = scratch.sum[r] * correction + block_sum;
-    scratch.max[r] = max;
-    if correction != 1.0 {
-        scratch.acc[r * d..(r + 1) * d]
-            .iter_mut()
-            .for_each(|a| *a *= correction);
     }
 }
 

@@ -1,11 +1,12 @@
-//! The two products of a tile in `vdpbf16ps` (AVX-512 BF16), and the task body compiled for
-//! that tier. A tile of up to `TILE_ROWS` rows keeps its sums in registers: two vectors per
-//! row (32 keys of scores, or a 32-column slice of the weighted sum), 16 of the 32 registers.
+//! The two products of a tile in `vdpbf16ps` (AVX-512 BF16), its online softmax step, and the
+//! task body compiled for that tier. A tile of up to `TILE_ROWS` rows keeps its sums in
+//! registers: two vectors per row (32 keys of scores, or a 32-column slice of the weighted
+//! sum), 24 of the 32 registers, each pair of loaded vectors serving 24 products.
 
 use std::arch::x86_64::*;
 
-use super::kernels::Micro;
-use super::{Scratch, Task, BLOCK_KEYS};
+use super::kernels::{key_index, value_index, Micro, LANES};
+use super::{Scratch, Task, BLOCK_KEYS, TILE_ROWS};
 use crate::element::Bf16;
 
 /// Runs task (`kv_head`, `block`) with these products.
@@ -27,10 +28,14 @@ fn bf16_lanes(pairs: __m512i) -> __m512bh {
     unsafe { std::mem::transmute::<__m512i, __m512bh>(pairs) }
 }
 
-/// Calls `$kernel::<N>` for the tile's row count `$n` (1 to 8).
+/// Calls `$kernel::<N>` for the tile's row count `$n` (1 to `TILE_ROWS`, 12).
 macro_rules! by_rows {
     ($n:expr, $kernel:ident, $($arg:expr),*) => {
         match $n {
+            12 => $kernel::<12>($($arg),*),
+            11 => $kernel::<11>($($arg),*),
+            10 => $kernel::<10>($($arg),*),
+            9 => $kernel::<9>($($arg),*),
             8 => $kernel::<8>($($arg),*),
             7 => $kernel::<7>($($arg),*),
             6 => $kernel::<6>($($arg),*),
@@ -51,101 +56,197 @@ impl Micro for Avx512Bf16 {
         tile: &[usize],
         d: usize,
         keys: &[u32],
-        scale: f32,
+        width: usize,
         scores: &mut [f32],
     ) {
         // SAFETY: forwarded from the caller (sizes, and the CPU's AVX-512 BF16).
-        unsafe { by_rows!(tile.len(), scores_tile, q, tile, d, keys, scale, scores) }
+        unsafe { by_rows!(tile.len(), scores_tile, q, tile, d, keys, width, scores) }
     }
 
     #[inline(always)]
-    unsafe fn weighted_sum(weights: &[Bf16], values: &[u32], d: usize, acc: &mut [f32]) {
-        // SAFETY: as above.
-        unsafe { by_rows!(acc.len() / d, weighted_tile, weights, values, d, acc) }
-    }
-
-    #[inline(always)]
-    unsafe fn exponentiate(
+    unsafe fn softmax(
         scores: &[f32],
-        visible: usize,
-        old_max: f32,
+        scale: f32,
+        visible: &[usize],
+        width: usize,
+        max: &mut [f32],
+        sums: &mut [f32],
         weights: &mut [Bf16],
-    ) -> (f32, f32) {
+        acc: &mut [f32],
+        d: usize,
+    ) {
         // SAFETY: forwarded from the caller.
-        unsafe { exponentiate_row(scores, visible, old_max, weights) }
+        unsafe { softmax_tile(scores, scale, visible, width, max, sums, weights, acc, d) }
+    }
+
+    #[inline(always)]
+    unsafe fn weighted_sum(
+        weights: &[Bf16],
+        values: &[u32],
+        d: usize,
+        width: usize,
+        acc: &mut [f32],
+    ) {
+        // SAFETY: as above.
+        unsafe { by_rows!(acc.len() / d, weighted_tile, weights, values, d, width, acc) }
     }
 }
 
-/// Vectors of 16 float32 in a row of a block.
-const VECTORS: usize = BLOCK_KEYS / 16;
+/// The lanes of the first `visible - first` keys of a vector of 16 starting at key `first`.
+#[inline(always)]
+fn lanes(visible: usize, first: usize) -> __mmask16 {
+    let count = visible.saturating_sub(first).min(16);
+    ((1u32 << count) - 1) as __mmask16
+}
 
-/// See `Micro::exponentiate`: masked loads leave the invisible keys at -inf and their terms
-/// are zeroed; `vcvtneps2bf16` rounds the terms to bf16 (to nearest even, as `Bf16::from_f32`).
+// The corrections of a tile's rows are one vector of 16.
+const _: () = assert!(TILE_ROWS <= 16);
+
+/// See `Micro::softmax`. Each term is `2^t` with `t = raw · scale · log2(e) - max · log2(e)`
+/// (one fused multiply-add; the block's maximum is its largest raw score times `scale`, or its
+/// smallest for a negative `scale`: rounding keeps the order); masked loads and zero-masked results keep the invisible keys out, and
+/// `vcvtne2ps2bf16` rounds two vectors of terms to bf16 at once (to nearest even, as
+/// `Bf16::from_f32`). The corrections of the tile's rows are one vector of `2^t`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-unsafe fn exponentiate_row(
+#[allow(clippy::too_many_arguments)]
+unsafe fn softmax_tile(
     scores: &[f32],
-    visible: usize,
-    old_max: f32,
+    scale: f32,
+    visible: &[usize],
+    width: usize,
+    max: &mut [f32],
+    sums: &mut [f32],
     weights: &mut [Bf16],
-) -> (f32, f32) {
-    let masks: [__mmask16; VECTORS] = std::array::from_fn(|i| {
-        let lanes = visible.saturating_sub(16 * i).min(16);
-        ((1u32 << lanes) - 1) as __mmask16
-    });
+    acc: &mut [f32],
+    d: usize,
+) {
+    let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
     let below = _mm512_set1_ps(f32::NEG_INFINITY);
-    // SAFETY: the caller promises `scores` of BLOCK_KEYS floats: 16 at each 16 * i.
-    let x: [__m512; VECTORS] = std::array::from_fn(|i| unsafe {
-        _mm512_mask_loadu_ps(below, masks[i], scores.as_ptr().add(16 * i))
-    });
-    let top = x.iter().fold(below, |m, &v| _mm512_max_ps(m, v));
-    let block_max = _mm512_reduce_max_ps(top);
-    let max = if old_max > block_max {
-        old_max
-    } else {
-        block_max
-    };
-    let shift = _mm512_set1_ps(max);
-    let mut sum = _mm512_setzero_ps();
-    for (i, (&v, &mask)) in x.iter().zip(&masks).enumerate() {
-        let e = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(v, shift)));
-        sum = _mm512_add_ps(sum, e);
-        // SAFETY: __m256bh is 16 bf16 lanes, 256 bits of plain data, as __m256i.
-        let rounded = unsafe { std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(e)) };
-        // SAFETY: the caller promises `weights` of BLOCK_KEYS: 16 at 16 * i.
-        unsafe { _mm256_storeu_si256(weights.as_mut_ptr().add(16 * i).cast(), rounded) };
+    let above = _mm512_set1_ps(f32::INFINITY);
+    let factor = _mm512_set1_ps(scale * std::f32::consts::LOG2_E);
+    let mut old_max = [0f32; 16];
+    let mut new_max = [0f32; 16];
+    // The caller promises rows of BLOCK_KEYS in `scores` and `weights`, `width` a multiple of
+    // 32 within them, and `visible[r] <= width`: the masked loads below read only visible
+    // scores, the stores write whole pairs of vectors below `width`.
+    let row = |r: usize| scores.as_ptr().wrapping_add(r * BLOCK_KEYS);
+    // Every row's maximum first, then every row's terms: the rows' chains of dependent steps
+    // (a maximum's reduction, then its terms) overlap, where one row at a time would wait on
+    // each. Two running maxima and sums a row halve the chains through them.
+    let positive = scale >= 0.0;
+    for (r, &seen) in visible.iter().enumerate() {
+        let start = if positive { below } else { above };
+        let mut top = [start; 2];
+        for i in (0..width / 16).step_by(2) {
+            for (k, top) in top.iter_mut().enumerate() {
+                let mask = lanes(seen, 16 * (i + k));
+                // SAFETY: as above.
+                let x = unsafe { _mm512_maskz_loadu_ps(mask, row(r).add(16 * (i + k))) };
+                *top = if positive {
+                    _mm512_mask_max_ps(*top, mask, *top, x)
+                } else {
+                    _mm512_mask_min_ps(*top, mask, *top, x)
+                };
+            }
+        }
+        let block_max = if seen == 0 {
+            f32::NEG_INFINITY
+        } else if positive {
+            _mm512_reduce_max_ps(_mm512_max_ps(top[0], top[1])) * scale
+        } else {
+            _mm512_reduce_min_ps(_mm512_min_ps(top[0], top[1])) * scale
+        };
+        let max_before = max[r];
+        let row_max = if max_before > block_max {
+            max_before
+        } else {
+            block_max
+        };
+        max[r] = row_max;
+        (old_max[r], new_max[r]) = (max_before, row_max);
     }
-    (max, _mm512_reduce_add_ps(sum))
+    let mut block_sums = [_mm512_setzero_ps(); TILE_ROWS];
+    for (r, &seen) in visible.iter().enumerate() {
+        let out = weights.as_mut_ptr().wrapping_add(r * BLOCK_KEYS);
+        let shift = _mm512_set1_ps(-new_max[r] * std::f32::consts::LOG2_E);
+        let mut sum = [_mm512_setzero_ps(); 2];
+        for i in (0..width / 16).step_by(2) {
+            let [low, high] = [i, i + 1].map(|i| {
+                let mask = lanes(seen, 16 * i);
+                // SAFETY: as above.
+                let x = unsafe { _mm512_maskz_loadu_ps(mask, row(r).add(16 * i)) };
+                exp2(mask, _mm512_fmadd_ps(x, factor, shift))
+            });
+            sum = [_mm512_add_ps(sum[0], low), _mm512_add_ps(sum[1], high)];
+            // SAFETY: __m512bh is 32 bf16 lanes, 512 bits of plain data, as __m512i.
+            let rounded =
+                unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(high, low)) };
+            // SAFETY: as above: 32 weights at 16 * i, below `width`.
+            unsafe { _mm512_storeu_si512(out.add(16 * i).cast(), rounded) };
+        }
+        block_sums[r] = _mm512_add_ps(sum[0], sum[1]);
+    }
+    // e^(old max - max) <= 1; 2^-127 for the first block (old max -inf), where the sums it
+    // scales are zero.
+    // SAFETY: two arrays of 16 floats.
+    let (before, after) = unsafe {
+        (
+            _mm512_loadu_ps(old_max.as_ptr()),
+            _mm512_loadu_ps(new_max.as_ptr()),
+        )
+    };
+    let mut corrections = [0f32; 16];
+    let exponent = _mm512_mul_ps(_mm512_sub_ps(before, after), log2e);
+    // SAFETY: an array of 16 floats.
+    unsafe { _mm512_storeu_ps(corrections.as_mut_ptr(), exp2(!0, exponent)) };
+    for (r, &block) in block_sums.iter().enumerate().take(visible.len()) {
+        let correction = corrections[r];
+        let factor = _mm512_set1_ps(correction);
+        // The caller promises LANES sums for each of the tile's rows.
+        let partial = sums.as_mut_ptr().wrapping_add(r * LANES);
+        // SAFETY: as above.
+        unsafe {
+            _mm512_storeu_ps(
+                partial,
+                _mm512_fmadd_ps(_mm512_loadu_ps(partial), factor, block),
+            )
+        };
+        if correction != 1.0 {
+            for a in acc[r * d..(r + 1) * d].chunks_exact_mut(16) {
+                // SAFETY: 16 floats of the row's weighted sum (d is a multiple of 32).
+                unsafe {
+                    _mm512_storeu_ps(
+                        a.as_mut_ptr(),
+                        _mm512_mul_ps(_mm512_loadu_ps(a.as_ptr()), factor),
+                    )
+                };
+            }
+        }
+    }
 }
 
-/// `e^x` per lane for `x <= 0`, the arithmetic of `exp_nonpositive` (Cephes' `expf`) with
-/// `2^n` applied by `vscalefps`; lanes below -87 give about e^-87 (callers zero the masked
-/// ones; a visible score that far below the maximum weighs nothing in bf16 either way).
+/// `2^t` per lane of `mask` (zero in the others) for `t <= 0` up to rounding: a degree-5
+/// polynomial (relative error below 2e-7, float32's own) of the fraction `t - round(t)` in
+/// [-0.5, 0.5], scaled by `2^round(t)` with `vscalefps` (zero far below). `t` is first raised
+/// to -127, so that -inf gives 2^-127 rather than NaN: a term that small is zero in bf16.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn exp(x: __m512) -> __m512 {
-    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-    );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm512_set1_ps(1.987_569_1e-4);
+pub(super) fn exp2(mask: __mmask16, t: __m512) -> __m512 {
+    let t = _mm512_max_ps(t, _mm512_set1_ps(-127.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+    let f = _mm512_sub_ps(t, n);
+    let mut p = _mm512_set1_ps(1.330_060_5e-3);
     for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
+        9.669_691e-3,
+        5.550_558_5e-2,
+        2.402_228_3e-1,
+        std::f32::consts::LN_2,
+        1.0,
     ] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     }
-    let mantissa = _mm512_fmadd_ps(
-        p,
-        _mm512_mul_ps(r, r),
-        _mm512_add_ps(r, _mm512_set1_ps(1.0)),
-    );
-    _mm512_scalef_ps(mantissa, n)
+    _mm512_maskz_scalef_ps(mask, p, n)
 }
 
 /// `scores` of `N` rows, 32 keys at a time; see `Micro::scores`.
@@ -156,21 +257,21 @@ unsafe fn scores_tile<const N: usize>(
     tile: &[usize],
     d: usize,
     keys: &[u32],
-    scale: f32,
+    width: usize,
     scores: &mut [f32],
 ) {
-    // The caller promises `tile[i] + d` within `q`, `keys` of `d / 2` pair rows of
-    // BLOCK_KEYS, and `scores` of N rows of BLOCK_KEYS: every pointer below stays inside them.
+    // The caller promises `tile[i] + d` within `q`, `keys` a whole packed block (32 keys' pairs
+    // at each `key_index(p, k0, d)`, k0 a multiple of 32 below BLOCK_KEYS), and `scores` of N
+    // rows of BLOCK_KEYS: every pointer below stays inside them.
     let queries: [*const i32; N] = std::array::from_fn(|i| q.as_ptr().wrapping_add(tile[i]).cast());
-    let scale = _mm512_set1_ps(scale);
-    for k0 in (0..BLOCK_KEYS).step_by(32) {
+    for k0 in (0..width).step_by(32) {
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
         for p in 0..d / 2 {
             let row = keys
                 .as_ptr()
-                .wrapping_add(p * BLOCK_KEYS + k0)
+                .wrapping_add(key_index(p, k0, d))
                 .cast::<__m512i>();
-            // SAFETY: 32 pairs of the block's pair row p, inside `keys`.
+            // SAFETY: pair p of 32 keys from k0, inside `keys`.
             let (key0, key1) = unsafe { (_mm512_loadu_si512(row), _mm512_loadu_si512(row.add(1))) };
             let (key0, key1) = (bf16_lanes(key0), bf16_lanes(key1));
             for (sums, query) in acc.iter_mut().zip(queries) {
@@ -185,8 +286,8 @@ unsafe fn scores_tile<const N: usize>(
             let out = scores.as_mut_ptr().wrapping_add(i * BLOCK_KEYS + k0);
             // SAFETY: 32 scores of row i, inside `scores`.
             unsafe {
-                _mm512_storeu_ps(out, _mm512_mul_ps(sums[0], scale));
-                _mm512_storeu_ps(out.add(16), _mm512_mul_ps(sums[1], scale));
+                _mm512_storeu_ps(out, sums[0]);
+                _mm512_storeu_ps(out.add(16), sums[1]);
             }
         }
     }
@@ -199,11 +300,12 @@ unsafe fn weighted_tile<const N: usize>(
     weights: &[Bf16],
     values: &[u32],
     d: usize,
+    width: usize,
     acc: &mut [f32],
 ) {
     // The caller promises `weights` of N rows of BLOCK_KEYS, `acc` of N rows of `d` (a
-    // multiple of 32), `values` of BLOCK_KEYS / 2 pair rows of `d`: every pointer below stays
-    // inside them.
+    // multiple of 32), `values` a whole packed block (32 columns of key pair jp at each
+    // `value_index(jp, c0)`, c0 a multiple of 32 below d): every pointer below stays inside them.
     let rows: [*const i32; N] =
         std::array::from_fn(|i| weights.as_ptr().wrapping_add(i * BLOCK_KEYS).cast());
     for c0 in (0..d).step_by(32) {
@@ -212,9 +314,12 @@ unsafe fn weighted_tile<const N: usize>(
         let mut sums: [[__m512; 2]; N] = std::array::from_fn(|i| unsafe {
             [_mm512_loadu_ps(out[i]), _mm512_loadu_ps(out[i].add(16))]
         });
-        for jp in 0..BLOCK_KEYS / 2 {
-            let row = values.as_ptr().wrapping_add(jp * d + c0).cast::<__m512i>();
-            // SAFETY: 32 columns of the block's pair row jp, inside `values`.
+        for jp in 0..width / 2 {
+            let row = values
+                .as_ptr()
+                .wrapping_add(value_index(jp, c0))
+                .cast::<__m512i>();
+            // SAFETY: 32 columns from c0 of key pair jp, inside `values`.
             let (v0, v1) = unsafe { (_mm512_loadu_si512(row), _mm512_loadu_si512(row.add(1))) };
             let (v0, v1) = (bf16_lanes(v0), bf16_lanes(v1));
             for (s, row) in sums.iter_mut().zip(rows) {

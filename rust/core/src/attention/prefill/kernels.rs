@@ -2,6 +2,12 @@
 //! against one packed key block, in portable code (the float32 equivalent of the instruction;
 //! `avx512.rs` has the vector ones).
 //!
+//! Both are stored in slices of 32 lanes (two vectors): a block of keys is `[BLOCK_KEYS / 32]
+//! [head_dim / 2][32]` pairs (32 keys' pairs, pair row after pair row), a block of values
+//! `[head_dim / 32][BLOCK_KEYS / 2][32]` (32 columns, key pair after key pair), so that a tile's
+//! pass over 32 keys or 32 columns reads one contiguous run instead of a strided one whose rows
+//! crowd a few sets of the first-level cache.
+//!
 //! `vdpbf16ps` multiplies 16 lanes of two bf16 each, adjacent pairs summed into 16 float32: the
 //! pairs must run along the reduction. In `q · kᵀ` that is the head dimension, which a query
 //! row already stores as adjacent pairs (one broadcast 32-bit word), so the keys are packed:
@@ -17,6 +23,21 @@ use crate::element::Bf16;
 #[inline(always)]
 fn pair(low: Bf16, high: Bf16) -> u32 {
     u32::from(low.0) | (u32::from(high.0) << 16)
+}
+
+/// Lanes of a slice of packed keys or values.
+pub(crate) const SLICE: usize = 32;
+
+/// Where pair `p` of key `j` of a block lies in its packed keys.
+#[inline(always)]
+pub(crate) fn key_index(p: usize, j: usize, d: usize) -> usize {
+    (j / SLICE) * (d / 2) * SLICE + p * SLICE + j % SLICE
+}
+
+/// Where column `c` of key pair `jp` of a block lies in its packed values.
+#[inline(always)]
+pub(crate) fn value_index(jp: usize, c: usize) -> usize {
+    (c / SLICE) * (BLOCK_KEYS / 2) * SLICE + jp * SLICE + c % SLICE
 }
 
 /// The two halves of a pair as float32.
@@ -46,7 +67,7 @@ impl Packed {
         let per_block = BLOCK_KEYS * d / 2;
         let mut keys = vec![0u32; kv_heads * blocks * per_block];
         let mut values = vec![0u32; kv_heads * blocks * per_block];
-        let zero = Bf16::default();
+        let zeros = vec![Bf16::default(); d];
         for head in 0..kv_heads {
             for block in 0..blocks {
                 let start = (head * blocks + block) * per_block;
@@ -55,8 +76,10 @@ impl Packed {
                 let row = |key: usize| (key * kv_heads + head) * d;
                 for j in 0..BLOCK_KEYS.min(total - block * BLOCK_KEYS) {
                     let key = &k[row(block * BLOCK_KEYS + j)..][..d];
-                    for (p, two) in key.chunks_exact(2).enumerate() {
-                        packed_keys[p * BLOCK_KEYS + j] = pair(two[0], two[1]);
+                    // Pair p of key j at key_index(p, j, d): one column of its slice.
+                    let column = &mut packed_keys[key_index(0, j, d)..];
+                    for (slot, two) in column.iter_mut().step_by(SLICE).zip(key.chunks_exact(2)) {
+                        *slot = pair(two[0], two[1]);
                     }
                 }
                 for jp in 0..BLOCK_KEYS / 2 {
@@ -65,15 +88,18 @@ impl Packed {
                         break;
                     }
                     let low = &v[row(first)..][..d];
-                    let out = &mut packed_values[jp * d..(jp + 1) * d];
-                    if first + 1 < total {
-                        let high = &v[row(first + 1)..][..d];
-                        for ((o, &l), &h) in out.iter_mut().zip(low).zip(high) {
-                            *o = pair(l, h);
-                        }
+                    // A missing second key of the last pair is zeros.
+                    let high = if first + 1 < total {
+                        &v[row(first + 1)..][..d]
                     } else {
-                        for (o, &l) in out.iter_mut().zip(low) {
-                            *o = pair(l, zero);
+                        &zeros[..d]
+                    };
+                    // Columns c0..c0 + 32 of key pair jp: one contiguous run of a slice.
+                    for c0 in (0..d).step_by(SLICE) {
+                        let run = &mut packed_values[value_index(jp, c0)..][..SLICE];
+                        let (low, high) = (&low[c0..c0 + SLICE], &high[c0..c0 + SLICE]);
+                        for ((slot, &l), &h) in run.iter_mut().zip(low).zip(high) {
+                            *slot = pair(l, h);
                         }
                     }
                 }
@@ -87,14 +113,14 @@ impl Packed {
         }
     }
 
-    /// Key block `block` of `kv_head`: `[head_dim / 2][BLOCK_KEYS]` pairs.
+    /// Key block `block` of `kv_head`: `[BLOCK_KEYS / 32][head_dim / 2][32]` pairs.
     pub(crate) fn keys(&self, kv_head: usize, block: usize) -> &[u32] {
         let per_block = BLOCK_KEYS * self.head_dim / 2;
         let start = (kv_head * self.blocks + block) * per_block;
         &self.keys[start..start + per_block]
     }
 
-    /// Value block `block` of `kv_head`: `[BLOCK_KEYS / 2][head_dim]` pairs.
+    /// Value block `block` of `kv_head`: `[head_dim / 32][BLOCK_KEYS / 2][32]` pairs.
     pub(crate) fn values(&self, kv_head: usize, block: usize) -> &[u32] {
         let per_block = BLOCK_KEYS * self.head_dim / 2;
         let start = (kv_head * self.blocks + block) * per_block;
@@ -102,44 +128,65 @@ impl Packed {
     }
 }
 
-/// The two products of a tile of rows (at most `TILE_ROWS`) against one packed block.
+/// The two products and the online softmax of a tile of rows (at most `TILE_ROWS`) against
+/// one packed block, over its first `width` keys (a multiple of 32: the tile's rows see none
+/// past them, so the products stop there).
 pub(crate) trait Micro {
-    /// `scores[i][j] = scale · q_i · key j` for `i` in the tile (`q_i` the `d` elements of `q`
-    /// at `tile[i]`), `scores` rows of `BLOCK_KEYS`.
+    /// `scores[i][j] = q_i · key j` for `i` in the tile (`q_i` the `d` elements of `q` at
+    /// `tile[i]`) and `j < width`, `scores` rows of `BLOCK_KEYS`: unscaled, the softmax scales
+    /// them on the way (one fused step there instead of a product here).
     ///
     /// # Safety
     /// Every `tile[i] + d` is within `q`, `keys` is a whole block, `scores` holds the tile's
-    /// rows, and the CPU has the implementation's instructions.
+    /// rows, `width` is a multiple of 32 up to `BLOCK_KEYS`, and the CPU has the
+    /// implementation's instructions.
     unsafe fn scores(
         q: &[Bf16],
         tile: &[usize],
         d: usize,
         keys: &[u32],
-        scale: f32,
+        width: usize,
         scores: &mut [f32],
     );
 
-    /// `acc[i][c] += Σ_j weights[i][j] · value j column c` for the tile's rows (`weights` rows
-    /// of `BLOCK_KEYS`, `acc` rows of `d`).
+    /// One block's step of the online softmax for the tile's rows, row `i` seeing the first
+    /// `visible[i]` of its `scores` (rows of `BLOCK_KEYS`, each times `scale` the float32
+    /// score): raises `max[i]` to their maximum,
+    /// writes their terms `e^(score - max)` rounded to bf16 to `weights` (zeros up to `width`
+    /// past the visible ones), and rescales by `e^(old max - max)` the row's float32 sum
+    /// (`sums`, `LANES` partial sums a row) before adding the terms to it, and the row's
+    /// weighted sum (`acc`, rows of `d`).
     ///
     /// # Safety
-    /// `weights` and `acc` hold the same rows, `values` is a whole block, and the CPU has the
+    /// The slices hold the tile's rows, `visible[i] <= width`, `width` is a multiple of 32 up
+    /// to `BLOCK_KEYS`, a row seeing nothing has a finite `max`, and the CPU has the
     /// implementation's instructions.
-    unsafe fn weighted_sum(weights: &[Bf16], values: &[u32], d: usize, acc: &mut [f32]);
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn softmax(
+        scores: &[f32],
+        scale: f32,
+        visible: &[usize],
+        width: usize,
+        max: &mut [f32],
+        sums: &mut [f32],
+        weights: &mut [Bf16],
+        acc: &mut [f32],
+        d: usize,
+    );
 
-    /// For one row's block of `BLOCK_KEYS` scores of which the first `visible` count: returns
-    /// the larger of `old_max` and their maximum, and the sum of `e^(score - max)` over them,
-    /// and writes those terms to `weights` rounded to bf16 (zeros past `visible`).
+    /// `acc[i][c] += Σ_{j < width} weights[i][j] · value j column c` for the tile's rows
+    /// (`weights` rows of `BLOCK_KEYS`, `acc` rows of `d`).
     ///
     /// # Safety
-    /// `scores` and `weights` are `BLOCK_KEYS` long, `visible` is in `1..=BLOCK_KEYS`, and the
-    /// CPU has the implementation's instructions.
-    unsafe fn exponentiate(
-        scores: &[f32],
-        visible: usize,
-        old_max: f32,
-        weights: &mut [Bf16],
-    ) -> (f32, f32);
+    /// `weights` and `acc` hold the same rows, `values` is a whole block, `width` is a
+    /// multiple of 32 up to `BLOCK_KEYS`, and the CPU has the implementation's instructions.
+    unsafe fn weighted_sum(
+        weights: &[Bf16],
+        values: &[u32],
+        d: usize,
+        width: usize,
+        acc: &mut [f32],
+    );
 }
 
 /// Portable code, each pair's two products summed before they join the float32 sum.
@@ -151,71 +198,95 @@ impl Micro for Portable {
         tile: &[usize],
         d: usize,
         keys: &[u32],
-        scale: f32,
+        width: usize,
         scores: &mut [f32],
     ) {
         for (&offset, row) in tile.iter().zip(scores.chunks_exact_mut(BLOCK_KEYS)) {
             let query = &q[offset..offset + d];
-            for (j, score) in row.iter_mut().enumerate() {
+            for (j, score) in row[..width].iter_mut().enumerate() {
                 let mut sum = 0f32;
                 for (p, two) in query.chunks_exact(2).enumerate() {
-                    let (kl, kh) = halves(keys[p * BLOCK_KEYS + j]);
+                    let (kl, kh) = halves(keys[key_index(p, j, d)]);
                     sum += two[0].to_f32() * kl + two[1].to_f32() * kh;
                 }
-                *score = sum * scale;
+                *score = sum;
             }
         }
     }
 
-    unsafe fn weighted_sum(weights: &[Bf16], values: &[u32], d: usize, acc: &mut [f32]) {
+    unsafe fn softmax(
+        scores: &[f32],
+        scale: f32,
+        visible: &[usize],
+        width: usize,
+        max: &mut [f32],
+        sums: &mut [f32],
+        weights: &mut [Bf16],
+        acc: &mut [f32],
+        d: usize,
+    ) {
+        for (r, &seen) in visible.iter().enumerate() {
+            let row: Vec<f32> = scores[r * BLOCK_KEYS..][..seen]
+                .iter()
+                .map(|&s| s * scale)
+                .collect();
+            let mut lanes = [f32::NEG_INFINITY; LANES];
+            for chunk in row.chunks(LANES) {
+                for (lane, &s) in lanes.iter_mut().zip(chunk) {
+                    *lane = greater(*lane, s);
+                }
+            }
+            let old_max = max[r];
+            let new_max = greater(old_max, reduce(lanes, greater));
+            max[r] = new_max;
+            let mut block = [0f32; LANES];
+            let out = &mut weights[r * BLOCK_KEYS..][..width];
+            for (j, weight) in out.iter_mut().enumerate() {
+                let e = if j < seen {
+                    exp_nonpositive(row[j] - new_max)
+                } else {
+                    0.0
+                };
+                block[j % LANES] += e;
+                *weight = Bf16::from_f32(e);
+            }
+            // e^(-inf) is 0: the first block leaves nothing to rescale.
+            let correction = exp_nonpositive(old_max - new_max);
+            for (sum, b) in sums[r * LANES..][..LANES].iter_mut().zip(block) {
+                *sum = *sum * correction + b;
+            }
+            if correction != 1.0 {
+                acc[r * d..][..d].iter_mut().for_each(|a| *a *= correction);
+            }
+        }
+    }
+
+    unsafe fn weighted_sum(
+        weights: &[Bf16],
+        values: &[u32],
+        d: usize,
+        width: usize,
+        acc: &mut [f32],
+    ) {
         for (row, out) in weights
             .chunks_exact(BLOCK_KEYS)
             .zip(acc.chunks_exact_mut(d))
         {
-            for (jp, two) in row.chunks_exact(2).enumerate() {
+            for (jp, two) in row[..width].chunks_exact(2).enumerate() {
                 let (wl, wh) = (two[0].to_f32(), two[1].to_f32());
-                for (o, &value) in out.iter_mut().zip(&values[jp * d..(jp + 1) * d]) {
-                    let (vl, vh) = halves(value);
+                for (c, o) in out.iter_mut().enumerate() {
+                    let (vl, vh) = halves(values[value_index(jp, c)]);
                     *o += wl * vl + wh * vh;
                 }
             }
         }
     }
-
-    unsafe fn exponentiate(
-        scores: &[f32],
-        visible: usize,
-        old_max: f32,
-        weights: &mut [Bf16],
-    ) -> (f32, f32) {
-        let mut masked = [f32::NEG_INFINITY; BLOCK_KEYS];
-        masked[..visible].copy_from_slice(&scores[..visible]);
-        let mut lanes = [f32::NEG_INFINITY; LANES];
-        for chunk in masked.chunks_exact(LANES) {
-            for (lane, &m) in lanes.iter_mut().zip(chunk) {
-                *lane = greater(*lane, m);
-            }
-        }
-        let max = greater(old_max, reduce(lanes, greater));
-        // e^(-inf) is 0: masked keys weigh nothing.
-        let mut sums = [0f32; LANES];
-        for (chunk, weight_chunk) in masked
-            .chunks_exact(LANES)
-            .zip(weights.chunks_exact_mut(LANES))
-        {
-            for ((sum, &m), weight) in sums.iter_mut().zip(chunk).zip(weight_chunk) {
-                let e = exp_nonpositive(m - max);
-                *sum += e;
-                *weight = Bf16::from_f32(e);
-            }
-        }
-        (max, reduce(sums, |a, b| a + b))
-    }
 }
 
 /// Lanes of the partial maxima and sums (one AVX-512 register: the compiler vectorizes the
-/// fixed-size loops, which a running float reduction would keep scalar).
-const LANES: usize = 16;
+/// fixed-size loops, which a running float reduction would keep scalar). A row's sum of weights
+/// stays `LANES` partial sums until its output is written.
+pub(crate) const LANES: usize = 16;
 
 /// The larger of `a` and `b` (`b` if either is NaN: a comparison, which vectorizes to one
 /// instruction, unlike `f32::max`'s NaN rules).
@@ -231,7 +302,7 @@ fn greater(a: f32, b: f32) -> f32 {
 /// `lanes` folded by `op` pairwise, halves at a time (four vector steps, not fifteen
 /// dependent scalar ones).
 #[inline(always)]
-fn reduce(mut lanes: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
+pub(crate) fn reduce(mut lanes: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
     let mut half = LANES / 2;
     while half > 0 {
         for i in 0..half {

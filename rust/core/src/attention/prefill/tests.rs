@@ -1,6 +1,7 @@
 //! Unit tests of `prefill.rs`: both tiers against a float64 reference over the same bf16
-//! inputs, with and without a cached prefix, grouped heads or not, lengths that fill no block;
-//! refusals of bad shapes.
+//! inputs, with and without a cached prefix, grouped heads or not, lengths that fill no block
+//! and lengths around the edges of key blocks and of 32-key slices (tiles that skip a block,
+//! or stop partway through one); the vector `2^t`; refusals of bad shapes.
 
 use super::*;
 use crate::element::to_bf16;
@@ -39,13 +40,21 @@ fn case(heads: usize, kv_heads: usize, head_dim: usize, prefix: usize, new: usiz
 const SCALE: f32 = 0.125;
 
 fn attend(case: &Case, isa: Isa) -> Vec<f32> {
+    attend_scaled(case, isa, SCALE)
+}
+
+fn attend_scaled(case: &Case, isa: Isa, scale: f32) -> Vec<f32> {
     let mut out = vec![Bf16::default(); case.q.len()];
-    prefill_attention_on(isa, &case.shape, &case.q, &case.k, &case.v, SCALE, &mut out).unwrap();
+    prefill_attention_on(isa, &case.shape, &case.q, &case.k, &case.v, scale, &mut out).unwrap();
     out.iter().map(|x| x.to_f32()).collect()
 }
 
 /// Float64 attention of each new token's query heads over its visible keys.
 fn reference(case: &Case) -> Vec<f64> {
+    reference_scaled(case, SCALE)
+}
+
+fn reference_scaled(case: &Case, scale: f32) -> Vec<f64> {
     let PrefillShape {
         heads,
         kv_heads,
@@ -68,7 +77,7 @@ fn reference(case: &Case) -> Vec<f64> {
                                 * at(&case.k, (key * kv_heads + g) * d + c)
                         })
                         .sum::<f64>()
-                        * f64::from(SCALE)
+                        * f64::from(scale)
                 })
                 .collect();
             let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -123,15 +132,96 @@ fn equals_the_float64_reference_on_every_tier() {
 }
 
 #[test]
+fn equals_the_reference_around_block_edges() {
+    // (prefix, new) around multiples of BLOCK_KEYS and of 32 keys: the last tiles of a token
+    // block see part of a key block (their products stop at a multiple of 32 keys), the first
+    // ones none of it (they skip it), and rows of one tile see different numbers of keys.
+    let b = BLOCK_KEYS;
+    let lengths = [
+        (0, b - 1),
+        (0, b + 1),
+        (b - 1, 2),
+        (b, 33),
+        (b - 33, 70),
+        (31, b + 2),
+        (2 * b - 5, 40),
+    ];
+    for (prefix, new) in lengths {
+        for (heads, kv_heads, d) in [(9, 3, 64), (2, 1, 32)] {
+            let case = case(heads, kv_heads, d, prefix, new);
+            let expected = reference(&case);
+            for isa in [Isa::Scalar, isa::detected()] {
+                let error = max_error(&attend(&case, isa), &expected);
+                assert!(
+                    error < TOLERANCE,
+                    "{heads}/{kv_heads} heads of {d}, {prefix} + {new} tokens, {isa:?}: {error}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn equals_the_reference_with_a_negative_or_zero_scale() {
+    // The softmax scales raw scores on the way: a negative scale makes the smallest raw score
+    // of a block its maximum, a zero one makes every weight equal.
+    let case = case(9, 3, 64, BLOCK_KEYS - 20, 50);
+    for scale in [-0.125, 0.0] {
+        let expected = reference_scaled(&case, scale);
+        for isa in [Isa::Scalar, isa::detected()] {
+            let error = max_error(&attend_scaled(&case, isa, scale), &expected);
+            assert!(error < TOLERANCE, "scale {scale}, {isa:?}: {error}");
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vector_exp2_has_float32_accuracy() {
+    use std::arch::x86_64::*;
+    if isa::detected() != Isa::Avx512Bf16 {
+        return;
+    }
+    // Down to -120: below -126 the results are denormal (and below -127 clamped).
+    let inputs: Vec<f32> = (0..16 * 375).map(|i| -(i as f32) * 0.02).collect();
+    for chunk in inputs.chunks_exact(16) {
+        let mut got = [0f32; 16];
+        // SAFETY: the CPU has AVX-512 (checked above); `chunk` and `got` hold 16 floats.
+        unsafe {
+            let t = _mm512_loadu_ps(chunk.as_ptr());
+            _mm512_storeu_ps(got.as_mut_ptr(), avx512::exp2(0x7fff, t));
+        }
+        for (lane, (&t, &g)) in chunk.iter().zip(&got).enumerate() {
+            let want = f64::from(t).exp2();
+            if lane == 15 {
+                assert_eq!(g, 0.0, "lane outside the mask");
+            } else {
+                let error = (f64::from(g) / want - 1.0).abs();
+                assert!(error < 1e-6, "2^{t}: {g}, expected {want}");
+            }
+        }
+    }
+    // -inf (a first block's correction) gives a term that is zero in bf16, not NaN.
+    let mut got = [1f32; 16];
+    // SAFETY: as above.
+    unsafe {
+        let t = _mm512_set1_ps(f32::NEG_INFINITY);
+        _mm512_storeu_ps(got.as_mut_ptr(), avx512::exp2(!0, t));
+    }
+    assert!(got.iter().all(|&g| (0.0..1e-38).contains(&g)), "{got:?}");
+}
+
+#[test]
 fn a_token_ignores_the_tokens_after_it() {
-    // 150 new tokens after 140 cached: three key blocks; the first 20 (one token block) see
-    // only the first two.
-    let long = case(9, 3, 64, 140, 150);
-    let mut short = case(9, 3, 64, 140, 150);
+    // BLOCK_KEYS + 10 new tokens after BLOCK_KEYS + 12 cached: three key blocks; the first 20
+    // (one token block) see only the first two.
+    let prefix = BLOCK_KEYS + 12;
+    let long = case(9, 3, 64, prefix, BLOCK_KEYS + 10);
+    let mut short = case(9, 3, 64, prefix, BLOCK_KEYS + 10);
     short.shape.new = 20;
     short.q.truncate(20 * 9 * 64);
-    short.k.truncate(160 * 3 * 64);
-    short.v.truncate(160 * 3 * 64);
+    short.k.truncate((prefix + 20) * 3 * 64);
+    short.v.truncate((prefix + 20) * 3 * 64);
     for isa in [Isa::Scalar, isa::detected()] {
         let (long_out, short_out) = (attend(&long, isa), attend(&short, isa));
         assert_eq!(&long_out[..short_out.len()], &short_out[..]);
