@@ -6,24 +6,31 @@
 //!
 //! Register blocking: `ROWS` rows × `TILES` tiles of 16 columns share each loaded block, so a
 //! decoded weight vector serves `ROWS` rows and a broadcast activation `TILES` tiles. Registers:
-//! an int32 sum and a float sum per (row, tile) (2 × 12), two decoded groups per tile (4), two
-//! broadcast activations and the nibble mask: 31 of 32. Per block and (row, tile) the float
-//! work is a conversion, a multiply (the two scales), a fused multiply-add, and for Q4_1 a
-//! second for its offsets: 3 or 4 instructions beside 8 `vpdpbusd`.
+//! an int32 sum and a float sum per (row, tile) (2 × 12), two decoded groups per tile (2), two
+//! broadcast activations, the nibble mask and the scales: 31 of 32. Per block and (row, tile)
+//! the float work is a conversion, a multiply (the two scales), a fused multiply-add, and for
+//! Q4_1 a second for its offsets. On Zen 4 the multiply and the fused multiply-adds share the
+//! two pipes of `vpdpbusd` (the conversion does not), so Q4_1 runs at most 8 of 11 cycles'
+//! `vpdpbusd` whatever the blocking; 12 × 1 measured a few percent above 6 × 2 and 4 × 3 (SmolLM2's
+//! shapes, 256 and 1024 rows), within the noise of a shared machine.
+//!
+//! The sums stay in registers from the first block to the stores: the stores and the bias are
+//! masked loads and stores, not copies (a call, across which every vector register would be
+//! spilled).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::prefill::Job;
-use super::vnni::{bias_lanes, load_block, store, Bytes, Nibbles, Values};
+use super::vnni::{bias_lanes, store, Bytes, Nibbles, Values};
 use super::{tile_block_bytes, values_bytes, BLOCK, TILE};
 use crate::element::Element;
 use crate::quant::Format;
 
-/// Rows of a register tile.
-const ROWS: usize = 6;
+/// Rows of a register tile: the panels of `prefill.rs` hold a whole number of them.
+pub(super) const ROWS: usize = 12;
 /// Column tiles of a register tile.
-const TILES: usize = 2;
+const TILES: usize = 1;
 
 /// Computes rows `rows` × tiles `tiles` of `job`.
 ///
@@ -48,33 +55,28 @@ unsafe fn run_as<V: Values, T: Element, const ZERO: i32, const OFFSET: bool>(
     rows: Range<usize>,
     tiles: Range<usize>,
 ) {
-    let mut tile = tiles.start;
     // SAFETY: every (row, tile) below lies inside `rows` × `tiles`, the caller's.
     unsafe {
-        while tile < tiles.end {
-            let group = if tile + TILES <= tiles.end { TILES } else { 1 };
+        for tile in tiles.step_by(TILES) {
             let mut row = rows.start;
             while row < rows.end {
                 let count = ROWS.min(rows.end - row);
-                if (count, group) == (ROWS, TILES) {
-                    micro::<V, T, ZERO, OFFSET, ROWS, TILES>(job, row, tile);
-                } else {
-                    for tile in tile..tile + group {
-                        match count {
-                            1 => micro::<V, T, ZERO, OFFSET, 1, 1>(job, row, tile),
-                            2 => micro::<V, T, ZERO, OFFSET, 2, 1>(job, row, tile),
-                            3 => micro::<V, T, ZERO, OFFSET, 3, 1>(job, row, tile),
-                            4 => micro::<V, T, ZERO, OFFSET, 4, 1>(job, row, tile),
-                            5 => micro::<V, T, ZERO, OFFSET, 5, 1>(job, row, tile),
-                            6 => micro::<V, T, ZERO, OFFSET, 6, 1>(job, row, tile),
-                            7 => micro::<V, T, ZERO, OFFSET, 7, 1>(job, row, tile),
-                            _ => micro::<V, T, ZERO, OFFSET, ROWS, 1>(job, row, tile),
-                        }
-                    }
+                match count {
+                    ROWS => micro::<V, T, ZERO, OFFSET, ROWS, TILES>(job, row, tile),
+                    1 => micro::<V, T, ZERO, OFFSET, 1, TILES>(job, row, tile),
+                    2 => micro::<V, T, ZERO, OFFSET, 2, TILES>(job, row, tile),
+                    3 => micro::<V, T, ZERO, OFFSET, 3, TILES>(job, row, tile),
+                    4 => micro::<V, T, ZERO, OFFSET, 4, TILES>(job, row, tile),
+                    5 => micro::<V, T, ZERO, OFFSET, 5, TILES>(job, row, tile),
+                    6 => micro::<V, T, ZERO, OFFSET, 6, TILES>(job, row, tile),
+                    7 => micro::<V, T, ZERO, OFFSET, 7, TILES>(job, row, tile),
+                    8 => micro::<V, T, ZERO, OFFSET, 8, TILES>(job, row, tile),
+                    9 => micro::<V, T, ZERO, OFFSET, 9, TILES>(job, row, tile),
+                    10 => micro::<V, T, ZERO, OFFSET, 10, TILES>(job, row, tile),
+                    _ => micro::<V, T, ZERO, OFFSET, 11, TILES>(job, row, tile),
                 }
                 row += count;
             }
-            tile += group;
         }
     }
 }
@@ -154,34 +156,87 @@ unsafe fn micro<
     }
 }
 
-/// `prefill::round_block` with AVX-512: the same operations on 16 lanes at a time, so the same
-/// values, unit and sum.
+/// `prefill::round_block` over blocks `blocks` of `x`, with AVX-512: the same values, units,
+/// sums and totals, with fewer instructions per block (the largest magnitude and the
+/// finiteness test from one integer maximum of the magnitudes' bits, the rounding folded into
+/// the conversion); a non-finite block's values are zeros, its unit and sum NaN, its total 0.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and BW; `block` and `out` hold 32 elements each.
+/// The CPU has AVX-512 F and BW; `x` holds the blocks `blocks`, `values` as many × 32 bytes,
+/// `units`, `totals` and `sums` an entry per block (all indexed by the block's number).
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn round_block<T: Element>(block: &[T], out: &mut [i8]) -> Option<(f32, i32)> {
-    // SAFETY: 32 elements at `block` and 32 bytes at `out`, as the caller guarantees.
+pub(super) unsafe fn round_blocks<T: Element>(
+    x: *const T,
+    blocks: Range<usize>,
+    values: *mut i8,
+    units: *mut f32,
+    totals: *mut i32,
+    sums: *mut f32,
+) {
+    // SAFETY: every block `b` of `blocks` lies inside the buffers, as the caller guarantees.
     unsafe {
-        let (v, largest) = load_block(block)?;
-        if largest == 0.0 {
-            out.fill(0);
-            return Some((0.0, 0));
-        }
-        let inverse = _mm512_set1_ps(127.0 / largest);
+        let magnitude = _mm512_set1_epi32(0x7fff_ffff);
         let (lowest, highest) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
-        let mut total = _mm512_setzero_si512();
-        for (half, v) in v.iter().enumerate() {
-            let rounded = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm512_mul_ps(*v, inverse),
-            );
-            let whole = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(rounded, lowest), highest));
-            _mm_storeu_si128(
-                out.as_mut_ptr().add(16 * half).cast(),
-                _mm512_cvtepi32_epi8(whole),
-            );
-            total = _mm512_add_epi32(total, whole);
+        for b in blocks {
+            let load = |half: usize| {
+                let at = x.add(b * BLOCK + 16 * half);
+                if T::REDUCED {
+                    let bits = _mm256_loadu_si256(at.cast());
+                    _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits))
+                } else {
+                    _mm512_loadu_si512(at.cast())
+                }
+            };
+            let v = [load(0), load(1)];
+            // Magnitudes' bits order as the magnitudes do, infinities and NaNs above every
+            // finite one.
+            let largest = _mm512_reduce_max_epu32(_mm512_max_epu32(
+                _mm512_and_si512(v[0], magnitude),
+                _mm512_and_si512(v[1], magnitude),
+            ));
+            let out = values.add(b * BLOCK);
+            let (unit, total) = if largest >= 0x7f80_0000 {
+                std::ptr::write_bytes(out, 0, BLOCK);
+                (f32::NAN, 0)
+            } else if largest == 0 {
+                std::ptr::write_bytes(out, 0, BLOCK);
+                (0.0, 0)
+            } else if 127.0 / f32::from_bits(largest) == f32::INFINITY {
+                // Below 127 / f32::MAX the scale overflows and a zero times it is a NaN, which
+                // the portable rounding turns into 0 and these instructions would clamp to
+                // -127: such blocks take the portable rounding.
+                let block = std::slice::from_raw_parts(x.add(b * BLOCK), BLOCK);
+                let out = std::slice::from_raw_parts_mut(out, BLOCK);
+                super::prefill::round_block(block, out).unwrap_or((f32::NAN, 0))
+            } else {
+                let largest = f32::from_bits(largest);
+                let inverse = _mm512_set1_ps(127.0 / largest);
+                let whole = v.map(|v| {
+                    // Clamping to integers before rounding gives what rounding first does.
+                    let t = _mm512_min_ps(
+                        _mm512_max_ps(_mm512_mul_ps(_mm512_castsi512_ps(v), inverse), lowest),
+                        highest,
+                    );
+                    _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t)
+                });
+                // Saturating packs (exact: every value is within ±127) leave each 128-bit
+                // lane `i` as the four bytes of `whole[0]`'s lane `i`, then `whole[1]`'s,
+                // twice over; the permutation puts the 32 bytes in order.
+                let bytes = _mm512_packs_epi16(
+                    _mm512_packs_epi32(whole[0], whole[1]),
+                    _mm512_setzero_si512(),
+                );
+                let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+                _mm256_storeu_si256(
+                    out.cast(),
+                    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, bytes)),
+                );
+                let total = _mm512_reduce_add_epi32(_mm512_add_epi32(whole[0], whole[1]));
+                (largest / 127.0, total)
+            };
+            *units.add(b) = unit;
+            *totals.add(b) = total;
+            *sums.add(b) = unit * total as f32;
         }
-        Some((largest / 127.0, _mm512_reduce_add_epi32(total)))
     }
 }
