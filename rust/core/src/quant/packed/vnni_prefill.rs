@@ -205,7 +205,7 @@ pub(super) unsafe fn round_blocks<T: Element>(
                 let mut scales = [0f32; 4];
                 _mm_storeu_ps(scales.as_mut_ptr(), inverse);
                 let wholes: [__m512i; 4] = std::array::from_fn(|i| {
-                    round_values(v[i], scales[i], values.add((b + i) * BLOCK))
+                    round_values::<T>(v[i], scales[i], values.add((b + i) * BLOCK))
                 });
                 let total = fold4(wholes, |a, c| _mm512_add_epi32(a, c));
                 let unit = _mm_div_ps(floats, _mm_set1_ps(127.0));
@@ -229,7 +229,9 @@ struct Rounded {
     sums: *mut f32,
 }
 
-/// Block `b` of `x` as two vectors of float32 bits.
+/// Block `b` of `x` as two vectors of float32 bits: its halves for float32, its even and odd
+/// elements for bfloat16 (each pair's two halves of 32 bits, without a shuffle: 512-bit
+/// shuffles are what bounds this rounding on Zen 4).
 ///
 /// # Safety
 /// As `round_blocks`, for block `b`.
@@ -238,16 +240,19 @@ unsafe fn load_block<T: Element>(x: *const T, b: usize) -> [__m512i; 2] {
     // SAFETY: 32 elements at block `b` (f32, or 16-bit `Bf16` when `T::REDUCED`: the only
     // `Element`s), as the caller guarantees.
     unsafe {
-        let load = |half: usize| {
-            let at = x.add(b * BLOCK + 16 * half);
-            if T::REDUCED {
-                let bits = _mm256_loadu_si256(at.cast());
-                _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits))
-            } else {
-                _mm512_loadu_si512(at.cast())
-            }
-        };
-        [load(0), load(1)]
+        let at = x.add(b * BLOCK);
+        if T::REDUCED {
+            let pairs = _mm512_loadu_si512(at.cast());
+            [
+                _mm512_slli_epi32::<16>(pairs),
+                _mm512_and_si512(pairs, _mm512_set1_epi32(0xffff_0000_u32 as i32)),
+            ]
+        } else {
+            [
+                _mm512_loadu_si512(at.cast()),
+                _mm512_loadu_si512(at.add(16).cast()),
+            ]
+        }
     }
 }
 
@@ -288,13 +293,14 @@ unsafe fn fold4(v: [__m512i; 4], op: impl Fn(__m512i, __m512i) -> __m512i) -> __
     }
 }
 
-/// A finite block `v` times `inverse` (finite), clamped to ±127 and rounded, written as 32
-/// int8 at `out`; returns the 16 lanes' sums of the two halves' integers.
+/// A finite block `v` (as `load_block` gives it: halves, or even and odd elements when
+/// `T::REDUCED`) times `inverse` (finite), clamped to ±127 and rounded, written as 32 int8 at `out`
+/// in the block's order; returns the 16 lanes' sums of the two vectors' integers.
 ///
 /// # Safety
 /// `out` holds 32 bytes; the CPU has AVX-512 F and BW.
 #[inline(always)]
-unsafe fn round_values(v: [__m512i; 2], inverse: f32, out: *mut i8) -> __m512i {
+unsafe fn round_values<T: Element>(v: [__m512i; 2], inverse: f32, out: *mut i8) -> __m512i {
     // SAFETY: register operations and a 32-byte store at `out`, as the caller guarantees.
     unsafe {
         let inverse = _mm512_set1_ps(inverse);
@@ -307,18 +313,27 @@ unsafe fn round_values(v: [__m512i; 2], inverse: f32, out: *mut i8) -> __m512i {
             );
             _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t)
         });
-        // Saturating packs (exact: every value is within ±127) leave each 128-bit lane `i` as
-        // the four bytes of `whole[0]`'s lane `i`, then `whole[1]`'s, twice over; the
-        // permutation puts the 32 bytes in order.
-        let bytes = _mm512_packs_epi16(
-            _mm512_packs_epi32(whole[0], whole[1]),
-            _mm512_setzero_si512(),
-        );
-        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
-        _mm256_storeu_si256(
-            out.cast(),
-            _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, bytes)),
-        );
+        if T::REDUCED {
+            // Each lane's even and odd byte side by side in its low 16 bits, then narrowed.
+            let pairs = _mm512_or_si512(
+                _mm512_and_si512(whole[0], _mm512_set1_epi32(0xff)),
+                _mm512_slli_epi32::<8>(whole[1]),
+            );
+            _mm256_storeu_si256(out.cast(), _mm512_cvtepi32_epi16(pairs));
+        } else {
+            // Saturating packs (exact: every value is within ±127) leave each 128-bit lane `i`
+            // as the four bytes of `whole[0]`'s lane `i`, then `whole[1]`'s, twice over; the
+            // permutation puts the 32 bytes in order.
+            let bytes = _mm512_packs_epi16(
+                _mm512_packs_epi32(whole[0], whole[1]),
+                _mm512_setzero_si512(),
+            );
+            let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+            _mm256_storeu_si256(
+                out.cast(),
+                _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, bytes)),
+            );
+        }
         _mm512_add_epi32(whole[0], whole[1])
     }
 }
@@ -349,7 +364,7 @@ unsafe fn round_one<T: Element>(x: *const T, b: usize, out: &Rounded) {
             super::prefill::round_block(block, values).unwrap_or((f32::NAN, 0))
         } else {
             let largest = f32::from_bits(largest);
-            let whole = round_values(v, 127.0 / largest, values);
+            let whole = round_values::<T>(v, 127.0 / largest, values);
             (largest / 127.0, _mm512_reduce_add_epi32(whole))
         };
         *out.units.add(b) = unit;
