@@ -72,6 +72,39 @@ fn every_kernel_rounds_activations_alike_with_ties_to_even() {
 }
 
 #[test]
+fn every_kernel_rounds_many_rows_alike_on_several_threads() {
+    // 3001 blocks (past the threshold for threads, split into ranges that do not start or end
+    // on the AVX-512 rounding's groups of four), magnitudes spread over 2^±40, with a few
+    // all-zero and non-finite blocks among them.
+    let mut x: Vec<f32> = values(3001 * BLOCK, 11)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * 2f32.powi((i / BLOCK % 81) as i32 - 40))
+        .collect();
+    x[17 * BLOCK..18 * BLOCK].fill(0.0);
+    x[1502 * BLOCK + 5] = f32::NAN;
+    x[2999 * BLOCK] = f32::INFINITY;
+    let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
+    for kernel in kernels() {
+        for (rows, want) in [
+            (
+                Int8Rows::new(&x, kernel),
+                Int8Rows::new(&x, PackedKernel::Portable),
+            ),
+            (
+                Int8Rows::new(&halves, kernel),
+                Int8Rows::new(&halves, PackedKernel::Portable),
+            ),
+        ] {
+            assert_eq!(rows.values, want.values, "{kernel:?}");
+            assert_eq!(rows.totals, want.totals, "{kernel:?}");
+            assert_eq!(bits(&rows.units), bits(&want.units), "{kernel:?}");
+            assert_eq!(bits(&rows.sums), bits(&want.sums), "{kernel:?}");
+        }
+    }
+}
+
+#[test]
 fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_the_batch() {
     // 1..=13 rows meet every register tile and its remainders; 70 and 131 rows span panels
     // and end them in partial register tiles;
