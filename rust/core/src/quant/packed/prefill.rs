@@ -32,8 +32,7 @@ use crate::Result;
 
 /// Rows of a work item: a panel's int8 rows (60 × 1536 bytes at most for SmolLM2) stay in L2
 /// while its tile chunk passes over them. A multiple of the AVX-512 kernel's register tile
-/// (12 rows), so that only a call's last panel ends in a partial one (64 left 4 rows of every
-/// panel to a 4-row tile, which spends more of its time outside its loop over the blocks).
+/// (12 rows), so that only a call's last panel ends in a partial register tile.
 const PANEL_ROWS: usize = 60;
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(PANEL_ROWS.is_multiple_of(super::vnni_prefill::ROWS));
