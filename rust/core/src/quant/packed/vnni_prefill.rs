@@ -230,8 +230,8 @@ struct Rounded {
 }
 
 /// Block `b` of `x` as two vectors of float32 bits: its halves for float32, its even and odd
-/// elements for bfloat16 (each pair's two halves of 32 bits, without a shuffle: 512-bit
-/// shuffles are what bounds this rounding on Zen 4).
+/// elements for bfloat16 (each pair's two halves of 32 bits: no widening shuffle, and
+/// `round_values` narrows them back with one).
 ///
 /// # Safety
 /// As `round_blocks`, for block `b`.
