@@ -30,10 +30,13 @@ use crate::parallel;
 use crate::quant::{block, Format, BLOCK};
 use crate::Result;
 
-/// Rows of a work item: a panel's int8 rows (64 × 1536 bytes at most for SmolLM2) stay in L2
-/// while its tile chunk passes over them.
-const PANEL_ROWS: usize = 64;
-/// The most tiles of a work item. Every chunk is a multiple of 2, the AVX-512 kernel's tile group.
+/// Rows of a work item: a panel's int8 rows (60 × 1536 bytes at most for SmolLM2) stay in L2
+/// while its tile chunk passes over them. A multiple of the AVX-512 kernel's register tile
+/// (12 rows), so that only a call's last panel ends in a partial register tile.
+const PANEL_ROWS: usize = 60;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(PANEL_ROWS.is_multiple_of(super::vnni_prefill::ROWS));
+/// The most tiles of a work item.
 const CHUNK_TILES: usize = 12;
 /// Activation values below which rounding them runs on the calling thread alone.
 const ROUND_PARALLEL_MIN: usize = 1 << 16;
@@ -89,27 +92,37 @@ impl Int8Rows {
             Shared(rows.sums.as_mut_ptr()),
         );
         parallel::run(threads, &|thread, threads| {
-            for b in count * thread / threads..count * (thread + 1) / threads {
-                let source = &x[b * BLOCK..][..BLOCK];
-                // SAFETY: block `b` belongs to this thread alone (the blocks are split into
-                // disjoint ranges by thread) and lies inside the buffers, sized above.
-                let target =
-                    unsafe { std::slice::from_raw_parts_mut(values.get().add(b * BLOCK), BLOCK) };
-                let rounded = match kernel {
-                    // SAFETY: the kernel is available (`linear_packed_prefill` checks), so the
-                    // CPU has AVX-512 F and BW; both slices hold 32 elements.
-                    #[cfg(target_arch = "x86_64")]
-                    PackedKernel::Avx512Vnni => unsafe {
-                        super::vnni_prefill::round_block(source, target)
-                    },
-                    _ => round_block(source, target),
-                };
-                let (unit, total) = rounded.unwrap_or((f32::NAN, 0));
-                // SAFETY: as above, entry `b` of each per-block buffer is this thread's.
-                unsafe {
-                    *units.get().add(b) = unit;
-                    *totals.get().add(b) = total;
-                    *sums.get().add(b) = unit * total as f32;
+            let blocks = count * thread / threads..count * (thread + 1) / threads;
+            match kernel {
+                // SAFETY: the kernel is available (`linear_packed_prefill` checks), so the CPU
+                // has AVX-512 F and BW; `blocks` belongs to this thread alone (the blocks are
+                // split into disjoint ranges by thread) and lies inside the buffers, sized
+                // above.
+                #[cfg(target_arch = "x86_64")]
+                PackedKernel::Avx512Vnni => unsafe {
+                    super::vnni_prefill::round_blocks(
+                        x.as_ptr(),
+                        blocks,
+                        values.get(),
+                        units.get(),
+                        totals.get(),
+                        sums.get(),
+                    );
+                },
+                _ => {
+                    for b in blocks {
+                        // SAFETY: as above, block `b` and entry `b` of each per-block buffer
+                        // are this thread's.
+                        unsafe {
+                            let target =
+                                std::slice::from_raw_parts_mut(values.get().add(b * BLOCK), BLOCK);
+                            let rounded = round_block(&x[b * BLOCK..][..BLOCK], target);
+                            let (unit, total) = rounded.unwrap_or((f32::NAN, 0));
+                            *units.get().add(b) = unit;
+                            *totals.get().add(b) = total;
+                            *sums.get().add(b) = unit * total as f32;
+                        }
+                    }
                 }
             }
         });
@@ -119,7 +132,7 @@ impl Int8Rows {
 
 /// One block of 32 activations rounded to int8 (written to `out`): its unit and its integer
 /// sum, or `None` for a block holding a NaN or an infinity (`out` is then left as it was).
-fn round_block<T: Element>(block: &[T], out: &mut [i8]) -> Option<(f32, i32)> {
+pub(super) fn round_block<T: Element>(block: &[T], out: &mut [i8]) -> Option<(f32, i32)> {
     let floats: [f32; BLOCK] = std::array::from_fn(|i| block[i].load());
     if floats.iter().any(|v| !v.is_finite()) {
         return None;
@@ -198,8 +211,7 @@ pub fn linear_packed_prefill<T: Element>(
     // About four items per thread at least, so that a thread slowed by a busy core takes fewer.
     let chunk = tiles
         .div_ceil((4 * threads).div_ceil(panels))
-        .next_multiple_of(2)
-        .clamp(2, CHUNK_TILES);
+        .clamp(1, CHUNK_TILES);
     let chunks = tiles.div_ceil(chunk);
     let items = panels * chunks;
     let next = AtomicUsize::new(0);

@@ -35,6 +35,10 @@ fn every_kernel_rounds_activations_alike_with_ties_to_even() {
     x[..ties.len()].copy_from_slice(&ties);
     x[BLOCK..2 * BLOCK].fill(0.0);
     x[2 * BLOCK..3 * BLOCK].fill(f32::from_bits(1));
+    // Largest below 127 / f32::MAX: the scale overflows, and zeros stay zeros.
+    x[5 * BLOCK..6 * BLOCK].fill(0.0);
+    x[5 * BLOCK + 3] = 1e-38;
+    x[5 * BLOCK + 9] = -3e-39;
     x[3 * BLOCK + 7] = f32::NAN;
     x[4 * BLOCK] = f32::NEG_INFINITY;
     let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
@@ -49,6 +53,8 @@ fn every_kernel_rounds_activations_alike_with_ties_to_even() {
     assert!(portable.values[3 * BLOCK..5 * BLOCK]
         .iter()
         .all(|&v| v == 0));
+    let tiny = &portable.values[5 * BLOCK..6 * BLOCK];
+    assert_eq!((tiny[3], tiny[9], tiny[0]), (127, -127, 0));
     for kernel in kernels() {
         for (rows, want) in [
             (Int8Rows::new(&x, kernel), &portable),
@@ -66,13 +72,47 @@ fn every_kernel_rounds_activations_alike_with_ties_to_even() {
 }
 
 #[test]
+fn every_kernel_rounds_many_rows_alike_on_several_threads() {
+    // 3001 blocks (past the threshold for threads, split into ranges that do not start or end
+    // on the AVX-512 rounding's groups of four), magnitudes spread over 2^±40, with a few
+    // all-zero and non-finite blocks among them.
+    let mut x: Vec<f32> = values(3001 * BLOCK, 11)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * 2f32.powi((i / BLOCK % 81) as i32 - 40))
+        .collect();
+    x[17 * BLOCK..18 * BLOCK].fill(0.0);
+    x[1502 * BLOCK + 5] = f32::NAN;
+    x[2999 * BLOCK] = f32::INFINITY;
+    let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
+    for kernel in kernels() {
+        for (rows, want) in [
+            (
+                Int8Rows::new(&x, kernel),
+                Int8Rows::new(&x, PackedKernel::Portable),
+            ),
+            (
+                Int8Rows::new(&halves, kernel),
+                Int8Rows::new(&halves, PackedKernel::Portable),
+            ),
+        ] {
+            assert_eq!(rows.values, want.values, "{kernel:?}");
+            assert_eq!(rows.totals, want.totals, "{kernel:?}");
+            assert_eq!(bits(&rows.units), bits(&want.units), "{kernel:?}");
+            assert_eq!(bits(&rows.sums), bits(&want.sums), "{kernel:?}");
+        }
+    }
+}
+
+#[test]
 fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_the_batch() {
-    // 1..=13 rows meet every register tile and its remainders; 70 and 131 rows span panels;
+    // 1..=13 rows meet every register tile and its remainders; 70 and 131 rows span panels
+    // and end them in partial register tiles;
     // 61 columns end inside a tile, 300 (19 tiles) span tile chunks and leave an odd tile;
     // 2 × 4100 × 512 passes the parallel threshold.
     for format in FORMATS {
         for (n, k, rows) in [
-            (61, 288, &[1, 2, 3, 5, 6, 7, 12, 13][..]),
+            (61, 288, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13][..]),
             (300, 96, &[4, 70, 131][..]),
             (4100, 512, &[2][..]),
         ] {

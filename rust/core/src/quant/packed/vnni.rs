@@ -194,21 +194,30 @@ unsafe fn block_tile<V: Values, T: Element, const R: usize, const N: usize>(
     }
 }
 
+/// The lanes `0..width` (`width` at most 16) of a vector, as a mask.
+#[inline(always)]
+fn lanes(width: usize) -> __mmask16 {
+    // `width` ≤ 16, so the shift stays inside 32 bits and the mask inside 16.
+    ((1u32 << width) - 1) as __mmask16
+}
+
 /// The bias of output columns `column..column + width` (`width` at most 16) in a vector's
 /// first lanes, zeros elsewhere and where there is no bias (`bias` null).
+///
+/// Masked loads and stores here and in `store`, not copies through a buffer: a copy of a
+/// variable length is a call, across which the kernels' callers would spill their sums.
 ///
 /// # Safety
 /// A non-null `bias` holds at least `column + width` floats; the CPU has AVX-512 F.
 #[inline(always)]
 pub(super) unsafe fn bias_lanes(bias: *const f32, column: usize, width: usize) -> __m512 {
-    // SAFETY: the caller's promise; the lanes copied stay within `bias` and `lanes`.
+    // SAFETY: the caller's promise; the masked load reads only lanes `0..width`, inside
+    // `bias` (masked-off lanes are not read and cannot fault).
     unsafe {
         if bias.is_null() {
             return _mm512_setzero_ps();
         }
-        let mut lanes = [0f32; TILE];
-        std::ptr::copy_nonoverlapping(bias.add(column), lanes.as_mut_ptr(), width);
-        _mm512_loadu_ps(lanes.as_ptr())
+        _mm512_maskz_loadu_ps(lanes(width), bias.add(column))
     }
 }
 
@@ -216,19 +225,14 @@ pub(super) unsafe fn bias_lanes(bias: *const f32, column: usize, width: usize) -
 #[inline(always)]
 pub(super) unsafe fn store<T: Element>(v: __m512, target: *mut T, width: usize) {
     // SAFETY: `target` holds `width` elements (the caller's word); `T` is `f32` or, when
-    // `T::REDUCED`, `Bf16` (16 bits: the only `Element`s), so the lanes copied fill exactly
-    // `width` of them.
+    // `T::REDUCED`, `Bf16` (16 bits: the only `Element`s), and the masked stores write
+    // exactly lanes `0..width` of them.
     unsafe {
         if T::REDUCED {
-            let mut lanes = [0u16; TILE];
-            _mm256_storeu_si256(lanes.as_mut_ptr().cast(), bf16(v));
-            std::ptr::copy_nonoverlapping(lanes.as_ptr(), target.cast::<u16>(), width);
-        } else if width == TILE {
-            _mm512_storeu_ps(target.cast(), v);
+            let halves = _mm512_castsi256_si512(bf16(v));
+            _mm512_mask_storeu_epi16(target.cast(), __mmask32::from(lanes(width)), halves);
         } else {
-            let mut lanes = [0f32; TILE];
-            _mm512_storeu_ps(lanes.as_mut_ptr(), v);
-            std::ptr::copy_nonoverlapping(lanes.as_ptr(), target.cast::<f32>(), width);
+            _mm512_mask_storeu_ps(target.cast(), lanes(width), v);
         }
     }
 }
