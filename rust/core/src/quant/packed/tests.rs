@@ -271,8 +271,13 @@ fn every_kernel_splits_activations_alike() {
     x[2 * BLOCK..3 * BLOCK].fill(f32::from_bits(1));
     x[3 * BLOCK + 7] = f32::NAN;
     x[4 * BLOCK] = f32::NEG_INFINITY;
+    // Largest below 127 / f32::MAX: the scale overflows, and zeros stay zeros.
+    x[5 * BLOCK..6 * BLOCK].fill(0.0);
+    x[5 * BLOCK + 3] = 1e-38;
+    x[5 * BLOCK + 9] = -3e-39;
     let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
     let portable = QuantizedRows::new(&x, PackedKernel::Portable);
+    assert_eq!(portable.high[5 * BLOCK..5 * BLOCK + 4], [0, 0, 0, 127]);
     assert_eq!(portable.high[..ties.len()], [127, 0, 2, 2, 0, -2, 3, 0]);
     assert_eq!(
         portable.low[..ties.len()],

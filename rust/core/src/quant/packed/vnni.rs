@@ -292,6 +292,12 @@ pub(super) unsafe fn split_block<T: Element>(
             low.fill(0);
             return Some((0.0, 0));
         }
+        if 127.0 / largest == f32::INFINITY {
+            // Below 127 / f32::MAX the scale overflows and a zero times it is a NaN, which
+            // the portable split turns into 0 and these instructions would clamp to -127:
+            // such blocks take the portable split.
+            return super::split_block(block, high, low);
+        }
         let inverse = _mm512_set1_ps(127.0 / largest);
         let (lowest, highest) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
         let nearest = |t: __m512| {
