@@ -119,15 +119,27 @@ fn equals_the_float64_reference_on_every_tier() {
         (3, 1, 32, 0, 300),
     ];
     for (heads, kv_heads, d, prefix, new) in shapes {
-        let case = case(heads, kv_heads, d, prefix, new);
-        let expected = reference(&case);
-        for isa in [Isa::Scalar, isa::detected()] {
-            let error = max_error(&attend(&case, isa), &expected);
-            assert!(
-                error < TOLERANCE,
-                "{heads}/{kv_heads} heads of {d}, {prefix} + {new} tokens, {isa:?}: {error}"
-            );
-        }
+        equals_the_reference_on_both_tiers(heads, kv_heads, d, prefix, new);
+    }
+}
+
+/// The portable tier and this CPU's both attend this shape within `TOLERANCE` of the float64
+/// reference.
+fn equals_the_reference_on_both_tiers(
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    prefix: usize,
+    new: usize,
+) {
+    let case = case(heads, kv_heads, d, prefix, new);
+    let expected = reference(&case);
+    for isa in [Isa::Scalar, isa::detected()] {
+        let error = max_error(&attend(&case, isa), &expected);
+        assert!(
+            error < TOLERANCE,
+            "{heads}/{kv_heads} heads of {d}, {prefix} + {new} tokens, {isa:?}: {error}"
+        );
     }
 }
 
@@ -148,15 +160,7 @@ fn equals_the_reference_around_block_edges() {
     ];
     for (prefix, new) in lengths {
         for (heads, kv_heads, d) in [(9, 3, 64), (2, 1, 32)] {
-            let case = case(heads, kv_heads, d, prefix, new);
-            let expected = reference(&case);
-            for isa in [Isa::Scalar, isa::detected()] {
-                let error = max_error(&attend(&case, isa), &expected);
-                assert!(
-                    error < TOLERANCE,
-                    "{heads}/{kv_heads} heads of {d}, {prefix} + {new} tokens, {isa:?}: {error}"
-                );
-            }
+            equals_the_reference_on_both_tiers(heads, kv_heads, d, prefix, new);
         }
     }
 }
