@@ -495,5 +495,5 @@ class Scheduler:
             max_total_tokens=total,
             invariant_violations=self.invariant_violations,
             num_retracted_reqs=self.num_retracted,
-            num_waiting_tokens=sum(len(req.fill_ids()) for req in waiting),
+            num_waiting_tokens=sum(req.fill_len for req in waiting),
         )
