@@ -103,6 +103,17 @@ def test_a_fused_step_gives_the_layers_bits(
         assert torch.equal(ours, theirs)
 
 
+def shared_prefix_logits(runner: ModelRunner) -> list[torch.Tensor]:
+    """`runner_extend_and_decode_logits` with the cascade offered wherever it would save a
+    token; it is not taken, as the backend reads K/V in place."""
+    backend = runner.attn_backend
+    assert isinstance(backend, TorchNativeAttnBackend)
+    backend.cascade_min_saved = 1
+    logits = runner_extend_and_decode_logits(runner)
+    assert backend._cascade is None
+    return logits
+
+
 def test_shared_prefixes_decode_through_the_stack(
     tiny_model_factory: Callable[[str], Path],
     monkeypatch: pytest.MonkeyPatch,
@@ -111,20 +122,12 @@ def test_shared_prefixes_decode_through_the_stack(
     """A step whose sequences share cached prefix slots runs fused, with the layers' bits: both
     read the shared rows in place (the cascade is for gathered K/V only)."""
     runner = quantized_runner(tiny_model_factory, "llama", every_matrix("q4_1"), "float32")
-    backend = runner.attn_backend
-    assert isinstance(backend, TorchNativeAttnBackend)
-    backend.cascade_min_saved = 1
-    fused = runner_extend_and_decode_logits(runner)
-    assert backend._cascade is None
+    fused = shared_prefix_logits(runner)
     assert counted == [False, False, True, True, True]
     counted.clear()
     monkeypatch.setenv("SRT_FUSED_DECODE", "0")
     layered = quantized_runner(tiny_model_factory, "llama", every_matrix("q4_1"), "float32")
-    layered_backend = layered.attn_backend
-    assert isinstance(layered_backend, TorchNativeAttnBackend)
-    layered_backend.cascade_min_saved = 1
-    in_layers = runner_extend_and_decode_logits(layered)
-    assert layered_backend._cascade is None
+    in_layers = shared_prefix_logits(layered)
     assert counted == [False] * 5
     for ours, theirs in zip(fused, in_layers, strict=True):
         assert torch.equal(ours, theirs)
