@@ -211,6 +211,24 @@ def prefill_attention_bf16(
     `prefix` cached tokens and themselves (k, v: [prefix + new, kv_heads, head_dim]), bf16 in
     and out, float32 sums; head_dim a multiple of 32 (GIL released)."""
 
+def prefill_attention_paged_bf16(
+    q: _Bf16,
+    k_cache: _Bf16,
+    v_cache: _Bf16,
+    slots: NDArray[np.int32],
+    prefix_lens: NDArray[np.int32],
+    new_lens: NDArray[np.int32],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    scale: float,
+    out: _Bf16,
+) -> None:
+    """Causal attention of a pass's sequences at once (q: [tokens, heads, head_dim], their new
+    tokens in order) over their keys in a layer's caches (k_cache, v_cache: [slots, kv_heads,
+    head_dim]): sequence i has prefix_lens[i] cached tokens then new_lens[i] new ones, whose
+    slots follow one another in `slots`; bf16 in and out, float32 sums (GIL released)."""
+
 # --- CPU row-wise operators (rust/python/src/ops.rs) --------------------------------------------
 
 def rms_norm(

@@ -201,3 +201,35 @@ def prefill_attention(
         _view(out),
     )
     return out
+
+
+def prefill_attention_paged(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    new_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of a pass's sequences in one call (bf16): q `[tokens, heads,
+    head_dim]` holds their new tokens in order; sequence i has `prefix_lens[i]` cached tokens
+    then `new_lens[i]` new ones (int32), whose K/V rows in the layer's caches (`[slots,
+    kv_heads, head_dim]`, the new rows already stored) are at `slots` (int32, one sequence's
+    after another's). Returns `[tokens, heads, head_dim]`."""
+    query = q.contiguous()
+    out = torch.empty_like(query)
+    _rust.prefill_attention_paged_bf16(
+        _view(query),
+        _view(k_cache),
+        _view(v_cache),
+        slots.numpy(),
+        prefix_lens.numpy(),
+        new_lens.numpy(),
+        q.shape[1],
+        k_cache.shape[1],
+        k_cache.shape[2],
+        scale,
+        _view(out),
+    )
+    return out

@@ -1,4 +1,5 @@
-//! `srt._rust.decode_attention`, `decode_attention_bf16` and `prefill_attention_bf16`: the
+//! `srt._rust.decode_attention`, `decode_attention_bf16`, `prefill_attention_bf16` and
+//! `prefill_attention_paged_bf16`: the
 //! binding of `srt_core::attention`. The query, the layer's K and V caches and the output arrive as float32
 //! numpy views of CPU tensors (int16 views of the bits, for bf16), the slots and lengths as int32
 //! buffers; every length and slot is checked by the core before any is read.
@@ -194,8 +195,71 @@ fn prefill_attention_bf16(
         .map_err(to_py_err)
 }
 
+/// Causal attention of a pass's sequences at once (bf16 `q`, `[tokens, heads, head_dim]`, the
+/// sequences' new tokens in order) over their keys in a layer's caches (bf16 `k_cache`,
+/// `v_cache`, `[slots, kv_heads, head_dim]`): sequence `i` has `prefix_lens[i]` cached tokens
+/// then `new_lens[i]` new ones, whose slots follow one another in `slots` (int32), into bf16
+/// `out` (q's shape).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn prefill_attention_paged_bf16(
+    py: Python<'_>,
+    q: PyBuffer<i16>,
+    k_cache: PyBuffer<i16>,
+    v_cache: PyBuffer<i16>,
+    slots: PyBuffer<i32>,
+    prefix_lens: PyBuffer<i32>,
+    new_lens: PyBuffer<i32>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+    out: PyBuffer<i16>,
+) -> PyResult<()> {
+    let query = bf16_bits(contiguous("the query", &q, false)?);
+    let keys = bf16_bits(contiguous("the K cache", &k_cache, false)?);
+    let values = bf16_bits(contiguous("the V cache", &v_cache, false)?);
+    let output = bf16_bits(contiguous("the output", &out, true)?);
+    let ids = [
+        contiguous("the slots", &slots, false)?,
+        contiguous("the prefix lengths", &prefix_lens, false)?,
+        contiguous("the new lengths", &new_lens, false)?,
+    ];
+    if overlap(query, output) || overlap(keys, output) || overlap(values, output) {
+        return Err(PyValueError::new_err("the output overlaps an input"));
+    }
+    if ids.iter().any(|&ids| overlap(ids, output)) {
+        return Err(PyValueError::new_err(
+            "the output overlaps the slots or lengths",
+        ));
+    }
+    // SAFETY: every buffer stays acquired until this function returns; the output overlaps
+    // none of the inputs, so the one mutable slice aliases nothing; `bf16_bits` keeps the
+    // bytes and their count. The core checks every length and slot.
+    let (query, keys, values, output, [slots, prefix_lens, new_lens]) = unsafe {
+        (
+            query.as_ref(),
+            keys.as_ref(),
+            values.as_ref(),
+            &mut *output.as_ptr(),
+            ids.map(|ids| ids.as_ref()),
+        )
+    };
+    let batch = prefill::PagedBatch {
+        heads,
+        kv_heads,
+        head_dim,
+        prefix_lens,
+        new_lens,
+        slots,
+    };
+    py.detach(|| prefill::prefill_attention_paged(&batch, query, keys, values, scale, output))
+        .map_err(to_py_err)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prefill_attention_bf16, m)?)?;
+    m.add_function(wrap_pyfunction!(prefill_attention_paged_bf16, m)?)?;
     m.add_function(wrap_pyfunction!(decode_attention, m)?)?;
     m.add_function(wrap_pyfunction!(decode_attention_bf16, m)?)
 }

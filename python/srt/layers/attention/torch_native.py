@@ -1,8 +1,12 @@
 """The reference attention backend: PyTorch's scaled_dot_product_attention over the KV pool.
 
-Runs everywhere (it is the CPU path). Extend attends one sequence at a time: on the CPU with no
-mask (extend_cpu.py: the cached prefix and the new tokens as two parts, merged), elsewhere with
-a causal mask shifted by the sequence's cached prefix. Decode in float32 or bf16 on the CPU
+Runs everywhere (it is the CPU path). Extend in bf16 on a CPU with AVX-512 BF16 attends every
+sequence of the pass in one call of srt's Rust kernel, which reads each sequence's K/V from the
+cache by slot (`cpu_kernels.prefill_attention_paged`: no gathered copies; one parallel region
+for all sequences, so a few new tokens after a long cached prefix still keep every core busy).
+Elsewhere extend attends one sequence at a time: on the CPU with no mask (extend_cpu.py: the
+cached prefix and the new tokens as two parts, merged), elsewhere with a causal mask shifted by
+the sequence's cached prefix. Decode in float32 or bf16 on the CPU
 reads each sequence's K/V rows in place, in srt's Rust kernel (`cpu_kernels.decode_attention`:
 float32 arithmetic over either cache), which costs a fraction of gathering them for PyTorch
 at decode sizes, shared prefixes included (one layer of SmolLM2's shapes, 16 sequences of
@@ -31,7 +35,7 @@ from srt.layers.attention.cascade import (
     cascade_decode,
     plan_shared_prefixes,
 )
-from srt.layers.attention.extend_cpu import extend_attention
+from srt.layers.attention.extend_cpu import extend_attention, runs_in_rust
 
 # A sequence with a cached prefix, for extend: on the CPU its slots; elsewhere (slots, mask).
 ExtendCache = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
@@ -58,6 +62,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         # Extend, per sequence: (first new token, new tokens, None without a cached prefix, else
         # its slots on the CPU and elsewhere (its slots, mask)).
         self._extend_seqs: list[tuple[int, int, ExtendCache | None]] = []
+        # Extend on a CPU with a bf16 cache, every sequence at once: int32 slots (each
+        # sequence's whole, one after another), prefix lengths and new lengths.
+        self._paged_extend: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         self._cascade = None
@@ -106,6 +113,17 @@ class TorchNativeAttnBackend(AttentionBackend):
         device = forward_batch.input_ids.device
         dtype = forward_batch.kv_pool.k_buffers[0].dtype
         self._extend_seqs = []
+        self._paged_extend = None
+        if device.type == "cpu" and dtype == torch.bfloat16 and forward_batch.batch_size:
+            seq_lens, extend_lens = forward_batch.seq_lens_cpu, forward_batch.extend_seq_lens_cpu
+            rows = forward_batch.req_pool_indices.tolist()
+            seq_slots = [req_to_token[row, :n] for row, n in zip(rows, seq_lens, strict=True)]
+            prefix_lens = [n - e for n, e in zip(seq_lens, extend_lens, strict=True)]
+            self._paged_extend = (
+                torch.cat(seq_slots).to(torch.int32),
+                torch.tensor(prefix_lens, dtype=torch.int32),
+                torch.tensor(extend_lens, dtype=torch.int32),
+            )
         start = 0
         for i, (seq_len, extend_len) in enumerate(
             zip(forward_batch.seq_lens_cpu, forward_batch.extend_seq_lens_cpu, strict=True)
@@ -136,6 +154,12 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         pool = forward_batch.kv_pool
         pool.store(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        if self._paged_extend is not None and runs_in_rust(q):
+            k_cache, v_cache = pool.k_buffers[layer.layer_id], pool.v_buffers[layer.layer_id]
+            out = cpu_kernels.prefill_attention_paged(
+                q, k_cache, v_cache, *self._paged_extend, layer.scaling
+            )
+            return out.flatten(1)
         out = torch.empty_like(q)
         for start, extend_len, cached in self._extend_seqs:
             end = start + extend_len

@@ -23,6 +23,7 @@
 //! threads.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use crate::element::Bf16;
 use crate::error::elements;
@@ -33,6 +34,9 @@ use crate::{Error, Result};
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod kernels;
+mod paged;
+
+pub use paged::{prefill_attention_paged, prefill_attention_paged_on, PagedBatch};
 
 /// Keys per block: longer blocks spread each row's fixed costs of the online softmax (the
 /// maximum's reduction, the rescaling of its sums) and each tile's loads and stores of its sums
@@ -70,6 +74,21 @@ fn invalid(message: String) -> Error {
     Error::InvalidArgument(message)
 }
 
+/// Query heads that share K/V heads evenly, and a head size the products take.
+fn check_heads(heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(invalid(format!(
+            "{heads} query heads cannot share {kv_heads} K/V heads"
+        )));
+    }
+    if head_dim == 0 || !head_dim.is_multiple_of(HEAD_DIM_MULTIPLE) {
+        return Err(invalid(format!(
+            "head size {head_dim} is not a positive multiple of {HEAD_DIM_MULTIPLE}"
+        )));
+    }
+    Ok(())
+}
+
 fn check(shape: &PrefillShape, lens: [(&str, usize); 4]) -> Result<()> {
     let PrefillShape {
         heads,
@@ -78,16 +97,7 @@ fn check(shape: &PrefillShape, lens: [(&str, usize); 4]) -> Result<()> {
         prefix,
         new,
     } = *shape;
-    if kv_heads == 0 || heads % kv_heads != 0 {
-        return Err(invalid(format!(
-            "{heads} query heads cannot share {kv_heads} K/V heads"
-        )));
-    }
-    if head_dim == 0 || head_dim % HEAD_DIM_MULTIPLE != 0 {
-        return Err(invalid(format!(
-            "head size {head_dim} is not a positive multiple of {HEAD_DIM_MULTIPLE}"
-        )));
-    }
+    check_heads(heads, kv_heads, head_dim)?;
     let total = prefix
         .checked_add(new)
         .ok_or_else(|| invalid(format!("{prefix} + {new} tokens overflow")))?;
@@ -135,48 +145,157 @@ pub fn prefill_attention_on(
         ("the output", out.len()),
     ];
     check(shape, lens)?;
-    if shape.new == 0 {
-        return Ok(());
-    }
-    let vector = isa.min(isa::detected()) == Isa::Avx512Bf16;
-    let packed = kernels::Packed::new(shape, k, v);
-    let token_blocks = shape.new.div_ceil(BLOCK_TOKENS);
-    let tasks = token_blocks * shape.kv_heads;
-    let task = Task {
-        shape: *shape,
+    let inputs = Inputs {
+        heads: shape.heads,
+        kv_heads: shape.kv_heads,
+        head_dim: shape.head_dim,
         q,
-        packed: &packed,
+        k,
+        v,
+        row: &|key| key,
         scale,
-        out: out.as_mut_ptr(),
     };
-    let next = AtomicUsize::new(0);
-    let pairs = shape
-        .new
-        .saturating_mul(shape.heads)
-        .saturating_mul(shape.prefix + shape.new);
+    let only = Seq {
+        prefix: shape.prefix,
+        new: shape.new,
+        first_query: 0,
+        first_key: 0,
+    };
+    attend(isa, &inputs, &[only], out)
+}
+
+/// What the sequences of one call share: the heads, every query (`[tokens, heads,
+/// head_dim]`, sequence after sequence), the rows of K and V (`[rows, kv_heads, head_dim]`)
+/// and which row holds each of the sequences' keys.
+struct Inputs<'a> {
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    q: &'a [Bf16],
+    k: &'a [Bf16],
+    v: &'a [Bf16],
+    /// The row of K and V of entry `i` of the sequences' keys, one sequence after another.
+    row: &'a (dyn Fn(usize) -> usize + Sync),
+    scale: f32,
+}
+
+/// One sequence of a call.
+#[derive(Debug, Clone, Copy)]
+struct Seq {
+    prefix: usize,
+    new: usize,
+    /// Its first query's token among the call's.
+    first_query: usize,
+    /// Its first key's entry among the call's keys (see `Inputs::row`).
+    first_key: usize,
+}
+
+/// Attends every sequence's new tokens, on the threads of a parallel region: first each
+/// sequence's K and V are packed (a sequence per work item), then every (sequence, token
+/// block, KV head) task runs, the costliest first (most keys seen), so that the threads
+/// finish together however the sequences' lengths differ.
+///
+/// The caller checked the heads and every length: queries and output hold the sequences'
+/// tokens, each sequence's keys map to rows inside K and V.
+fn attend(isa: Isa, inputs: &Inputs<'_>, seqs: &[Seq], out: &mut [Bf16]) -> Result<()> {
+    let seqs: Vec<Seq> = seqs.iter().copied().filter(|s| s.new > 0).collect();
+    let pairs = seqs
+        .iter()
+        .map(|s| {
+            s.new
+                .saturating_mul(inputs.heads)
+                .saturating_mul(s.prefix + s.new)
+        })
+        .fold(0, usize::saturating_add);
     let threads = if pairs < PARALLEL_MIN_PAIRS {
         1
     } else {
-        tasks.min(parallel::max_threads())
+        parallel::max_threads()
     };
-    parallel::run(threads, &|_, _| {
+    let packs = pack(inputs, &seqs, threads)?;
+    let per_token = inputs.heads * inputs.head_dim;
+    let tasks: Vec<Task<'_>> = seqs
+        .iter()
+        .zip(&packs)
+        .map(|(s, packed)| Task {
+            shape: PrefillShape {
+                heads: inputs.heads,
+                kv_heads: inputs.kv_heads,
+                head_dim: inputs.head_dim,
+                prefix: s.prefix,
+                new: s.new,
+            },
+            q: &inputs.q[s.first_query * per_token..][..s.new * per_token],
+            packed,
+            scale: inputs.scale,
+            // SAFETY: the caller checked that `out` holds every sequence's queries.
+            out: unsafe { out.as_mut_ptr().add(s.first_query * per_token) },
+        })
+        .collect();
+    let mut order: Vec<(usize, usize, usize)> = Vec::new();
+    for (index, s) in seqs.iter().enumerate() {
+        for block in 0..s.new.div_ceil(BLOCK_TOKENS) {
+            order.extend((0..inputs.kv_heads).map(|kv_head| (index, block, kv_head)));
+        }
+    }
+    // Stable: among equal costs, the order above (a block's KV heads together).
+    order.sort_by_key(|&(index, block, _)| {
+        let s = &seqs[index];
+        std::cmp::Reverse(s.prefix + ((block + 1) * BLOCK_TOKENS).min(s.new))
+    });
+    let vector = isa.min(isa::detected()) == Isa::Avx512Bf16;
+    let next = AtomicUsize::new(0);
+    parallel::run(threads.min(order.len()), &|_, _| {
         let mut scratch = Scratch::default();
-        loop {
-            let index = next.fetch_add(1, Ordering::Relaxed);
-            if index >= tasks {
-                break;
-            }
-            // The last token blocks attend the most keys: they go first, so that the threads
-            // finish together.
-            let block = token_blocks - 1 - index / shape.kv_heads;
-            let kv_head = index % shape.kv_heads;
-            // SAFETY: `check` validated every length; task `index` is claimed by this thread
-            // alone and writes only its own rows of `out`; `vector` only if the CPU has
-            // AVX-512 BF16.
-            unsafe { task.run(kv_head, block, vector, &mut scratch) };
+        while let Some(&(index, block, kv_head)) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+            // SAFETY: the caller checked every length; task (index, block, kv_head) is claimed
+            // by this thread alone and writes only its own rows of its sequence's output;
+            // `vector` only if the CPU has AVX-512 BF16.
+            unsafe { tasks[index].run(kv_head, block, vector, &mut scratch) };
         }
     });
     Ok(())
+}
+
+/// Each sequence's K and V packed, in the order of `seqs`, a sequence per work item of up to
+/// `threads` threads.
+fn pack(inputs: &Inputs<'_>, seqs: &[Seq], threads: usize) -> Result<Vec<kernels::Packed>> {
+    let next = AtomicUsize::new(0);
+    let packed = Mutex::new(Vec::with_capacity(seqs.len()));
+    parallel::run(threads.min(seqs.len()), &|_, _| {
+        let mut mine = Vec::new();
+        while let Some(s) = seqs.get(next.fetch_add(1, Ordering::Relaxed)) {
+            let row = |key: usize| (inputs.row)(s.first_key + key);
+            let keys = s.prefix + s.new;
+            mine.push((
+                s.first_key,
+                kernels::Packed::new(
+                    inputs.kv_heads,
+                    inputs.head_dim,
+                    keys,
+                    row,
+                    inputs.k,
+                    inputs.v,
+                ),
+            ));
+        }
+        packed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .append(&mut mine);
+    });
+    let mut packed = packed
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if packed.len() != seqs.len() {
+        return Err(Error::Invariant(format!(
+            "packed {} of {} sequences",
+            packed.len(),
+            seqs.len()
+        )));
+    }
+    packed.sort_by_key(|&(first_key, _)| first_key);
+    Ok(packed.into_iter().map(|(_, packed)| packed).collect())
 }
 
 /// A thread's scratch for one task: scores and weights of a tile's key block, the running

@@ -15,7 +15,7 @@
 //! key pairs, so V is packed: lane `c` holds column `c` of two adjacent keys. A pair is one
 //! `u32`: the first element in the low 16 bits, as memory holds it.
 
-use super::{PrefillShape, BLOCK_KEYS};
+use super::BLOCK_KEYS;
 use crate::attention::exp_nonpositive;
 use crate::element::Bf16;
 
@@ -59,10 +59,16 @@ pub(crate) struct Packed {
 }
 
 impl Packed {
-    /// Packs `k` and `v` (`[prefix + new, kv_heads, head_dim]`, lengths checked).
-    pub(crate) fn new(shape: &PrefillShape, k: &[Bf16], v: &[Bf16]) -> Packed {
-        let (kv_heads, d) = (shape.kv_heads, shape.head_dim);
-        let total = shape.prefix + shape.new;
+    /// Packs a sequence's `total` keys and values: key `t` is row `row(t)` of `k` and `v`
+    /// (`[rows, kv_heads, head_dim]`; every row checked to lie inside them).
+    pub(crate) fn new(
+        kv_heads: usize,
+        d: usize,
+        total: usize,
+        row: impl Fn(usize) -> usize,
+        k: &[Bf16],
+        v: &[Bf16],
+    ) -> Packed {
         let blocks = total.div_ceil(BLOCK_KEYS);
         let per_block = BLOCK_KEYS * d / 2;
         let mut keys = vec![0u32; kv_heads * blocks * per_block];
@@ -73,7 +79,7 @@ impl Packed {
                 let start = (head * blocks + block) * per_block;
                 let packed_keys = &mut keys[start..start + per_block];
                 let packed_values = &mut values[start..start + per_block];
-                let row = |key: usize| (key * kv_heads + head) * d;
+                let row = |key: usize| (row(key) * kv_heads + head) * d;
                 for j in 0..BLOCK_KEYS.min(total - block * BLOCK_KEYS) {
                     let key = &k[row(block * BLOCK_KEYS + j)..][..d];
                     // Pair p of key j at key_index(p, j, d): one column of its slice.
