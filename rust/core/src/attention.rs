@@ -280,7 +280,7 @@ impl<T: Element> Task<'_, T> {
         scores.resize(count * len, 0.0);
         for (t, &slot) in row_slots.iter().enumerate() {
             if let Some(&ahead) = row_slots.get(t + PREFETCH_ROWS) {
-                prefetch(self.cache_row(self.k_cache, ahead));
+                prefetch(self.cache_row(self.k_cache, ahead), Level::First);
             }
             let keys = self.cache_row(self.k_cache, slot);
             for (i, query) in queries.chunks_exact(d).enumerate() {
@@ -293,7 +293,7 @@ impl<T: Element> Task<'_, T> {
         sums.resize(count * d, 0.0);
         for (t, &slot) in row_slots.iter().enumerate() {
             if let Some(&ahead) = row_slots.get(t + PREFETCH_ROWS) {
-                prefetch(self.cache_row(self.v_cache, ahead));
+                prefetch(self.cache_row(self.v_cache, ahead), Level::First);
             }
             let values = self.cache_row(self.v_cache, slot);
             for (i, head_sums) in sums.chunks_exact_mut(d).enumerate() {
@@ -357,20 +357,33 @@ impl<T: Element> Task<'_, T> {
 /// prefetcher cannot follow them.
 const PREFETCH_ROWS: usize = 4;
 
+/// Which cache `prefetch` asks lines into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    /// The first level: rows read within a few rows from now.
+    First,
+    /// The second level: rows read further ahead, which would crowd the first level's few
+    /// outstanding misses.
+    Second,
+}
+
 /// Asks for `row`'s cache lines ahead of use (a hint; nothing on other architectures).
 #[inline(always)]
-fn prefetch<T>(row: &[T]) {
+fn prefetch<T>(row: &[T], level: Level) {
     #[cfg(target_arch = "x86_64")]
     for line in row.chunks(64 / size_of::<T>()) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        let at = line.as_ptr().cast();
         // SAFETY: prefetching is a hint that never faults; the address is inside `row`.
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
-        };
+            match level {
+                Level::First => _mm_prefetch::<_MM_HINT_T0>(at),
+                Level::Second => _mm_prefetch::<_MM_HINT_T1>(at),
+            }
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = row;
+    let _ = (row, level);
 }
 
 /// Lanes of the partial sums: one AVX register (the compiler vectorizes the fixed-size loops).

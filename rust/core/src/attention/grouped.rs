@@ -20,7 +20,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{prefetch, Scratch, Task};
+use super::{prefetch, Level, Scratch, Task};
 use crate::element::Bf16;
 
 /// Keys per block of scores (one vector of 16 float32).
@@ -32,6 +32,13 @@ const ACCUMULATORS: usize = 16;
 /// Keys per block of the weighted sum: every run of heads takes the block's V rows in turn,
 /// from the first-level cache after the first run.
 const VALUE_KEYS: usize = 32;
+/// How many keys ahead of the block being read its pass requests rows, into the second-level
+/// cache: a decode step streams most rows from memory (every layer's caches together far
+/// exceed the caches), and a row from memory takes about as long to arrive as a few blocks
+/// take to read. Measured on Zen 4 (16 sequences of 300 and of 1,060 keys, 30 layers' caches
+/// in turn, 2 threads): 7 to 27% faster than requesting the next block into the first level;
+/// 64 keys ahead into the first level was slower than that, 128 into the second in between.
+const AHEAD: usize = 64;
 
 /// Whether this kernel takes heads of `head_dim` elements.
 pub(super) fn takes(head_dim: usize) -> bool {
@@ -87,8 +94,8 @@ unsafe fn run_chunks<const CHUNKS: usize>(
     let most = (ACCUMULATORS / (2 * CHUNKS)).min(4);
     for start in (0..len).step_by(VALUE_KEYS) {
         let block = &row_slots[start..(start + VALUE_KEYS).min(len)];
-        for &ahead in row_slots.iter().skip(start + VALUE_KEYS).take(VALUE_KEYS) {
-            prefetch(task.cache_row(task.v_cache, ahead));
+        for &ahead in row_slots.iter().skip(start + AHEAD).take(VALUE_KEYS) {
+            prefetch(task.cache_row(task.v_cache, ahead), Level::Second);
         }
         let mut head = heads.start;
         while head < heads.end {
@@ -145,8 +152,8 @@ unsafe fn score<const CHUNKS: usize>(
     let scale = _mm512_set1_ps(task.scale);
     for start in (0..len).step_by(KEYS) {
         let take = (len - start).min(KEYS);
-        for &ahead in row_slots.iter().skip(start + KEYS).take(KEYS) {
-            prefetch(task.cache_row(task.k_cache, ahead));
+        for &ahead in row_slots.iter().skip(start + AHEAD).take(KEYS) {
+            prefetch(task.cache_row(task.k_cache, ahead), Level::Second);
         }
         // A short last block repeats its last key; only `take` scores are stored.
         let rows: [*const Bf16; KEYS] = std::array::from_fn(|j| {
