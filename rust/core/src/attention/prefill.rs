@@ -22,6 +22,7 @@
 //! them. Tasks write disjoint rows of `out`, and each sums in a fixed order whatever the
 //! threads.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -190,10 +191,10 @@ struct Seq {
     first_key: usize,
 }
 
-/// Attends every sequence's new tokens, on the threads of a parallel region: first each
-/// sequence's K and V are packed (a sequence per work item), then every (sequence, token
-/// block, KV head) task runs, the costliest first (most keys seen), so that the threads
-/// finish together however the sequences' lengths differ.
+/// Attends every sequence's new tokens, on the threads of a parallel region: first K and V
+/// are packed (a block of keys per work item, once for sequences that share it), then every
+/// (sequence, token block, KV head) task runs, the costliest first (most keys seen), so that
+/// the threads finish together however the sequences' lengths differ.
 ///
 /// The caller checked the heads and every length: queries and output hold the sequences'
 /// tokens, each sequence's keys map to rows inside K and V.
@@ -212,7 +213,14 @@ fn attend(isa: Isa, inputs: &Inputs<'_>, seqs: &[Seq], out: &mut [Bf16]) -> Resu
     } else {
         parallel::max_threads()
     };
-    let packs = pack(inputs, &seqs, threads)?;
+    let (blocks, indices) = pack(inputs, &seqs, threads)?;
+    let packs: Vec<kernels::Packed<'_>> = indices
+        .iter()
+        .map(|indices| kernels::Packed {
+            blocks: indices.iter().map(|&i| &blocks[i]).collect(),
+            head_dim: inputs.head_dim,
+        })
+        .collect();
     let per_token = inputs.heads * inputs.head_dim;
     let tasks: Vec<Task<'_>> = seqs
         .iter()
@@ -257,27 +265,51 @@ fn attend(isa: Isa, inputs: &Inputs<'_>, seqs: &[Seq], out: &mut [Bf16]) -> Resu
     Ok(())
 }
 
-/// Each sequence's K and V packed, in the order of `seqs`, a sequence per work item of up to
-/// `threads` threads.
-fn pack(inputs: &Inputs<'_>, seqs: &[Seq], threads: usize) -> Result<Vec<kernels::Packed>> {
-    let next = AtomicUsize::new(0);
-    let packed = Mutex::new(Vec::with_capacity(seqs.len()));
-    parallel::run(threads.min(seqs.len()), &|_, _| {
-        let mut mine = Vec::new();
-        while let Some(s) = seqs.get(next.fetch_add(1, Ordering::Relaxed)) {
-            let row = |key: usize| (inputs.row)(s.first_key + key);
+/// Every distinct block of the sequences' keys packed, a block per work item of up to
+/// `threads` threads, and for each sequence the indices of its blocks. A block is its keys'
+/// rows: sequences whose blocks read the same rows (a cached prefix they share) share one.
+fn pack(
+    inputs: &Inputs<'_>,
+    seqs: &[Seq],
+    threads: usize,
+) -> Result<(Vec<kernels::PackedBlock>, Vec<Vec<usize>>)> {
+    let mut distinct: HashMap<Vec<usize>, usize> = HashMap::new();
+    let mut blocks: Vec<Vec<usize>> = Vec::new();
+    let indices = seqs
+        .iter()
+        .map(|s| {
             let keys = s.prefix + s.new;
-            mine.push((
-                s.first_key,
-                kernels::Packed::new(
-                    inputs.kv_heads,
-                    inputs.head_dim,
-                    keys,
-                    row,
-                    inputs.k,
-                    inputs.v,
-                ),
-            ));
+            (0..keys.div_ceil(BLOCK_KEYS))
+                .map(|b| {
+                    let first = s.first_key + b * BLOCK_KEYS;
+                    let count = BLOCK_KEYS.min(keys - b * BLOCK_KEYS);
+                    let rows: Vec<usize> = (first..first + count).map(inputs.row).collect();
+                    *distinct.entry(rows.clone()).or_insert_with(|| {
+                        blocks.push(rows);
+                        blocks.len() - 1
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    let next = AtomicUsize::new(0);
+    let packed = Mutex::new(Vec::with_capacity(blocks.len()));
+    parallel::run(threads.min(blocks.len()), &|_, _| {
+        let mut mine = Vec::new();
+        loop {
+            let index = next.fetch_add(1, Ordering::Relaxed);
+            let Some(rows) = blocks.get(index) else {
+                break;
+            };
+            let block = kernels::PackedBlock::new(
+                inputs.kv_heads,
+                inputs.head_dim,
+                rows.len(),
+                |j| rows[j],
+                inputs.k,
+                inputs.v,
+            );
+            mine.push((index, block));
         }
         packed
             .lock()
@@ -287,15 +319,18 @@ fn pack(inputs: &Inputs<'_>, seqs: &[Seq], threads: usize) -> Result<Vec<kernels
     let mut packed = packed
         .into_inner()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if packed.len() != seqs.len() {
+    if packed.len() != blocks.len() {
         return Err(Error::Invariant(format!(
-            "packed {} of {} sequences",
+            "packed {} of {} key blocks",
             packed.len(),
-            seqs.len()
+            blocks.len()
         )));
     }
-    packed.sort_by_key(|&(first_key, _)| first_key);
-    Ok(packed.into_iter().map(|(_, packed)| packed).collect())
+    packed.sort_by_key(|&(index, _)| index);
+    Ok((
+        packed.into_iter().map(|(_, block)| block).collect(),
+        indices,
+    ))
 }
 
 /// A thread's scratch for one task: scores and weights of a tile's key block, the running
@@ -316,7 +351,7 @@ pub(crate) struct Scratch {
 struct Task<'a> {
     shape: PrefillShape,
     q: &'a [Bf16],
-    packed: &'a kernels::Packed,
+    packed: &'a kernels::Packed<'a>,
     scale: f32,
     out: *mut Bf16,
 }

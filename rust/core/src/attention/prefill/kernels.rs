@@ -49,88 +49,82 @@ fn halves(pair: u32) -> (f32, f32) {
     )
 }
 
-/// One call's K and V, packed per KV head and block of `BLOCK_KEYS` keys; keys past the end
-/// are zeros (their weights are always zero: no row sees them).
-pub(crate) struct Packed {
+/// One block of up to `BLOCK_KEYS` keys of every KV head, K and V packed; keys past the
+/// block's count are zeros (their weights are always zero: no row sees them).
+pub(crate) struct PackedBlock {
+    /// `[kv_heads]` packed key blocks.
     keys: Vec<u32>,
+    /// `[kv_heads]` packed value blocks.
     values: Vec<u32>,
-    blocks: usize,
-    head_dim: usize,
 }
 
-impl Packed {
-    /// Packs a sequence's `total` keys and values: key `t` is row `row(t)` of `k` and `v`
-    /// (`[rows, kv_heads, head_dim]`; every row checked to lie inside them).
+impl PackedBlock {
+    /// Packs `count` keys and values: key `j` of the block is row `row(j)` of `k` and `v`
+    /// (`[rows, kv_heads, d]`; every row checked to lie inside them).
     pub(crate) fn new(
         kv_heads: usize,
         d: usize,
-        total: usize,
+        count: usize,
         row: impl Fn(usize) -> usize,
         k: &[Bf16],
         v: &[Bf16],
-    ) -> Packed {
-        let blocks = total.div_ceil(BLOCK_KEYS);
+    ) -> PackedBlock {
         let per_block = BLOCK_KEYS * d / 2;
-        let mut keys = vec![0u32; kv_heads * blocks * per_block];
-        let mut values = vec![0u32; kv_heads * blocks * per_block];
+        let mut keys = vec![0u32; kv_heads * per_block];
+        let mut values = vec![0u32; kv_heads * per_block];
         let zeros = vec![Bf16::default(); d];
         for head in 0..kv_heads {
-            for block in 0..blocks {
-                let start = (head * blocks + block) * per_block;
-                let packed_keys = &mut keys[start..start + per_block];
-                let packed_values = &mut values[start..start + per_block];
-                let row = |key: usize| (row(key) * kv_heads + head) * d;
-                for j in 0..BLOCK_KEYS.min(total - block * BLOCK_KEYS) {
-                    let key = &k[row(block * BLOCK_KEYS + j)..][..d];
-                    // Pair p of key j at key_index(p, j, d): one column of its slice.
-                    let column = &mut packed_keys[key_index(0, j, d)..];
-                    for (slot, two) in column.iter_mut().step_by(SLICE).zip(key.chunks_exact(2)) {
-                        *slot = pair(two[0], two[1]);
-                    }
+            let packed_keys = &mut keys[head * per_block..(head + 1) * per_block];
+            let packed_values = &mut values[head * per_block..(head + 1) * per_block];
+            let at = |j: usize| (row(j) * kv_heads + head) * d;
+            for j in 0..count {
+                let key = &k[at(j)..][..d];
+                // Pair p of key j at key_index(p, j, d): one column of its slice.
+                let column = &mut packed_keys[key_index(0, j, d)..];
+                for (slot, two) in column.iter_mut().step_by(SLICE).zip(key.chunks_exact(2)) {
+                    *slot = pair(two[0], two[1]);
                 }
-                for jp in 0..BLOCK_KEYS / 2 {
-                    let first = block * BLOCK_KEYS + 2 * jp;
-                    if first >= total {
-                        break;
-                    }
-                    let low = &v[row(first)..][..d];
-                    // A missing second key of the last pair is zeros.
-                    let high = if first + 1 < total {
-                        &v[row(first + 1)..][..d]
-                    } else {
-                        &zeros[..d]
-                    };
-                    // Columns c0..c0 + 32 of key pair jp: one contiguous run of a slice.
-                    for c0 in (0..d).step_by(SLICE) {
-                        let run = &mut packed_values[value_index(jp, c0)..][..SLICE];
-                        let (low, high) = (&low[c0..c0 + SLICE], &high[c0..c0 + SLICE]);
-                        for ((slot, &l), &h) in run.iter_mut().zip(low).zip(high) {
-                            *slot = pair(l, h);
-                        }
+            }
+            for jp in 0..count.div_ceil(2) {
+                let low = &v[at(2 * jp)..][..d];
+                // A missing second key of the last pair is zeros.
+                let high = if 2 * jp + 1 < count {
+                    &v[at(2 * jp + 1)..][..d]
+                } else {
+                    &zeros[..d]
+                };
+                // Columns c0..c0 + 32 of key pair jp: one contiguous run of a slice.
+                for c0 in (0..d).step_by(SLICE) {
+                    let run = &mut packed_values[value_index(jp, c0)..][..SLICE];
+                    let (low, high) = (&low[c0..c0 + SLICE], &high[c0..c0 + SLICE]);
+                    for ((slot, &l), &h) in run.iter_mut().zip(low).zip(high) {
+                        *slot = pair(l, h);
                     }
                 }
             }
         }
-        Packed {
-            keys,
-            values,
-            blocks,
-            head_dim: d,
-        }
+        PackedBlock { keys, values }
     }
+}
 
+/// A sequence's K and V as packed blocks, which sequences whose keys are the same rows (a
+/// cached prefix they share) share.
+pub(crate) struct Packed<'a> {
+    pub(crate) blocks: Vec<&'a PackedBlock>,
+    pub(crate) head_dim: usize,
+}
+
+impl Packed<'_> {
     /// Key block `block` of `kv_head`: `[BLOCK_KEYS / 32][head_dim / 2][32]` pairs.
     pub(crate) fn keys(&self, kv_head: usize, block: usize) -> &[u32] {
         let per_block = BLOCK_KEYS * self.head_dim / 2;
-        let start = (kv_head * self.blocks + block) * per_block;
-        &self.keys[start..start + per_block]
+        &self.blocks[block].keys[kv_head * per_block..(kv_head + 1) * per_block]
     }
 
     /// Value block `block` of `kv_head`: `[head_dim / 32][BLOCK_KEYS / 2][32]` pairs.
     pub(crate) fn values(&self, kv_head: usize, block: usize) -> &[u32] {
         let per_block = BLOCK_KEYS * self.head_dim / 2;
-        let start = (kv_head * self.blocks + block) * per_block;
-        &self.values[start..start + per_block]
+        &self.blocks[block].values[kv_head * per_block..(kv_head + 1) * per_block]
     }
 }
 

@@ -150,8 +150,8 @@ mod tests {
     const SCALE: f32 = 0.125;
     const ROWS: usize = 700;
     /// (prefix, new) per sequence: a fresh one, a few tokens after a prefix, one spanning key
-    /// blocks, an empty one.
-    const SEQS: [(usize, usize); 4] = [(0, 40), (70, 5), (300, 33), (12, 0)];
+    /// blocks, an empty one, and one whose prefix is the third's first 300 rows (`pass`).
+    const SEQS: [(usize, usize); 5] = [(0, 40), (70, 5), (300, 33), (12, 0), (300, 7)];
 
     struct Pass {
         heads: usize,
@@ -167,7 +167,11 @@ mod tests {
         let tokens: usize = SEQS.iter().map(|s| s.1).sum();
         let keys: usize = SEQS.iter().map(|s| s.0 + s.1).sum();
         // Distinct slots, scattered over the cache: a multiplicative walk modulo its rows.
-        let slots = (0..keys).map(|i| ((i * 263 + 11) % ROWS) as i32).collect();
+        let mut slots: Vec<i32> = (0..keys).map(|i| ((i * 263 + 11) % ROWS) as i32).collect();
+        // The last sequence's prefix shares the third's rows: one packing of those blocks
+        // serves both.
+        let (third, last) = (40 + 75, keys - 307);
+        slots.copy_within(third..third + 300, last);
         let cache = ROWS * kv_heads * head_dim;
         let scaled = |seed| {
             values(cache, seed)
