@@ -119,7 +119,7 @@ fn check(
             )));
         }
     }
-    let row = kv_heads * head_dim;
+    let row = elements("a cache row", &[kv_heads, head_dim])?;
     if k_cache.len() != v_cache.len() || !k_cache.len().is_multiple_of(row) {
         return Err(invalid(format!(
             "caches of {} and {} elements are not rows of {row}",
@@ -293,6 +293,28 @@ mod tests {
             ..good
         };
         assert!(call(&heads, &pass.q, &pass.k).is_err());
+        // Heads whose cache rows overflow a usize are refused, not wrapped (no queries, so
+        // that only the rows' size can overflow).
+        let huge = PagedBatch {
+            heads: 1 << 60,
+            kv_heads: 1 << 60,
+            prefix_lens: &[1],
+            new_lens: &[0],
+            slots: &pass.slots[..1],
+            ..good
+        };
+        let refused = prefill_attention_paged(&huge, &[], &pass.k, &pass.v, SCALE, &mut []);
+        assert!(refused
+            .unwrap_err()
+            .to_string()
+            .contains("more elements than memory"));
+        // As many query heads, sharing one K/V head, and no queries: nothing to do.
+        let one_kv_head = PagedBatch {
+            kv_heads: 1,
+            ..huge
+        };
+        let empty = prefill_attention_paged(&one_kv_head, &[], &pass.k, &pass.v, SCALE, &mut []);
+        assert!(empty.is_ok());
     }
 
     #[test]

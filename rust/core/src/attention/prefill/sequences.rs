@@ -46,6 +46,10 @@ pub(super) struct Seq {
 /// tokens, each sequence's keys map to rows inside K and V.
 pub(super) fn attend(isa: Isa, inputs: &Inputs<'_>, seqs: &[Seq], out: &mut [Bf16]) -> Result<()> {
     let seqs: Vec<Seq> = seqs.iter().copied().filter(|s| s.new > 0).collect();
+    if seqs.is_empty() {
+        // Nothing to attend (and with no queries, the heads' sizes were not checked).
+        return Ok(());
+    }
     let pairs = seqs
         .iter()
         .map(|s| {
