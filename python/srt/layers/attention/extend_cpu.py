@@ -31,15 +31,19 @@ from srt.layers import cpu_kernels
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
-def runs_in_rust(q: torch.Tensor) -> bool:
-    """Whether srt's kernel attends these queries: bf16, a head size it takes, and a CPU with
-    AVX-512 BF16 at the kernels' current instruction set."""
+def kernel_takes(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether srt's kernel attends queries of `dtype` and `head_dim`: bf16, a head size it
+    takes, and a CPU with AVX-512 BF16 at the kernels' current instruction set."""
     return (
-        q.dtype == torch.bfloat16
-        and q.shape[-1] % cpu_kernels.PREFILL_HEAD_DIM_MULTIPLE == 0
-        and not q.requires_grad
+        dtype == torch.bfloat16
+        and head_dim % cpu_kernels.PREFILL_HEAD_DIM_MULTIPLE == 0
         and cpu_kernels.isa()[0] == "avx512_bf16"
     )
+
+
+def runs_in_rust(q: torch.Tensor) -> bool:
+    """Whether srt's kernel attends these queries (`kernel_takes`, without autograd)."""
+    return kernel_takes(q.dtype, q.shape[-1]) and not q.requires_grad
 
 
 def _heads_first(t: torch.Tensor) -> torch.Tensor:

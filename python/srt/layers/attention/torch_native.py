@@ -35,7 +35,7 @@ from srt.layers.attention.cascade import (
     cascade_decode,
     plan_shared_prefixes,
 )
-from srt.layers.attention.extend_cpu import extend_attention, runs_in_rust
+from srt.layers.attention.extend_cpu import extend_attention, kernel_takes
 
 # A sequence with a cached prefix, for extend: on the CPU its slots; elsewhere (slots, mask).
 ExtendCache = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
@@ -62,7 +62,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         # Extend, per sequence: (first new token, new tokens, None without a cached prefix, else
         # its slots on the CPU and elsewhere (its slots, mask)).
         self._extend_seqs: list[tuple[int, int, ExtendCache | None]] = []
-        # Extend on a CPU with a bf16 cache, every sequence at once: int32 slots (each
+        # Extend where srt's kernel takes the cache, every sequence at once: int32 slots (each
         # sequence's whole, one after another), prefix lengths and new lengths.
         self._paged_extend: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
@@ -106,15 +106,21 @@ class TorchNativeAttnBackend(AttentionBackend):
         return self._in_place
 
     def _init_extend_metadata(self, forward_batch: ForwardBatch) -> None:
-        """Per sequence: its slice of the new tokens, and, after a cached prefix, the slots of
-        its whole sequence and, off the CPU, the additive mask that shifts causality past the
-        prefix."""
+        """Where srt's kernel takes the cache (CPU, bf16, its head sizes): every sequence's
+        slots and lengths at once. Elsewhere, per sequence: its slice of the new tokens, and,
+        after a cached prefix, the slots of its whole sequence and, off the CPU, the additive
+        mask that shifts causality past the prefix."""
         req_to_token = forward_batch.req_to_token_pool.req_to_token
         device = forward_batch.input_ids.device
-        dtype = forward_batch.kv_pool.k_buffers[0].dtype
+        k_buffer = forward_batch.kv_pool.k_buffers[0]
+        dtype = k_buffer.dtype
         self._extend_seqs = []
         self._paged_extend = None
-        if device.type == "cpu" and dtype == torch.bfloat16 and forward_batch.batch_size:
+        if (
+            device.type == "cpu"
+            and forward_batch.batch_size
+            and kernel_takes(dtype, k_buffer.shape[-1])
+        ):
             seq_lens, extend_lens = forward_batch.seq_lens_cpu, forward_batch.extend_seq_lens_cpu
             rows = forward_batch.req_pool_indices.tolist()
             seq_slots = [req_to_token[row, :n] for row, n in zip(rows, seq_lens, strict=True)]
@@ -124,6 +130,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 torch.tensor(prefix_lens, dtype=torch.int32),
                 torch.tensor(extend_lens, dtype=torch.int32),
             )
+            return
         start = 0
         for i, (seq_len, extend_len) in enumerate(
             zip(forward_batch.seq_lens_cpu, forward_batch.extend_seq_lens_cpu, strict=True)
@@ -154,7 +161,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         pool = forward_batch.kv_pool
         pool.store(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        if self._paged_extend is not None and runs_in_rust(q):
+        if self._paged_extend is not None:
             k_cache, v_cache = pool.k_buffers[layer.layer_id], pool.v_buffers[layer.layer_id]
             out = cpu_kernels.prefill_attention_paged(
                 q, k_cache, v_cache, *self._paged_extend, layer.scaling
