@@ -32,7 +32,7 @@ use crate::Result;
 
 /// Rows of a work item: a panel's int8 rows (60 × 1536 bytes at most for SmolLM2) stay in L2
 /// while its tile chunk passes over them. A multiple of the AVX-512 kernel's register tile
-/// (12 rows), so that only a call's last panel ends in a partial register tile.
+/// (6 rows), so that only a call's last panel ends in a partial register tile.
 const PANEL_ROWS: usize = 60;
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(PANEL_ROWS.is_multiple_of(super::vnni_prefill::ROWS));
@@ -72,8 +72,10 @@ impl Int8Rows {
     /// many values.
     pub(crate) fn new<T: Element>(x: &[T], kernel: PackedKernel) -> Int8Rows {
         let count = x.len() / BLOCK;
+        // The values start uninitialized: every block's 32 are written below, once (zeroing
+        // them first cost about 1% of a prefill pass).
         let mut rows = Int8Rows {
-            values: vec![0; x.len()],
+            values: Vec::with_capacity(x.len()),
             units: vec![0.0; count],
             totals: vec![0; count],
             sums: vec![0.0; count],
@@ -111,13 +113,17 @@ impl Int8Rows {
                 },
                 _ => {
                     for b in blocks {
+                        let mut rounded = [0i8; BLOCK];
+                        let (unit, total) = round_block(&x[b * BLOCK..][..BLOCK], &mut rounded)
+                            .unwrap_or((f32::NAN, 0));
                         // SAFETY: as above, block `b` and entry `b` of each per-block buffer
-                        // are this thread's.
+                        // are this thread's and lie inside the buffers.
                         unsafe {
-                            let target =
-                                std::slice::from_raw_parts_mut(values.get().add(b * BLOCK), BLOCK);
-                            let rounded = round_block(&x[b * BLOCK..][..BLOCK], target);
-                            let (unit, total) = rounded.unwrap_or((f32::NAN, 0));
+                            std::ptr::copy_nonoverlapping(
+                                rounded.as_ptr(),
+                                values.get().add(b * BLOCK),
+                                BLOCK,
+                            );
                             *units.get().add(b) = unit;
                             *totals.get().add(b) = total;
                             *sums.get().add(b) = unit * total as f32;
@@ -126,15 +132,20 @@ impl Int8Rows {
                 }
             }
         });
+        // SAFETY: the threads above wrote all `count` blocks' values (`round_blocks` writes
+        // every block it is given, zeros for a non-finite one, as does the portable loop), and
+        // the region has ended.
+        unsafe { rows.values.set_len(x.len()) };
         rows
     }
 }
 
 /// One block of 32 activations rounded to int8 (written to `out`): its unit and its integer
-/// sum, or `None` for a block holding a NaN or an infinity (`out` is then left as it was).
+/// sum, or `None` for a block holding a NaN or an infinity (`out` is then all zeros).
 pub(super) fn round_block<T: Element>(block: &[T], out: &mut [i8]) -> Option<(f32, i32)> {
     let floats: [f32; BLOCK] = std::array::from_fn(|i| block[i].load());
     if floats.iter().any(|v| !v.is_finite()) {
+        out.fill(0);
         return None;
     }
     let largest = floats.iter().fold(0f32, |a, v| a.max(v.abs()));
