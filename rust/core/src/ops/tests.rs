@@ -322,7 +322,30 @@ fn special_gate_up(rows: usize, dim: usize) -> Vec<f32> {
             *g = specials[(i / 3) % specials.len()];
         }
     }
+    // Some ups special too: NaN and infinities meet silu values of every kind.
+    for (i, u) in gate_up
+        .chunks_exact_mut(2 * dim)
+        .flat_map(|row| &mut row[dim..])
+        .enumerate()
+    {
+        if i % 4 == 1 {
+            *u = specials[(i / 4 + 1) % specials.len()];
+        }
+    }
     gate_up
+}
+
+/// `gate_up` in bf16 with NaNs of every kind among the values: signaling ones and ones whose
+/// payload fills the mantissa (which rounding by addition must not carry into the exponent).
+fn special_gate_up_bf16(gate_up: &[f32]) -> Vec<Bf16> {
+    let nans = [0x7f81, 0xff81, 0x7fff, 0xffff, 0x7fc0, 0x7fa5];
+    let mut bf = to_bf16(gate_up);
+    for (i, v) in bf.iter_mut().enumerate() {
+        if i % 7 == 3 {
+            *v = Bf16(nans[(i / 7) % nans.len()]);
+        }
+    }
+    bf
 }
 
 #[test]
@@ -333,7 +356,7 @@ fn silu_and_mul_of_special_values_and_ragged_rows_is_the_same_on_every_tier() {
         let run = |isa: Isa| {
             let mut out = vec![f32::NAN; rows * dim];
             silu_and_mul_on(isa, &gate_up, dim, &mut out).unwrap();
-            let bf = to_bf16(&gate_up);
+            let bf = special_gate_up_bf16(&gate_up);
             let mut out_bf = vec![Bf16(1); rows * dim];
             silu_and_mul_on(isa, &bf, dim, &mut out_bf).unwrap();
             (bits(&out), out_bf)

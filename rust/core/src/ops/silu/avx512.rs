@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{for_chunks, EXPONENT_OFFSET, EXP_MIN, EXP_POLY, LN2_HIGH, LN2_LOW, SHIFTER};
+use super::{for_chunks, EXP_MIN, EXP_POLY, LN2_HIGH, LN2_LOW, SHIFTER};
 use crate::element::Bf16;
 
 const LANES: usize = 16;
@@ -23,14 +23,37 @@ pub(super) fn rows_f32(gate_up: &[f32], dim: usize, out: &mut [f32]) {
 }
 
 /// [`rows_f32`] in bf16: silu(gate) rounded to bf16 before the product, the product rounded.
+/// 32 values a step, loaded as 16 pairs: the even values widen by a shift, the odd ones by a
+/// mask, and the two rounded halves merge back into pairs, with no lane crossing.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
 pub(super) fn rows_bf16(gate_up: &[Bf16], dim: usize, out: &mut [Bf16]) {
-    for_chunks::<Bf16, LANES>(gate_up, dim, out, |gate, up, out| {
-        let silu = widen(round_bf16(silu(load_bf16(gate))));
-        let product = round_bf16(_mm512_mul_ps(silu, load_bf16(up)));
-        // SAFETY: 16 bf16 values (256 bits) to `out`'s 16, unaligned.
-        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm512_cvtepi32_epi16(product)) };
+    for_chunks::<Bf16, { 2 * LANES }>(gate_up, dim, out, |gate, up, out| {
+        // SAFETY: 32 bf16 values are 512 bits, read and written unaligned.
+        let (gate, up) = unsafe {
+            (
+                _mm512_loadu_si512(gate.as_ptr().cast()),
+                _mm512_loadu_si512(up.as_ptr().cast()),
+            )
+        };
+        let even = step_bf16(_mm512_slli_epi32::<16>(gate), _mm512_slli_epi32::<16>(up));
+        let odd = step_bf16(high(gate), high(up));
+        // (even >> 16) | (odd & 0xffff0000).
+        let pairs = _mm512_ternarylogic_epi32::<0xf8>(
+            _mm512_srli_epi32::<16>(even),
+            odd,
+            _mm512_set1_epi32(-0x1_0000),
+        );
+        // SAFETY: as above.
+        unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), pairs) };
     });
+}
+
+/// The bf16 result (in each lane's upper half) of 16 bf16 gates and ups held as float32 bits.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn step_bf16(gate: __m512i, up: __m512i) -> __m512i {
+    let silu = _mm512_castsi512_ps(high(round_bf16(silu(_mm512_castsi512_ps(gate)))));
+    round_bf16(_mm512_mul_ps(silu, _mm512_castsi512_ps(up)))
 }
 
 /// `super::silu` of 16 lanes.
@@ -41,20 +64,16 @@ fn silu(g: __m512) -> __m512 {
     let x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g), sign));
     // exp_silu(x), x = -|g|.
     let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(EXP_MIN));
-    let clamped = _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN));
     let shifter = _mm512_set1_ps(SHIFTER);
     let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
-    let shifted = _mm512_fmadd_ps(clamped, log2e, shifter);
-    let n = _mm512_sub_ps(shifted, shifter);
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HIGH), clamped);
+    let n = _mm512_sub_ps(_mm512_fmadd_ps(x, log2e, shifter), shifter);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HIGH), x);
     let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LOW), r);
     let mut p = _mm512_set1_ps(EXP_POLY[0]);
     for &c in &EXP_POLY[1..] {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
     }
-    let offset = _mm512_set1_epi32(EXPONENT_OFFSET as i32);
-    let scale = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_castps_si512(shifted), offset));
-    let e = _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(scale));
+    let e = _mm512_maskz_scalef_ps(keep, p, n);
     // g · (numerator / (1 + e)).
     let one = _mm512_set1_ps(1.0);
     let positive = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(g, _mm512_setzero_ps());
@@ -62,32 +81,24 @@ fn silu(g: __m512) -> __m512 {
     _mm512_mul_ps(g, _mm512_div_ps(numerator, _mm512_add_ps(one, e)))
 }
 
-/// 16 bf16 values as float32 (exact: their bits shifted to the top).
+/// Each lane's upper half (a bf16 value as float32 bits).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn load_bf16(values: &[Bf16; LANES]) -> __m512 {
-    // SAFETY: 16 bf16 values are 256 bits, read unaligned.
-    let bits = unsafe { _mm256_loadu_si256(values.as_ptr().cast()) };
-    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
+fn high(bits: __m512i) -> __m512i {
+    _mm512_and_si512(bits, _mm512_set1_epi32(-0x1_0000))
 }
 
-/// The bf16 bits (in each lane's low half) of `Bf16::from_f32` of each lane: round to nearest
-/// even by integer addition; a NaN keeps its upper bits and becomes quiet.
+/// `Bf16::from_f32` of each lane, in the lane's upper half (the lower half is left over):
+/// round to nearest even by integer addition.
+///
+/// No NaN test: in this kernel every NaN is quiet with a zero lower half (the bf16 inputs'
+/// lower halves are zero, x86 quiets the NaN it propagates, and its default NaN is
+/// 0xffc00000), so the addition cannot carry out of the lower half and leaves the NaN's upper
+/// bits, which already hold the quiet bit `Bf16::from_f32` sets.
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn round_bf16(values: __m512) -> __m512i {
     let bits = _mm512_castps_si512(values);
-    let high = _mm512_srli_epi32::<16>(bits);
-    let odd = _mm512_and_si512(high, _mm512_set1_epi32(1));
-    let bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff));
-    let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
-    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(values, values);
-    _mm512_mask_or_epi32(rounded, nan, high, _mm512_set1_epi32(0x40))
-}
-
-/// The float32 of bf16 bits in each lane's low half.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn widen(bits: __m512i) -> __m512 {
-    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits))
+    let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
+    _mm512_add_epi32(_mm512_add_epi32(bits, odd), _mm512_set1_epi32(0x7fff))
 }
