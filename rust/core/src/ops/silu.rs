@@ -67,13 +67,13 @@ fn exp_silu(x: f32) -> f32 {
 }
 
 /// `g · sigmoid(g)`, the reference every tier matches: with `e = e^-|g| <= 1` nothing
-/// overflows, and the sigmoid is one division, `1 / (1 + e)` or `e / (1 + e)`. silu(NaN) and
-/// silu(-inf) are NaN, silu(+inf) is +inf, and below -87 the result is -0.
+/// overflows, and it is one division, `g / (1 + e)` or `(g · e) / (1 + e)` for negative `g`.
+/// silu(NaN) and silu(-inf) are NaN, silu(+inf) is +inf, and below -87 the result is -0.
 #[inline(always)]
 pub(super) fn silu(g: f32) -> f32 {
     let e = exp_silu(-g.abs());
-    let numerator = if g >= 0.0 { 1.0 } else { e };
-    g * (numerator / (1.0 + e))
+    let numerator = if g < 0.0 { g * e } else { g };
+    numerator / (1.0 + e)
 }
 
 /// `out = silu(gate) · up` for each row of `gate_up` (`[gate | up]`, `2 · dim` wide) on the

@@ -71,11 +71,10 @@ fn silu(g: __m256) -> __m256 {
     let offset = _mm256_set1_epi32(EXPONENT_OFFSET as i32);
     let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_castps_si256(shifted), offset));
     let e = _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)));
-    // g · (numerator / (1 + e)).
-    let one = _mm256_set1_ps(1.0);
-    let positive = _mm256_cmp_ps::<_CMP_GE_OQ>(g, _mm256_setzero_ps());
-    let numerator = _mm256_blendv_ps(e, one, positive);
-    _mm256_mul_ps(g, _mm256_div_ps(numerator, _mm256_add_ps(one, e)))
+    // (g < 0 ? g · e : g) / (1 + e).
+    let negative = _mm256_cmp_ps::<_CMP_LT_OQ>(g, _mm256_setzero_ps());
+    let numerator = _mm256_blendv_ps(g, _mm256_mul_ps(g, e), negative);
+    _mm256_div_ps(numerator, _mm256_add_ps(_mm256_set1_ps(1.0), e))
 }
 
 /// Each lane's upper half (a bf16 value as float32 bits).

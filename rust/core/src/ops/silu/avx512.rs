@@ -74,11 +74,10 @@ fn silu(g: __m512) -> __m512 {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
     }
     let e = _mm512_maskz_scalef_ps(keep, p, n);
-    // g · (numerator / (1 + e)).
-    let one = _mm512_set1_ps(1.0);
-    let positive = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(g, _mm512_setzero_ps());
-    let numerator = _mm512_mask_blend_ps(positive, e, one);
-    _mm512_mul_ps(g, _mm512_div_ps(numerator, _mm512_add_ps(one, e)))
+    // (g < 0 ? g · e : g) / (1 + e).
+    let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(g, _mm512_setzero_ps());
+    let numerator = _mm512_mask_mul_ps(g, negative, g, e);
+    _mm512_div_ps(numerator, _mm512_add_ps(_mm512_set1_ps(1.0), e))
 }
 
 /// Each lane's upper half (a bf16 value as float32 bits).
