@@ -98,6 +98,8 @@ fn high(bits: __m512i) -> __m512i {
 #[inline]
 fn round_bf16(values: __m512) -> __m512i {
     let bits = _mm512_castps_si512(values);
-    let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
-    _mm512_add_epi32(_mm512_add_epi32(bits, odd), _mm512_set1_epi32(0x7fff))
+    // bits + 0x7fff + (bit 16): 0x8000 where the upper half is odd.
+    let odd = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x1_0000));
+    let even = _mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff));
+    _mm512_mask_add_epi32(even, odd, bits, _mm512_set1_epi32(0x8000))
 }
