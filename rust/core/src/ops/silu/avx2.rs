@@ -55,15 +55,16 @@ fn step_bf16(gate: __m256i, up: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn silu(g: __m256) -> __m256 {
-    let x = _mm256_or_ps(g, _mm256_set1_ps(-0.0));
-    // exp_silu(x), x = -|g|.
-    let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(EXP_MIN));
+    // exp_silu(x) for x = -|g|, written with a = |g| and the negations moved into the fused
+    // operations (exact, and rounding to nearest is symmetric: the same bits).
+    let a = _mm256_andnot_ps(_mm256_set1_ps(-0.0), g);
+    let keep = _mm256_cmp_ps::<_CMP_LE_OQ>(a, _mm256_set1_ps(-EXP_MIN));
     let shifter = _mm256_set1_ps(SHIFTER);
     let log2e = _mm256_set1_ps(std::f32::consts::LOG2_E);
-    let shifted = _mm256_fmadd_ps(x, log2e, shifter);
+    let shifted = _mm256_fnmadd_ps(a, log2e, shifter);
     let n = _mm256_sub_ps(shifted, shifter);
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HIGH), x);
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LOW), r);
+    let r = _mm256_fnmsub_ps(n, _mm256_set1_ps(LN2_HIGH), a);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LOW), r);
     let mut p = _mm256_set1_ps(EXP_POLY[0]);
     for &c in &EXP_POLY[1..] {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));

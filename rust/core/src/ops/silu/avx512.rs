@@ -60,15 +60,18 @@ fn step_bf16(gate: __m512i, up: __m512i) -> __m512i {
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn silu(g: __m512) -> __m512 {
-    let sign = _mm512_set1_epi32(i32::MIN);
-    let x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g), sign));
-    // exp_silu(x), x = -|g|.
-    let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(EXP_MIN));
+    // exp_silu(x) for x = -|g|, written with a = |g| and the negations moved into the fused
+    // operations (exact, and rounding to nearest is symmetric: the same bits).
+    let a = _mm512_castsi512_ps(_mm512_and_si512(
+        _mm512_castps_si512(g),
+        _mm512_set1_epi32(i32::MAX),
+    ));
+    let keep = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(a, _mm512_set1_ps(-EXP_MIN));
     let shifter = _mm512_set1_ps(SHIFTER);
     let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
-    let n = _mm512_sub_ps(_mm512_fmadd_ps(x, log2e, shifter), shifter);
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HIGH), x);
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LOW), r);
+    let n = _mm512_sub_ps(_mm512_fnmadd_ps(a, log2e, shifter), shifter);
+    let r = _mm512_fnmsub_ps(n, _mm512_set1_ps(LN2_HIGH), a);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LOW), r);
     let mut p = _mm512_set1_ps(EXP_POLY[0]);
     for &c in &EXP_POLY[1..] {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
