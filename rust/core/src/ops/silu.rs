@@ -141,6 +141,22 @@ fn for_chunks<T: Copy + Default, const N: usize>(
     }
 }
 
+/// How far ahead of a step the vector kernels fetch its gate and up values into the cache
+/// (measured: 4 KiB beat 1 KiB and none on 2048-row bf16 calls that stream from memory). A
+/// step's vector work is long, so a miss the hardware prefetcher leaves stalls it.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_BYTES: usize = 4096;
+
+/// Starts fetching the cache line at `address`, which may lie anywhere: a prefetch never
+/// faults, and the kernels compute it with `wrapping_add`, never dereferenced.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch(address: *const i8) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    // SAFETY: a prefetch is a hint; it reads nothing the program sees and never faults.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(address) }
+}
+
 /// `values` as `U`'s when `T` is `U`.
 fn cast<T: 'static, U: 'static>(values: &[T]) -> Option<&[U]> {
     // SAFETY: `T` and `U` are one type, so the memory holds `values.len()` valid `U`s.

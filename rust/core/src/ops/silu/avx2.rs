@@ -2,7 +2,10 @@
 
 use std::arch::x86_64::*;
 
-use super::{for_chunks, EXPONENT_OFFSET, EXP_MIN, EXP_POLY, LN2_HIGH, LN2_LOW, SHIFTER};
+use super::{
+    for_chunks, prefetch, EXPONENT_OFFSET, EXP_MIN, EXP_POLY, LN2_HIGH, LN2_LOW, PREFETCH_BYTES,
+    SHIFTER,
+};
 use crate::element::Bf16;
 
 const LANES: usize = 8;
@@ -11,6 +14,8 @@ const LANES: usize = 8;
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn rows_f32(gate_up: &[f32], dim: usize, out: &mut [f32]) {
     for_chunks::<f32, LANES>(gate_up, dim, out, |gate, up, out| {
+        prefetch(gate.as_ptr().wrapping_add(PREFETCH_BYTES / 4).cast());
+        prefetch(up.as_ptr().wrapping_add(PREFETCH_BYTES / 4).cast());
         // SAFETY: each pointer addresses an array of 8 floats (read and written unaligned).
         unsafe {
             let product = _mm256_mul_ps(
@@ -28,6 +33,8 @@ pub(super) fn rows_f32(gate_up: &[f32], dim: usize, out: &mut [f32]) {
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn rows_bf16(gate_up: &[Bf16], dim: usize, out: &mut [Bf16]) {
     for_chunks::<Bf16, { 2 * LANES }>(gate_up, dim, out, |gate, up, out| {
+        prefetch(gate.as_ptr().wrapping_add(PREFETCH_BYTES / 2).cast());
+        prefetch(up.as_ptr().wrapping_add(PREFETCH_BYTES / 2).cast());
         // SAFETY: 16 bf16 values are 256 bits, read and written unaligned.
         let (gate, up) = unsafe {
             (
