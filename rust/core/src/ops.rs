@@ -9,7 +9,8 @@
 //! Arithmetic is float32 in every case; bf16 values are rounded (to nearest even) where
 //! PyTorch's bf16 operators round theirs: after each product and sum that PyTorch stores as a
 //! bf16 tensor. The instruction-set tiers (`isa`) compute the same bits: the sums run in the
-//! same fixed order on every tier, and no product is fused into an add.
+//! same fixed order on every tier, and no product is fused into an add, except in the gated
+//! SiLU's exponential, which fuses the same products on every tier (`silu.rs`).
 
 use crate::element::Element;
 use crate::error::{check_len, elements};
@@ -148,7 +149,7 @@ pub fn silu_and_mul_on<T: Element>(
         let input = &gate_up[first * row..(first + count) * row];
         // SAFETY: `for_row_ranges` hands each thread its own rows, inside the checked length.
         let out = unsafe { out.rows(first, count, dim) };
-        simd::silu_and_mul_rows(isa, input, dim, out);
+        silu::silu_and_mul_rows(isa, input, dim, out);
     });
     Ok(())
 }
@@ -215,7 +216,6 @@ pub fn rotary_on<T: Element>(
 /// vectorizes its fixed-size loops for the tier's registers).
 mod simd {
     use super::LANES;
-    use crate::attention::exp_nonpositive;
     use crate::element::Element;
     use crate::isa::Isa;
 
@@ -252,7 +252,6 @@ mod simd {
     tiers!(rms_norm_rows, rms_norm_portable, (
         x: &[T], residual: Option<&mut [T]>, weight: &[T], eps: f32, out: &mut [T]
     ));
-    tiers!(silu_and_mul_rows, silu_and_mul_portable, (gate_up: &[T], dim: usize, out: &mut [T]));
     tiers!(rotary_rows, rotary_portable, (
         x: &[T], cos: &[T], sin: &[T], dim: usize, out: &mut [T]
     ));
@@ -327,25 +326,9 @@ mod simd {
             }
         }
     }
-
-    #[inline(always)]
-    fn silu_and_mul_portable<T: Element>(gate_up: &[T], dim: usize, out: &mut [T]) {
-        for (row, out_row) in gate_up.chunks_exact(2 * dim).zip(out.chunks_exact_mut(dim)) {
-            let (gate, up) = row.split_at(dim);
-            for ((o, &g), &u) in out_row.iter_mut().zip(gate).zip(up) {
-                let g = g.load();
-                // silu(g) = g · sigmoid(g), with e^(-|g|) <= 1 so that nothing overflows.
-                let e = exp_nonpositive(-g.abs());
-                let sigmoid = if g >= 0.0 {
-                    1.0 / (1.0 + e)
-                } else {
-                    e / (1.0 + e)
-                };
-                *o = T::store(T::store(g * sigmoid).load() * u.load());
-            }
-        }
-    }
 }
+
+mod silu;
 
 #[cfg(test)]
 mod tests;

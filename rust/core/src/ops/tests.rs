@@ -285,3 +285,134 @@ fn bf16_shapes_that_do_not_fit_are_refused() {
     assert!(silu_and_mul(&x[..6], 3, &mut out[..5]).is_err());
     assert!(rotary(&x[..6], &out[..3], &out[..3], 3, &mut [Bf16(0); 6]).is_err());
 }
+
+/// The bits of float32s, so that NaNs compare equal to themselves.
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Gates with the special values (infinities, NaN, past the exponential's range, tiny and
+/// subnormal, signed zeros) between ordinary ones, against ups of either sign.
+fn special_gate_up(rows: usize, dim: usize) -> Vec<f32> {
+    let specials = [
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        100.0,
+        -100.0,
+        87.5,
+        -87.5,
+        -86.9,
+        1e-30,
+        -1e-30,
+        1e-40,
+        -1e-40,
+        0.0,
+        -0.0,
+        f32::MAX,
+        f32::MIN,
+    ];
+    let mut gate_up = values(rows * 2 * dim, 41);
+    for (i, g) in gate_up
+        .chunks_exact_mut(2 * dim)
+        .flat_map(|row| &mut row[..dim])
+        .enumerate()
+    {
+        if i % 3 == 0 {
+            *g = specials[(i / 3) % specials.len()];
+        }
+    }
+    // Some ups special too: NaN and infinities meet silu values of every kind.
+    for (i, u) in gate_up
+        .chunks_exact_mut(2 * dim)
+        .flat_map(|row| &mut row[dim..])
+        .enumerate()
+    {
+        if i % 4 == 1 {
+            *u = specials[(i / 4 + 1) % specials.len()];
+        }
+    }
+    gate_up
+}
+
+/// `gate_up` in bf16 with NaNs of every kind among the values: signaling ones and ones whose
+/// payload fills the mantissa (which rounding by addition must not carry into the exponent).
+fn special_gate_up_bf16(gate_up: &[f32]) -> Vec<Bf16> {
+    let nans = [0x7f81, 0xff81, 0x7fff, 0xffff, 0x7fc0, 0x7fa5];
+    let mut bf = to_bf16(gate_up);
+    for (i, v) in bf.iter_mut().enumerate() {
+        if i % 7 == 3 {
+            *v = Bf16(nans[(i / 7) % nans.len()]);
+        }
+    }
+    bf
+}
+
+#[test]
+fn silu_and_mul_of_special_values_and_ragged_rows_is_the_same_on_every_tier() {
+    for dim in [1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 47, 64] {
+        let rows = 5;
+        let gate_up = special_gate_up(rows, dim);
+        let run = |isa: Isa| {
+            let mut out = vec![f32::NAN; rows * dim];
+            silu_and_mul_on(isa, &gate_up, dim, &mut out).unwrap();
+            let bf = special_gate_up_bf16(&gate_up);
+            let mut out_bf = vec![Bf16(1); rows * dim];
+            silu_and_mul_on(isa, &bf, dim, &mut out_bf).unwrap();
+            (bits(&out), out_bf)
+        };
+        let want = run(Isa::Scalar);
+        for isa in tiers() {
+            assert_eq!(run(isa), want, "{isa:?} dim {dim}");
+        }
+    }
+}
+
+#[test]
+fn silu_of_special_values_behaves_as_pytorch() {
+    let silu = |g: f32| {
+        let mut out = [0f32];
+        silu_and_mul(&[g, 1.0], 1, &mut out).unwrap();
+        out[0]
+    };
+    assert_eq!(silu(f32::INFINITY), f32::INFINITY);
+    // -inf · sigmoid(-inf) = -inf · 0: NaN, as PyTorch's `x / (1 + exp(-x))` gives.
+    assert!(silu(f32::NEG_INFINITY).is_nan());
+    assert!(silu(f32::NAN).is_nan());
+    assert_eq!(silu(100.0), 100.0);
+    assert_eq!(silu(-100.0).to_bits(), (-0.0f32).to_bits());
+    assert_eq!(silu(0.0).to_bits(), 0);
+    assert_eq!(silu(-0.0).to_bits(), (-0.0f32).to_bits());
+    assert_eq!(silu(1e-30), 5e-31);
+    assert_eq!(silu(f32::MAX), f32::MAX);
+    // The bf16 kernel's NaN stays NaN through both roundings.
+    let mut out = [Bf16(0)];
+    silu_and_mul(&to_bf16(&[f32::NAN, 1.0]), 1, &mut out).unwrap();
+    assert!(out[0].to_f32().is_nan());
+}
+
+#[test]
+fn silu_and_mul_is_accurate_on_every_tier_over_a_wide_range() {
+    for dim in [1, 15, 17, 33, 200] {
+        let rows = 40;
+        let gate_up: Vec<f32> = values(rows * 2 * dim, 51)
+            .into_iter()
+            .map(|v| v * 6.0)
+            .collect();
+        let want: Vec<f64> = gate_up
+            .chunks_exact(2 * dim)
+            .flat_map(|row| {
+                let (gate, up) = row.split_at(dim);
+                gate.iter().zip(up).map(|(&g, &u)| {
+                    let g = f64::from(g);
+                    g / (1.0 + (-g).exp()) * f64::from(u)
+                })
+            })
+            .collect();
+        for isa in tiers() {
+            let mut out = vec![f32::NAN; rows * dim];
+            silu_and_mul_on(isa, &gate_up, dim, &mut out).unwrap();
+            assert_close(&out, &want, 1e-6);
+        }
+    }
+}
