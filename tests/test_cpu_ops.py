@@ -4,11 +4,15 @@ the residual in place as documented, and refuse outputs that overlap their input
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from srt import _rust
+from srt.layers import cpu_kernels
 from srt.layers.activation import SiluAndMul
 from srt.layers.layernorm import RMSNorm
 from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary
@@ -88,4 +92,53 @@ def test_sizes_past_the_address_space_are_value_errors() -> None:
         with pytest.raises(ValueError, match="more elements than memory can hold"):
             _rust.silu_and_mul(gate_up, dim, out)
     with pytest.raises(ValueError, match="even head size"):
-        _rust.rotary(gate_up[:2], gate_up[:2], gate_up[2:], 2**64 - 2, out)
+        _rust.rotary(gate_up[:2], 2, gate_up[:2], gate_up[2:], 2**64 - 2, out)
+
+
+def copies_in(call: Callable[[], object]) -> set[str]:
+    """The names of the copying ATen operators that `call` runs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        call()
+    names = {event.key for event in profile.key_averages()}
+    return names & {"aten::copy_", "aten::contiguous", "aten::clone", "aten::index_copy_"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_reads_strided_rows_in_place(dtype: torch.dtype) -> None:
+    """q and k, columns of the fused qkv output (rows 960 elements apart for SmolLM2's 576 and
+    192), and a row-narrowed tensor, rotate as their contiguous copies do, bit for bit, without
+    a copy."""
+    tokens, head_dim = 300, 64
+    rope = RotaryEmbedding(head_dim, 512, {"rope_type": "default", "rope_theta": 10000.0})(
+        torch.randint(0, 512, (tokens,)), dtype
+    )
+    qkv = torch.randn(tokens, 15 * head_dim).to(dtype)
+    q, k, _ = qkv.split([9 * head_dim, 3 * head_dim, 3 * head_dim], dim=-1)
+    narrowed = torch.randn(tokens, 4 * head_dim + 13).to(dtype)[:, 5 : 5 + 4 * head_dim]
+    for x in (
+        q.view(tokens, 9, head_dim),
+        k.view(tokens, 3, head_dim),
+        narrowed.view(tokens, 4, -1),
+    ):
+        assert not x.is_contiguous()
+        ours = cpu_kernels.rotary(x, *rope)
+        assert ours.is_contiguous()
+        assert torch.equal(ours, cpu_kernels.rotary(x.contiguous(), *rope))
+        assert not copies_in(functools.partial(cpu_kernels.rotary, x, *rope))
+    # One token, and rows that overlap (an expanded tensor) and so are copied first.
+    assert torch.equal(
+        cpu_kernels.rotary(q[:1].view(1, 9, -1), rope[0][:1], rope[1][:1]),
+        cpu_kernels.rotary(q[:1].contiguous().view(1, 9, -1), rope[0][:1], rope[1][:1]),
+    )
+    expanded = q[:1].view(1, 9, head_dim).expand(tokens, 9, head_dim)
+    assert torch.equal(
+        cpu_kernels.rotary(expanded, *rope), cpu_kernels.rotary(expanded.contiguous(), *rope)
+    )
+
+
+def test_strided_rotary_rows_past_the_input_are_refused() -> None:
+    x, cos = torch.randn(2 * 10 + 8), torch.randn(3, 4)
+    with pytest.raises(ValueError, match="end at"):
+        _rust.rotary(x[:-1].numpy(), 10, cos.numpy(), cos.numpy(), 4, torch.empty(3, 8).numpy())
+    with pytest.raises(ValueError, match="less than their width"):
+        _rust.rotary(x.numpy(), 6, cos.numpy(), cos.numpy(), 4, torch.empty(3, 8).numpy())

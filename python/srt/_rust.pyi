@@ -241,9 +241,13 @@ def silu_and_mul(gate_up: _Floats, dim: int, out: _Floats) -> None:
     """`out = silu(gate) · up` per row, where a row of `gate_up` is `[gate | up]`, each `dim`
     floats."""
 
-def rotary(x: _Floats, cos: _Floats, sin: _Floats, head_dim: int, out: _Floats) -> None:
+def rotary(
+    x: _Floats, x_stride: int, cos: _Floats, sin: _Floats, head_dim: int, out: _Floats
+) -> None:
     """`out = x · cos + [x₂ | x₁] · sin` for every head of each token's row of `x`; `cos` and
-    `sin` are `[tokens, head_dim]`, `sin` signed as `[-sin | sin]`."""
+    `sin` are `[tokens, head_dim]`, `sin` signed as `[-sin | sin]`. The rows of `x` lie
+    `x_stride` elements apart (`x` spans the first row's start to the last row's end); `out` is
+    contiguous, its length giving the row width."""
 
 def rms_norm_bf16(x: _Bf16, residual: _Bf16 | None, weight: _Bf16, eps: float, out: _Bf16) -> None:
     """`rms_norm` over bf16 tensors, rounded where PyTorch's bf16 operators round."""
@@ -251,7 +255,7 @@ def rms_norm_bf16(x: _Bf16, residual: _Bf16 | None, weight: _Bf16, eps: float, o
 def silu_and_mul_bf16(gate_up: _Bf16, dim: int, out: _Bf16) -> None:
     """`silu_and_mul` over bf16 tensors (silu rounded before the product)."""
 
-def rotary_bf16(x: _Bf16, cos: _Bf16, sin: _Bf16, head_dim: int, out: _Bf16) -> None:
+def rotary_bf16(x: _Bf16, x_stride: int, cos: _Bf16, sin: _Bf16, head_dim: int, out: _Bf16) -> None:
     """`rotary` over bf16 tensors (each product and the sum rounded)."""
 
 def cpu_isa() -> tuple[str, str]:
@@ -264,6 +268,20 @@ def set_cpu_isa(name: str) -> None:
 def cpu_bf16_matmul() -> tuple[bool, bool]:
     """Whether bf16 matrix products run natively (AVX-512 BF16 or AMX-BF16; false when the
     kernels are capped below the CPU's tier), and whether the CPU has AMX-BF16."""
+
+# --- KV store row scatter (rust/python/src/scatter.rs) ------------------------------------------
+
+def scatter_rows(
+    src: _Floats | _Bf16,
+    src_stride: int,
+    width: int,
+    slots: Buffer | NDArray[np.int64],
+    buffer: _Floats | _Bf16,
+) -> None:
+    """Copies row `i` of `src` (`width` elements at `i · src_stride`; `src` spans the first
+    row's start to the last row's end) to row `slots[i]` (int64) of `buffer`, both float32 or
+    both int16 (bf16 bits). Every slot is checked (`ValueError` outside the buffer) before any
+    row is written."""
 
 # --- Thread pinning (rust/python/src/threads.rs) ---------------------------------------------
 

@@ -17,6 +17,7 @@ when this module loads, before any kernel runs).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -143,13 +144,58 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x (`[tokens, ...]`, at least one token) as a flat span from its first token's row to the
+    end of its last, and the stride of those rows: a view when each token's elements are
+    contiguous (the q, k or v columns of the fused qkv projection's output), else a copy's."""
+    rows = x.reshape(x.shape[0], -1)
+    stride, step = rows.stride()
+    width = rows.shape[1]
+    if step != 1 or stride < width:
+        rows = rows.contiguous()
+        stride = width
+    return rows.as_strided(((rows.shape[0] - 1) * stride + width,), (1,)), stride
+
+
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x ([tokens, heads, head_dim]) rotated by each token's row of cos and signed sin."""
-    x = x.contiguous()
-    out = torch.empty_like(x)
+    """x ([tokens, heads, head_dim]) rotated by each token's row of cos and signed sin. x's
+    tokens may lie at any stride (q or k columns of the fused qkv output are read in place); the
+    result is contiguous."""
+    out = torch.empty(x.shape, dtype=x.dtype)
+    if x.shape[0] == 0:
+        return out
+    span, stride = _rows(x)
     kernel = _rust.rotary_bf16 if _bf16(x) else _rust.rotary
-    kernel(_view(x), _view(cos), _view(sin), x.shape[-1], _view(out))
+    kernel(_view(span), stride, _view(cos), _view(sin), x.shape[-1], _view(out))
     return out
+
+
+class RowScatter:
+    """Stores rows into a contiguous `[slots, ...]` buffer (float32 or bf16): calling it with
+    int64 `slots` and `rows` (`[len(slots), ...]`, of the buffer's dtype) sets `buffer[slots[i]]
+    = rows[i]`, one copy per row. Rows may lie at any stride (k or v columns of the fused qkv
+    output are read in place). Every slot is checked (`ValueError` outside the buffer) before
+    any row is written; a repeated slot keeps its last row."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        self.buffer = buffer
+        self.row_shape = buffer.shape[1:]
+        self.width = math.prod(self.row_shape)
+        # Made once: a numpy view costs microseconds, and a KV store runs per layer and pass.
+        self._buffer = _view(buffer)
+
+    def __call__(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        if rows.shape[1:] != self.row_shape or rows.shape[0] != slots.numel():
+            raise ValueError(
+                f"{slots.numel()} rows of shape {tuple(self.row_shape)} cannot take rows of "
+                f"shape {tuple(rows.shape)}"
+            )
+        if rows.shape[0] == 0:
+            return
+        span, stride = _rows(rows)
+        _rust.scatter_rows(
+            _view(span), stride, self.width, slots.contiguous().numpy(), self._buffer
+        )
 
 
 def decode_attention(

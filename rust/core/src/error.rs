@@ -50,6 +50,37 @@ pub(crate) fn check_len(what: &str, len: usize, expected: usize) -> Result<()> {
     Ok(())
 }
 
+/// `InvalidArgument` unless `rows` rows of `width` elements, `stride` apart, fit in a buffer of
+/// `len` elements named `what`: `stride >= width` (rows never overlap) and the last row's end,
+/// `(rows - 1) · stride + width`, computed without overflow, at most `len`.
+pub(crate) fn check_rows(
+    what: &str,
+    len: usize,
+    rows: usize,
+    stride: usize,
+    width: usize,
+) -> Result<()> {
+    if stride < width {
+        return Err(Error::InvalidArgument(format!(
+            "{what}'s rows are {stride} elements apart, less than their width {width}"
+        )));
+    }
+    let end = rows
+        .checked_sub(1)
+        .map_or(Some(0), |last| last.checked_mul(stride)?.checked_add(width))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{what}'s {rows} rows {stride} elements apart span more than memory can hold"
+            ))
+        })?;
+    if end > len {
+        return Err(Error::InvalidArgument(format!(
+            "{what} has {len} elements, but its {rows} rows {stride} apart end at {end}"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,5 +93,20 @@ mod tests {
         let err = elements("the input", &[usize::MAX / 2, 3]).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)));
         assert!(err.to_string().starts_with("the input of shape"), "{err}");
+    }
+
+    #[test]
+    fn check_rows_bounds_the_last_row_and_refuses_overlapping_rows() {
+        // 3 rows of 4, 10 apart: the last ends at 24.
+        assert_eq!(check_rows("x", 24, 3, 10, 4), Ok(()));
+        assert_eq!(check_rows("x", 100, 3, 10, 4), Ok(()));
+        assert!(check_rows("x", 23, 3, 10, 4).is_err());
+        assert!(check_rows("x", 100, 3, 3, 4).is_err());
+        assert_eq!(check_rows("x", 0, 0, 10, 4), Ok(()));
+        assert_eq!(check_rows("x", 4, 1, usize::MAX, 4), Ok(()));
+        let err = check_rows("x", usize::MAX, 3, usize::MAX / 2 + 1, 4).unwrap_err();
+        assert!(err.to_string().contains("more than memory"), "{err}");
+        let err = check_rows("x", usize::MAX, 2, usize::MAX, 4).unwrap_err();
+        assert!(err.to_string().contains("more than memory"), "{err}");
     }
 }

@@ -15,6 +15,7 @@ pub mod parallel;
 pub mod quant;
 pub mod radix;
 pub mod ring;
+pub mod scatter;
 #[cfg(test)]
 mod test_tokenizer;
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! SiLU's exponential, which fuses the same products on every tier (`silu.rs`).
 
 use crate::element::Element;
-use crate::error::{check_len, elements};
+use crate::error::{check_len, check_rows, elements};
 use crate::isa::{self, Isa};
 use crate::parallel;
 use crate::{Error, Result};
@@ -157,7 +157,8 @@ pub fn silu_and_mul_on<T: Element>(
 /// Rotates each `head_dim`-wide head of each token's row of `x` by the token's row of `cos` and
 /// `sin` (`[tokens, head_dim]`; `sin` signed as `[-sin | sin]`), in the rotate-half layout:
 /// `out = x · cos + [x₂ | x₁] · sin`, each product rounded before the sum, as PyTorch computes it
-/// (in bf16, each product and the sum rounded to bf16).
+/// (in bf16, each product and the sum rounded to bf16). `x` and `out` are contiguous rows of the
+/// same width.
 pub fn rotary<T: Element>(
     x: &[T],
     cos: &[T],
@@ -177,32 +178,60 @@ pub fn rotary_on<T: Element>(
     head_dim: usize,
     out: &mut [T],
 ) -> Result<()> {
-    let isa = isa.min(isa::detected());
-    if head_dim == 0 || !head_dim.is_multiple_of(2) || !cos.len().is_multiple_of(head_dim) {
-        return Err(Error::InvalidArgument(format!(
-            "rotary tables of {} floats do not hold rows of an even head size {head_dim}",
-            cos.len()
-        )));
-    }
-    let tokens = cos.len() / head_dim;
-    check_len("the sine table", sin.len(), cos.len())?;
     check_len("the output", out.len(), x.len())?;
-    if tokens == 0 || !x.len().is_multiple_of(tokens * head_dim) {
+    let tokens = rotary_tokens(cos, head_dim)?;
+    // Contiguous rows are rows at a stride of their own width.
+    let stride = x.len().checked_div(tokens).unwrap_or(0);
+    rotary_strided_on(isa, x, stride, cos, sin, head_dim, out)
+}
+
+/// [`rotary`] of input rows that lie `x_stride` elements apart (each row's heads contiguous):
+/// the query or key columns of a fused QKV projection's output, read in place. `x` runs from
+/// the first row's start to at least the last row's end; the output is contiguous, its length
+/// giving the row width.
+pub fn rotary_strided<T: Element>(
+    x: &[T],
+    x_stride: usize,
+    cos: &[T],
+    sin: &[T],
+    head_dim: usize,
+    out: &mut [T],
+) -> Result<()> {
+    rotary_strided_on(isa::active(), x, x_stride, cos, sin, head_dim, out)
+}
+
+/// [`rotary_strided`] on the tier `isa` (or the detected one, if lower).
+pub fn rotary_strided_on<T: Element>(
+    isa: Isa,
+    x: &[T],
+    x_stride: usize,
+    cos: &[T],
+    sin: &[T],
+    head_dim: usize,
+    out: &mut [T],
+) -> Result<()> {
+    let isa = isa.min(isa::detected());
+    let tokens = rotary_tokens(cos, head_dim)?;
+    check_len("the sine table", sin.len(), cos.len())?;
+    if tokens == 0 || !out.len().is_multiple_of(tokens * head_dim) {
         return Err(Error::InvalidArgument(format!(
             "{} floats are not whole heads of {head_dim} for {tokens} tokens",
-            x.len()
+            out.len()
         )));
     }
-    let width = x.len() / tokens;
-    let out = Rows(out.as_mut_ptr());
-    for_row_ranges(tokens, x.len(), &|first, count| {
-        let input = &x[first * width..(first + count) * width];
+    let width = out.len() / tokens;
+    check_rows("the input", x.len(), tokens, x_stride, width)?;
+    let (elements, out) = (out.len(), Rows(out.as_mut_ptr()));
+    for_row_ranges(tokens, elements, &|first, count| {
+        // In bounds: `check_rows` bounded the last row's end by `x.len()`.
+        let input = &x[first * x_stride..(first + count - 1) * x_stride + width];
         let tables = first * head_dim..(first + count) * head_dim;
         // SAFETY: `for_row_ranges` hands each thread its own rows, inside the checked length.
         let out = unsafe { out.rows(first, count, width) };
         simd::rotary_rows(
             isa,
             input,
+            x_stride,
             &cos[tables.clone()],
             &sin[tables],
             head_dim,
@@ -210,6 +239,17 @@ pub fn rotary_on<T: Element>(
         );
     });
     Ok(())
+}
+
+/// The tokens of rotary tables of `cos.len()` elements for heads of `head_dim` (even).
+fn rotary_tokens<T>(cos: &[T], head_dim: usize) -> Result<usize> {
+    if head_dim == 0 || !head_dim.is_multiple_of(2) || !cos.len().is_multiple_of(head_dim) {
+        return Err(Error::InvalidArgument(format!(
+            "rotary tables of {} floats do not hold rows of an even head size {head_dim}",
+            cos.len()
+        )));
+    }
+    Ok(cos.len() / head_dim)
 }
 
 /// The row loops, compiled for each tier of `Isa` from one portable body (the compiler
@@ -253,7 +293,7 @@ mod simd {
         x: &[T], residual: Option<&mut [T]>, weight: &[T], eps: f32, out: &mut [T]
     ));
     tiers!(rotary_rows, rotary_portable, (
-        x: &[T], cos: &[T], sin: &[T], dim: usize, out: &mut [T]
+        x: &[T], stride: usize, cos: &[T], sin: &[T], dim: usize, out: &mut [T]
     ));
 
     #[inline(always)]
@@ -293,10 +333,19 @@ mod simd {
     }
 
     #[inline(always)]
-    fn rotary_portable<T: Element>(x: &[T], cos: &[T], sin: &[T], dim: usize, out: &mut [T]) {
+    fn rotary_portable<T: Element>(
+        x: &[T],
+        stride: usize,
+        cos: &[T],
+        sin: &[T],
+        dim: usize,
+        out: &mut [T],
+    ) {
         let half = dim / 2;
-        let width = x.len() / (cos.len() / dim);
-        let rows = x.chunks_exact(width).zip(out.chunks_exact_mut(width));
+        let width = out.len() / (cos.len() / dim);
+        // Row r of the input starts at r · stride; the caller's slice ends at the last row's end.
+        let inputs = (0..out.len() / width).map(|r| &x[r * stride..r * stride + width]);
+        let rows = inputs.zip(out.chunks_exact_mut(width));
         // Each product rounded to T, then the sum: PyTorch's `x * cos + swapped * sin`.
         let term = |a: T, b: T| T::store(a.load() * b.load()).load();
         for ((row, out_row), (cos, sin)) in

@@ -18,6 +18,7 @@ mod packed;
 mod quant;
 mod radix;
 mod ring;
+mod scatter;
 mod threads;
 
 create_exception!(
@@ -47,6 +48,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gemm::register(m)?;
     attention::register(m)?;
     ops::register(m)?;
+    scatter::register(m)?;
     threads::register(m)?;
     quant::register(m)?;
     packed::register(m)?;

@@ -136,6 +136,7 @@ fn silu_and_mul_bf16(
 fn rotary_any<P: BufferElement, T: Element>(
     py: Python<'_>,
     [x, cos, sin]: [&PyBuffer<P>; 3],
+    x_stride: usize,
     head_dim: usize,
     out: &PyBuffer<P>,
     cast: Cast<P, T>,
@@ -160,21 +161,24 @@ fn rotary_any<P: BufferElement, T: Element>(
             &mut *output.as_ptr(),
         )
     };
-    py.detach(|| ops::rotary(input, cos, sin, head_dim, output))
+    py.detach(|| ops::rotary_strided(input, x_stride, cos, sin, head_dim, output))
         .map_err(to_py_err)
 }
 
-/// `out = x · cos + [x₂ | x₁] · sin` for every head of each token's row of `x`.
+/// `out = x · cos + [x₂ | x₁] · sin` for every head of each token's row of `x`, whose rows lie
+/// `x_stride` elements apart (`x` spans the first row's start to the last row's end); `out` is
+/// contiguous.
 #[pyfunction]
 fn rotary(
     py: Python<'_>,
     x: PyBuffer<f32>,
+    x_stride: usize,
     cos: PyBuffer<f32>,
     sin: PyBuffer<f32>,
     head_dim: usize,
     out: PyBuffer<f32>,
 ) -> PyResult<()> {
-    rotary_any(py, [&x, &cos, &sin], head_dim, &out, same)
+    rotary_any(py, [&x, &cos, &sin], x_stride, head_dim, &out, same)
 }
 
 /// `rotary` over bf16 tensors (int16 views of their bits).
@@ -182,12 +186,13 @@ fn rotary(
 fn rotary_bf16(
     py: Python<'_>,
     x: PyBuffer<i16>,
+    x_stride: usize,
     cos: PyBuffer<i16>,
     sin: PyBuffer<i16>,
     head_dim: usize,
     out: PyBuffer<i16>,
 ) -> PyResult<()> {
-    rotary_any(py, [&x, &cos, &sin], head_dim, &out, bf16_bits)
+    rotary_any(py, [&x, &cos, &sin], x_stride, head_dim, &out, bf16_bits)
 }
 
 /// The tier the CPU kernels run now, and the highest this CPU runs: each one of "scalar",

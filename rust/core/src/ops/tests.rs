@@ -416,3 +416,81 @@ fn silu_and_mul_is_accurate_on_every_tier_over_a_wide_range() {
         }
     }
 }
+
+/// `rows` rows of `width` copied out of `wide` at `stride` apart: the contiguous input that a
+/// strided one stands for.
+fn gather<T: Copy>(wide: &[T], rows: usize, stride: usize, width: usize) -> Vec<T> {
+    (0..rows)
+        .flat_map(|r| wide[r * stride..][..width].iter().copied())
+        .collect()
+}
+
+#[test]
+fn strided_rotary_equals_contiguous_bit_for_bit_on_every_tier() {
+    // 9 heads of 64 a row among 15 (SmolLM2's q of [q | k | v]), and an odd stride; 300 tokens
+    // run on several threads.
+    let (heads, head_dim) = (9, 64);
+    let width = heads * head_dim;
+    for (tokens, stride) in [(1, 960), (5, 960), (300, 960), (7, width + 3), (4, width)] {
+        let wide = values((tokens - 1) * stride + width, 41);
+        let cos = values(tokens * head_dim, 42);
+        let sin = values(tokens * head_dim, 43);
+        let plain = gather(&wide, tokens, stride, width);
+        let (wide_bf, plain_bf) = (to_bf16(&wide), to_bf16(&plain));
+        let (cos_bf, sin_bf) = (to_bf16(&cos), to_bf16(&sin));
+        for isa in tiers() {
+            let mut want = vec![f32::NAN; tokens * width];
+            rotary_on(isa, &plain, &cos, &sin, head_dim, &mut want).unwrap();
+            let mut got = vec![f32::NAN; tokens * width];
+            rotary_strided_on(isa, &wide, stride, &cos, &sin, head_dim, &mut got).unwrap();
+            assert_eq!(got, want, "{isa:?} {tokens} tokens, stride {stride}");
+            let mut want = vec![Bf16(0); tokens * width];
+            rotary_on(isa, &plain_bf, &cos_bf, &sin_bf, head_dim, &mut want).unwrap();
+            let mut got = vec![Bf16(0); tokens * width];
+            let x = &wide_bf;
+            rotary_strided_on(isa, x, stride, &cos_bf, &sin_bf, head_dim, &mut got).unwrap();
+            assert_eq!(got, want, "bf16 {isa:?} {tokens} tokens, stride {stride}");
+        }
+    }
+}
+
+#[test]
+fn strided_rotary_refuses_rows_that_overlap_or_run_past_the_input() {
+    let (tokens, head_dim, width) = (3, 4, 8);
+    let cos = values(tokens * head_dim, 1);
+    let mut out = vec![0.0; tokens * width];
+    let invalid = |r: Result<()>| matches!(r, Err(Error::InvalidArgument(_)));
+    let x = values(2 * 10 + width, 2);
+    assert!(rotary_strided(&x, 10, &cos, &cos, head_dim, &mut out).is_ok());
+    // Rows closer than their width would read one token's heads as another's.
+    assert!(invalid(rotary_strided(
+        &x, 6, &cos, &cos, head_dim, &mut out
+    )));
+    // The last row ends one element past the input.
+    assert!(invalid(rotary_strided(
+        &x[..x.len() - 1],
+        10,
+        &cos,
+        &cos,
+        head_dim,
+        &mut out
+    )));
+    // A stride whose product with the rows overflows.
+    assert!(invalid(rotary_strided(
+        &x,
+        usize::MAX / 2 + 1,
+        &cos,
+        &cos,
+        head_dim,
+        &mut out
+    )));
+    // An output that is not whole heads for the tokens.
+    assert!(invalid(rotary_strided(
+        &x,
+        10,
+        &cos,
+        &cos,
+        head_dim,
+        &mut out[..23]
+    )));
+}
