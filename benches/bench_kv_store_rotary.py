@@ -15,27 +15,15 @@ a pool of `max(tokens) + 1` slots at shuffled slots.
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from bench_utils import emit
+from bench_utils import best_of, emit
 
 from srt.layers import cpu_kernels
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
-
-
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def torch_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
