@@ -22,6 +22,7 @@ import torch
 from bench_utils import best_of, emit
 
 from srt.layers import cpu_kernels
+from srt.mem_cache.row_scatter import RowScatter
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
@@ -40,7 +41,7 @@ def run(tokens: int, slots: int, repeats: int) -> dict[str, dict[str, float]]:
     sin = torch.randn(tokens, 1, HEAD_DIM, dtype=bf16)
     buffer = torch.zeros(slots + 1, KV_HEADS, HEAD_DIM, dtype=bf16)
     where = torch.randperm(slots)[:tokens] + 1
-    scatter = cpu_kernels.RowScatter(buffer)
+    scatter = RowScatter(buffer)
     rotary = {
         "srt_us": best_of(lambda: cpu_kernels.rotary(q, cos, sin), repeats),
         "copy_us": best_of(lambda: cpu_kernels.rotary(q.contiguous(), cos, sin), repeats),

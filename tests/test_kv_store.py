@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from srt import _rust
-from srt.mem_cache import memory_pool
+from srt.mem_cache import memory_pool, row_scatter
 from srt.mem_cache.memory_pool import KVPool
 
 SLOTS, LAYERS, KV_HEADS, HEAD_DIM, HEADS = 40, 2, 3, 64, 9
@@ -110,20 +110,20 @@ def test_rows_that_do_not_fit_the_buffer_are_refused() -> None:
 
 
 def test_the_crossover_is_the_first_probe_won_from_there_on() -> None:
-    probes = memory_pool._PROBE_ROWS
-    assert memory_pool.min_rows_from([True] * len(probes)) == probes[0]
-    assert memory_pool.min_rows_from([False, True, False] + [True] * (len(probes) - 3)) == probes[3]
-    assert memory_pool.min_rows_from([True] * (len(probes) - 1) + [False]) == math.inf
+    probes = row_scatter._PROBE_ROWS
+    assert row_scatter.min_rows_from([True] * len(probes)) == probes[0]
+    assert row_scatter.min_rows_from([False, True, False] + [True] * (len(probes) - 3)) == probes[3]
+    assert row_scatter.min_rows_from([True] * (len(probes) - 1) + [False]) == math.inf
 
 
 def test_the_crossover_is_measured_once_per_dtype_and_width(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    first = memory_pool.scatter_min_rows(torch.bfloat16, (3, 64))
-    assert first == math.inf or first in memory_pool._PROBE_ROWS
+    first = row_scatter.scatter_min_rows(torch.bfloat16, (3, 64))
+    assert first == math.inf or first in row_scatter._PROBE_ROWS
 
     def measure_again(*args: object) -> bool:
         raise AssertionError("measured twice")
 
-    monkeypatch.setattr(memory_pool, "_scatter_wins", measure_again)
-    assert memory_pool.scatter_min_rows(torch.bfloat16, torch.Size([3, 64])) == first
+    monkeypatch.setattr(row_scatter, "_scatter_wins", measure_again)
+    assert row_scatter.scatter_min_rows(torch.bfloat16, torch.Size([3, 64])) == first

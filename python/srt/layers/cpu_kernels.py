@@ -17,12 +17,11 @@ when this module loads, before any kernel runs).
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import torch
 
 from srt import _rust, envs
+from srt.tensor_views import numpy_view as _view
+from srt.tensor_views import strided_rows
 
 # The dtypes of the row-wise and attention kernels.
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -70,11 +69,6 @@ def amx_bf16() -> bool:
 _configured_isa = envs.cpu_isa()
 if _configured_isa is not None:
     set_isa(_configured_isa)
-
-
-def _view(t: torch.Tensor) -> Any:
-    """The numpy view a kernel reads: float32 as is, bf16 as the int16 of its bits."""
-    return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy()
 
 
 def _bf16(t: torch.Tensor) -> bool:
@@ -144,19 +138,6 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """x (`[tokens, ...]`, at least one token) as a flat span from its first token's row to the
-    end of its last, and the stride of those rows: a view when each token's elements are
-    contiguous (the q, k or v columns of the fused qkv projection's output), else a copy's."""
-    rows = x.reshape(x.shape[0], -1)
-    stride, step = rows.stride()
-    width = rows.shape[1]
-    if step != 1 or stride < width:
-        rows = rows.contiguous()
-        stride = width
-    return rows.as_strided(((rows.shape[0] - 1) * stride + width,), (1,)), stride
-
-
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x ([tokens, heads, head_dim]) rotated by each token's row of cos and signed sin. x's
     tokens may lie at any stride (q or k columns of the fused qkv output are read in place); the
@@ -164,38 +145,10 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     out = torch.empty(x.shape, dtype=x.dtype)
     if x.shape[0] == 0:
         return out
-    span, stride = _rows(x)
+    span, stride = strided_rows(x)
     kernel = _rust.rotary_bf16 if _bf16(x) else _rust.rotary
     kernel(_view(span), stride, _view(cos), _view(sin), x.shape[-1], _view(out))
     return out
-
-
-class RowScatter:
-    """Stores rows into a contiguous `[slots, ...]` buffer (float32 or bf16): calling it with
-    int64 `slots` and `rows` (`[len(slots), ...]`, of the buffer's dtype) sets `buffer[slots[i]]
-    = rows[i]`, one copy per row. Rows may lie at any stride (k or v columns of the fused qkv
-    output are read in place). Every slot is checked (`ValueError` outside the buffer) before
-    any row is written; a repeated slot keeps its last row."""
-
-    def __init__(self, buffer: torch.Tensor) -> None:
-        self.buffer = buffer
-        self.row_shape = buffer.shape[1:]
-        self.width = math.prod(self.row_shape)
-        # Made once: a numpy view costs microseconds, and a KV store runs per layer and pass.
-        self._buffer = _view(buffer)
-
-    def __call__(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        if rows.shape[1:] != self.row_shape or rows.shape[0] != slots.numel():
-            raise ValueError(
-                f"{slots.numel()} rows of shape {tuple(self.row_shape)} cannot take rows of "
-                f"shape {tuple(rows.shape)}"
-            )
-        if rows.shape[0] == 0:
-            return
-        span, stride = _rows(rows)
-        _rust.scatter_rows(
-            _view(span), stride, self.width, slots.contiguous().numpy(), self._buffer
-        )
 
 
 def decode_attention(

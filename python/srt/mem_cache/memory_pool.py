@@ -8,13 +8,9 @@ runner owns these tensors and is their one writer.
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Sequence
-
 import torch
 
-from srt.layers import cpu_kernels
+from srt.mem_cache.row_scatter import RowScatter, scatter_min_rows, scatter_takes
 
 
 class ReqToTokenPool:
@@ -71,11 +67,10 @@ class KVPool:
         self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         # The row scatter of each layer's K and V buffers, where it takes them.
-        self._scatters: list[tuple[cpu_kernels.RowScatter, cpu_kernels.RowScatter]] | None = None
-        if cpu_kernels.runs_in_rust(self.k_buffers[0]):
-            scatter = cpu_kernels.RowScatter
+        self._scatters: list[tuple[RowScatter, RowScatter]] | None = None
+        if scatter_takes(self.k_buffers[0]):
             self._scatters = [
-                (scatter(k), scatter(v))
+                (RowScatter(k), RowScatter(v))
                 for k, v in zip(self.k_buffers, self.v_buffers, strict=True)
             ]
 
@@ -90,7 +85,7 @@ class KVPool:
         """Writes the K/V rows of new tokens ([tokens, kv_heads, head_dim]) into `slots` (int64).
 
         k and v are usually strided views into the fused qkv projection. On the CPU, float32
-        and bf16 rows are copied by srt's row scatter (`cpu_kernels.RowScatter`: one copy per
+        and bf16 rows are copied by srt's row scatter (`row_scatter.RowScatter`: one copy per
         row, every slot checked first), where PyTorch's `index_copy_` copies strided rows
         element by element (about 1.8 GB/s), from the row count at which it measures faster
         (`scatter_min_rows`: for a few rows its fixed cost exceeds `index_copy_`'s). Other
@@ -102,7 +97,7 @@ class KVPool:
             self._scatters is not None
             and slots.is_cpu
             and slots.dtype == torch.int64
-            and cpu_kernels.runs_in_rust(k_buffer, k, v)
+            and scatter_takes(k_buffer, k, v)
             and slots.numel() >= scatter_min_rows(k.dtype, k_buffer.shape[1:])
         ):
             k_scatter, v_scatter = self._scatters[layer_id]
@@ -116,57 +111,6 @@ class KVPool:
         """The K and V rows of `slots` (int64), each [len(slots), kv_heads, head_dim]."""
         keys = gather_rows(self.k_buffers[layer_id], slots)
         return keys, gather_rows(self.v_buffers[layer_id], slots)
-
-
-# Row counts at which the row scatter and `index_copy_` are compared (see `scatter_min_rows`).
-_PROBE_ROWS = (1, 4, 16, 64, 256)
-# (dtype, row shape) -> the measured fewest rows for the row scatter.
-_min_rows: dict[tuple[torch.dtype, tuple[int, ...]], float] = {}
-
-
-def scatter_min_rows(dtype: torch.dtype, row_shape: Sequence[int]) -> float:
-    """The fewest rows from which `cpu_kernels.RowScatter` stores rows of `row_shape` (a KV
-    buffer's `[kv_heads, head_dim]`) and `dtype` faster than `index_copy_` (inf where it never
-    does), measured once per process and key: both store strided rows (v's columns of a fused
-    projection's output) at each of `_PROBE_ROWS`, best of a few calls (about a millisecond in
-    all). The scatter's cost per call is mostly fixed (the tensor views handed to Rust);
-    `index_copy_`'s grows faster with the rows."""
-    key = (dtype, tuple(row_shape))
-    if key not in _min_rows:
-        wins = [_scatter_wins(dtype, key[1], rows) for rows in _PROBE_ROWS]
-        _min_rows[key] = min_rows_from(wins)
-    return _min_rows[key]
-
-
-def min_rows_from(wins: list[bool]) -> float:
-    """The first of `_PROBE_ROWS` from which the scatter won (`wins`, one per probe) at every
-    larger one too, or inf when it lost the last."""
-    losing = [rows for rows, won in zip(_PROBE_ROWS, wins, strict=True) if not won]
-    larger = [rows for rows in _PROBE_ROWS if not losing or rows > losing[-1]]
-    return float(larger[0]) if larger else math.inf
-
-
-def _scatter_wins(
-    dtype: torch.dtype, row_shape: tuple[int, ...], rows: int, repeats: int = 5
-) -> bool:
-    """Whether the row scatter stores `rows` strided rows faster than `index_copy_`."""
-    width = math.prod(row_shape)
-    fused = torch.zeros(rows, 3 * width, dtype=dtype)
-    source = fused[:, width : 2 * width].view(rows, *row_shape)
-    buffer = torch.zeros(rows + 1, *row_shape, dtype=dtype)
-    slots = torch.arange(rows, 0, -1)
-
-    def best(store: Callable[[], object]) -> float:
-        store()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            store()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    scatter = cpu_kernels.RowScatter(buffer)
-    return best(lambda: scatter(slots, source)) < best(lambda: buffer.index_copy_(0, slots, source))
 
 
 def gather_rows(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
