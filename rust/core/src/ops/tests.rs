@@ -20,6 +20,20 @@ fn assert_close(got: &[f32], want: &[f64], tolerance: f64) {
     }
 }
 
+/// `silu(gate) · up` per row of `[gate | up]` (`2 · dim` wide), in float64.
+fn silu_reference(gate_up: &[f32], dim: usize) -> Vec<f64> {
+    gate_up
+        .chunks_exact(2 * dim)
+        .flat_map(|row| {
+            let (gate, up) = row.split_at(dim);
+            gate.iter().zip(up).map(|(&g, &u)| {
+                let g = f64::from(g);
+                g / (1.0 + (-g).exp()) * f64::from(u)
+            })
+        })
+        .collect()
+}
+
 fn rms_reference(x: &[f32], weight: &[f32], eps: f32) -> Vec<f64> {
     let dim = weight.len();
     x.chunks_exact(dim)
@@ -60,16 +74,7 @@ fn silu_and_mul_equals_a_float64_reference() {
         gate_up[1] = 100.0;
         let mut out = vec![f32::NAN; rows * dim];
         silu_and_mul(&gate_up, dim, &mut out).unwrap();
-        let want: Vec<f64> = gate_up
-            .chunks_exact(2 * dim)
-            .flat_map(|row| {
-                let (gate, up) = row.split_at(dim);
-                gate.iter().zip(up).map(|(&g, &u)| {
-                    let g = f64::from(g);
-                    g / (1.0 + (-g).exp()) * f64::from(u)
-                })
-            })
-            .collect();
+        let want = silu_reference(&gate_up, dim);
         assert_close(&out, &want, 1e-6);
     }
 }
@@ -399,16 +404,7 @@ fn silu_and_mul_is_accurate_on_every_tier_over_a_wide_range() {
             .into_iter()
             .map(|v| v * 6.0)
             .collect();
-        let want: Vec<f64> = gate_up
-            .chunks_exact(2 * dim)
-            .flat_map(|row| {
-                let (gate, up) = row.split_at(dim);
-                gate.iter().zip(up).map(|(&g, &u)| {
-                    let g = f64::from(g);
-                    g / (1.0 + (-g).exp()) * f64::from(u)
-                })
-            })
-            .collect();
+        let want = silu_reference(&gate_up, dim);
         for isa in tiers() {
             let mut out = vec![f32::NAN; rows * dim];
             silu_and_mul_on(isa, &gate_up, dim, &mut out).unwrap();
