@@ -85,12 +85,9 @@ class KVPool:
         """Writes the K/V rows of new tokens ([tokens, kv_heads, head_dim]) into `slots` (int64).
 
         k and v are usually strided views into the fused qkv projection. On the CPU, float32
-        and bf16 rows are copied by srt's row scatter (`row_scatter.RowScatter`: one copy per
-        row, every slot checked first), where PyTorch's `index_copy_` copies strided rows
-        element by element (about 1.8 GB/s), from the row count at which it measures faster
-        (`scatter_min_rows`: for a few rows its fixed cost exceeds `index_copy_`'s). Other
-        devices and dtypes take `index_copy_`, not an indexed assignment, whose CPU
-        `index_put_` copies strided rows an order of magnitude slower.
+        and bf16 rows from `scatter_min_rows` on take srt's row scatter (`row_scatter.py`);
+        everything else takes `index_copy_`, not an indexed assignment, whose CPU `index_put_`
+        copies strided rows an order of magnitude slower.
         """
         k_buffer, v_buffer = self.k_buffers[layer_id], self.v_buffers[layer_id]
         if (

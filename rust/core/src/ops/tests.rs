@@ -457,36 +457,16 @@ fn strided_rotary_refuses_rows_that_overlap_or_run_past_the_input() {
     let mut out = vec![0.0; tokens * width];
     let invalid = |r: Result<()>| matches!(r, Err(Error::InvalidArgument(_)));
     let x = values(2 * 10 + width, 2);
-    assert!(rotary_strided(&x, 10, &cos, &cos, head_dim, &mut out).is_ok());
+    let rotate = |x: &[f32], stride: usize, out: &mut [f32]| {
+        rotary_strided(x, stride, &cos, &cos, head_dim, out)
+    };
+    assert!(rotate(&x, 10, &mut out).is_ok());
     // Rows closer than their width would read one token's heads as another's.
-    assert!(invalid(rotary_strided(
-        &x, 6, &cos, &cos, head_dim, &mut out
-    )));
+    assert!(invalid(rotate(&x, 6, &mut out)));
     // The last row ends one element past the input.
-    assert!(invalid(rotary_strided(
-        &x[..x.len() - 1],
-        10,
-        &cos,
-        &cos,
-        head_dim,
-        &mut out
-    )));
+    assert!(invalid(rotate(&x[..x.len() - 1], 10, &mut out)));
     // A stride whose product with the rows overflows.
-    assert!(invalid(rotary_strided(
-        &x,
-        usize::MAX / 2 + 1,
-        &cos,
-        &cos,
-        head_dim,
-        &mut out
-    )));
+    assert!(invalid(rotate(&x, usize::MAX / 2 + 1, &mut out)));
     // An output that is not whole heads for the tokens.
-    assert!(invalid(rotary_strided(
-        &x,
-        10,
-        &cos,
-        &cos,
-        head_dim,
-        &mut out[..23]
-    )));
+    assert!(invalid(rotate(&x, 10, &mut out[..23])));
 }
