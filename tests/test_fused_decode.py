@@ -17,7 +17,7 @@ from test_quantized_loading import checkpoint, every_matrix
 from srt import _rust
 from srt.layers import cpu_kernels, quant_kernels
 from srt.layers.attention.torch_native import TorchNativeAttnBackend
-from srt.layers.quant_kernels import DENSE, KERNEL, QuantizedWeight
+from srt.layers.quant_kernels import DENSE, KERNEL, PREFILL, QuantizedWeight
 from srt.model_executor.model_runner import ModelRunner
 from srt.models.fused_decode import FusedDecode
 
@@ -103,6 +103,38 @@ def test_a_fused_step_gives_the_layers_bits(
         assert torch.equal(ours, theirs)
 
 
+def test_a_fused_step_rounding_activations_to_int8_gives_the_layers_bits(
+    tiny_model_factory: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    counted: list[bool],
+) -> None:
+    """Where the plans round activations to one int8 from 2 rows (as if measured; 16 in
+    serving), the stack's decode steps of 3 sequences do too, as the layers' do."""
+    if cpu_kernels.quant_packed_kernel() is None:
+        pytest.skip("one int8 per activation needs the integer kernel (AVX-512 VNNI)")
+    monkeypatch.setattr(quant_kernels, "_plans", {})
+    monkeypatch.setattr(
+        quant_kernels,
+        "_measure_plan",
+        lambda weight, dtype, offered: ((0, KERNEL), (2, PREFILL) if offered else (512, DENSE)),
+    )
+
+    def logits(offered: bool) -> list[torch.Tensor]:
+        runner = quantized_runner(tiny_model_factory, "llama", every_matrix("q4_1"), "bfloat16")
+        runner.offer_int8_activations = offered  # as for a GGUF file
+        return runner_extend_and_decode_logits(runner)
+
+    fused, split = logits(True), logits(False)
+    assert counted == [False, False, True, True, True] * 2
+    counted.clear()
+    monkeypatch.setenv("SRT_FUSED_DECODE", "0")
+    layered = logits(True)
+    assert counted == [False] * 5
+    for ours, theirs in zip(fused, layered, strict=True):
+        assert torch.equal(ours, theirs)
+    assert not any(torch.equal(a, b) for a, b in zip(fused[2:], split[2:], strict=True))
+
+
 def shared_prefix_logits(runner: ModelRunner) -> list[torch.Tensor]:
     """`runner_extend_and_decode_logits` with the cascade offered wherever it would save a
     token; it is not taken, as the backend reads K/V in place."""
@@ -166,7 +198,7 @@ def stack_args(dtype: torch.dtype) -> tuple[list[tuple[object, ...]], torch.Tens
         weight._unpacked_blocks().view(n, -1, 34)[:, :, :2] = torch.tensor(
             [0x1F, 0x21], dtype=torch.uint8
         )
-        return ("q8_0", False, weight.held, n, k, None)
+        return ("q8_0", False, weight.held, n, k, None, None)
 
     k_cache, v_cache = (torch.randn(8, 1, 16, generator=generator).to(dtype) for _ in range(2))
     norm = torch.ones(32, dtype=dtype)

@@ -11,6 +11,7 @@ magnitude (half a step at most, about 0.4%) leaves errors within 2e-2.
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -130,6 +131,27 @@ def test_products_round_activations_to_int8_only_inside_the_offer(
     assert torch.equal(weight.linear(x), exact)
 
 
+@pytest.mark.parametrize(
+    ("plan", "rows"),
+    [
+        (((0, KERNEL), (16, PREFILL), (64, DENSE)), (16, 64)),
+        (((0, KERNEL), (16, PREFILL), (32, KERNEL)), (16, 32)),
+        (((0, KERNEL), (16, PREFILL)), (16, sys.maxsize)),
+        (((0, KERNEL), (8, DENSE), (16, PREFILL)), (None, 8)),
+        (((0, KERNEL),), (None, sys.maxsize)),
+    ],
+)
+def test_tile_rows_reads_where_the_plan_leaves_the_tile_kernels(
+    plan: quant_kernels.Plan, rows: tuple[int | None, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a decode stack running only the tile kernels needs of a plan: from which rows it
+    rounds activations to one int8, and from which rows another path takes the products."""
+    monkeypatch.setattr(quant_kernels, "_plans", {})
+    monkeypatch.setattr(quant_kernels, "_measure_plan", lambda weight, dtype, offered: plan)
+    weight, _ = make("q4_1", 16, 64)
+    assert weight.tile_rows(torch.float32, True) == rows
+
+
 @pytest.mark.parametrize("offered", [False, True])
 def test_linear_takes_the_path_its_measured_plan_gives(
     offered: bool, monkeypatch: pytest.MonkeyPatch
@@ -149,7 +171,7 @@ def test_linear_takes_the_path_its_measured_plan_gives(
             )
         else:
             assert PREFILL not in dict(plan).values()
-            assert weight.crossover(dtype) == (plan[1][0] if len(plan) > 1 else 512)
+            assert weight.tile_rows(dtype, offered) == (None, plan[1][0])
         boundaries = [(1, KERNEL)] + [
             (rows, path)
             for (_, below), (start, path) in itertools.pairwise(plan)

@@ -15,15 +15,20 @@ runs PyTorch's matrix multiply in the activations' dtype (oneDNN's bf16 products
 `--dtype auto` chose bf16).
 
 The prefill kernel is offered only inside `int8_activations(True)`, which the model runner
-enters for extend (prefill) passes of `--quantization gguf` models unless
-`--disable-int8-activations`: decode steps keep the split kernel's ~15 bits. Why: measured on
-SmolLM2-135M Q4_1 against its dequantized float32 model (24 chat prompts, 32 tokens, each step
-fed the reference's token), as top-1 agreement of the next token and mean KL divergence of its
-distribution: with bf16 activations (the default dtype where the CPU has AVX-512 BF16) 97.5% and
-1.1e-3 without int8, 96.4% and 2.3e-3 with prefill in int8, 95.8% and 4.8e-3 when decode
-batches of 16 rows or more were rounded too (a decode step's error reaches its token directly,
-a prefill's through the cached K and V); with float32 activations, 100% and 3e-8 without,
-97.1% and 1.2e-3 with prefill in int8. Its speed on a quiet 2-core Zen 4 (SmolLM2's
+enters for every pass (prefill and decode) of `--quantization gguf` models unless
+`--disable-int8-activations`; from `INT8_ACTIVATION_MIN_ROWS` rows a product may take it, so
+prefill passes and decode steps of 16 sequences or more round activations to one int8, as
+llama.cpp does at every size, and smaller decode steps keep the split kernel's ~15 bits. Why:
+measured on SmolLM2-135M Q4_1 against its dequantized float32 model (24 chat prompts, 32
+tokens, each step fed the reference's token), as top-1 agreement of the next token and mean KL
+divergence of its distribution: with bf16 activations (the default dtype where the CPU has
+AVX-512 BF16) 97.5% and 1.1e-3 without int8, 96.4% and 2.3e-3 with prefill in int8, 95.8% and
+4.8e-3 when decode batches of 16 rows or more were rounded too (a decode step's error reaches
+its token directly, a prefill's through the cached K and V); with float32 activations, 100%
+and 3e-8 without, 97.1% and 1.2e-3 with prefill in int8. For those 0.6 points of agreement a
+decode step of 16 sequences went from 28.1 to 23.0 ms and one of 32 from 58.6 to 45.5 ms (the
+split kernel does twice the integer products; SmolLM2, bf16, 256-token contexts, 2 threads,
+alternated in one process). The prefill kernel's speed on a quiet 2-core Zen 4 (SmolLM2's
 projections, 256 to 4096 bf16 rows, benches/bench_quant_linear.py): 0.48 to 0.60 TOP/s, against
 0.39 to 0.43 TFLOP/s for PyTorch's bf16 matmul on a dequantized weight and 0.29 to 0.41 for the
 dense path (which dequantizes for each call).
@@ -41,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -83,6 +89,11 @@ def int8_activations(offered: bool) -> Iterator[None]:
         yield
     finally:
         _int8_offered.reset(token)
+
+
+def int8_offered() -> bool:
+    """Whether products may round activations to int8 here (inside `int8_activations(True)`)."""
+    return _int8_offered.get()
 
 
 class QuantizedWeight:
@@ -197,11 +208,16 @@ class QuantizedWeight:
         self._paths[dtype, int8_offered] = bound
         return found
 
-    def crossover(self, dtype: torch.dtype = torch.float32) -> int:
-        """The fewest rows of `dtype` that leave the few-row kernel for a many-row path (in a
-        decode step: activations not rounded to int8)."""
-        plan = self.plan(dtype)
-        return plan[1][0] if len(plan) > 1 else 2 * _PROBE_ROWS[-1]
+    def tile_rows(self, dtype: torch.dtype, int8_offered: bool) -> tuple[int | None, int]:
+        """For a decode stack that runs the tile kernels alone (`fused_decode`): from which row
+        count of `dtype` the plan takes the prefill kernel (activations rounded to one int8;
+        None: never), and from which it takes another path (`sys.maxsize`: none)."""
+        one_int8_from = None
+        for start, path in self.plan(dtype, int8_offered)[1:]:
+            if path != PREFILL or one_int8_from is not None:
+                return one_int8_from, start
+            one_int8_from = start
+        return one_int8_from, sys.maxsize
 
     def _kernel(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The product on the tiles (in the rows' dtype) or the blocks (in float32)."""

@@ -112,8 +112,8 @@ class ModelRunner:
         # Serving never trains: without gradients the CPU kernels read parameters directly.
         self.model.eval().requires_grad_(False)
         prepare_for_device(self.model)
-        # Prefill passes of GGUF blocks may round activations to int8 (`quant_kernels`).
-        self.int8_prefill = (
+        # Products on GGUF blocks may round activations to int8 (`quant_kernels`).
+        self.offer_int8_activations = (
             config.quantization == "gguf" and not self.server_args.disable_int8_activations
         )
         self.weight_bytes = weight_bytes(self.model)
@@ -325,8 +325,7 @@ class ModelRunner:
         if graphs is not None and graphs.can_run(forward_batch):
             return graphs.run(forward_batch)
         self.attn_backend.init_forward_metadata(forward_batch)
-        extend = forward_batch.forward_mode is ForwardMode.EXTEND
-        with int8_activations(self.int8_prefill and extend):
+        with int8_activations(self.offer_int8_activations):
             logits: torch.Tensor = self.model(
                 forward_batch.input_ids, forward_batch.positions, forward_batch
             )

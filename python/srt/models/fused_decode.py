@@ -30,7 +30,7 @@ from srt.forward_mode import ForwardMode
 from srt.layers import cpu_kernels
 from srt.layers.attention.torch_native import TorchNativeAttnBackend
 from srt.layers.linear import Linear
-from srt.layers.quant_kernels import QuantizedWeight
+from srt.layers.quant_kernels import QuantizedWeight, int8_offered
 
 if TYPE_CHECKING:
     from srt.layers.forward_batch import ForwardBatch
@@ -52,12 +52,15 @@ class FusedDecode:
     """The decode path of one `LlamaModel` through `DecoderStack`, built at its first use
     for the model's KV pool (and again for another pool). The stack holds the weights in the
     form the layers' products read (tiles where the CPU has the integer kernel, else blocks:
-    `QuantizedWeight.pack` decides once, and the crossover's measurement calls it first)."""
+    `QuantizedWeight.pack` decides once, and measuring the plans calls it first), and each
+    projection's row count for one int8 while products may round activations to int8
+    (`quant_kernels.int8_activations`: built again when that changes)."""
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self.enabled = envs.fused_decode() and get_tp_group().size == 1
-        self._pool: KVPool | None = None
+        # What the stack was built for: the pool, and whether int8 activations were offered.
+        self._built_for: tuple[KVPool, bool] | None = None
         self._stack: Any = None
         # Steps of at least this many sequences take the layers' path.
         self._max_batch = 0
@@ -95,22 +98,23 @@ class FusedDecode:
 
     def _ready(self, pool: KVPool, dtype: torch.dtype) -> bool:
         """Whether a stack serves `pool` in `dtype`, building it if the model qualifies."""
-        if self._pool is pool:
+        built_for = (pool, int8_offered())
+        if self._built_for == built_for:
             return self._stack is not None
-        self._pool, self._stack = pool, None
+        self._built_for, self._stack = built_for, None
         layers = cast("list[LlamaDecoderLayer]", list(self.model.layers))
         if not layers or pool.k_buffers[0].dtype != dtype or pool.k_buffers[0].device.type != "cpu":
             return False
         attention = layers[0].self_attn
         if attention.qk_norm:
             return False
-        specs, crossovers = [], []
+        specs, ends = [], []
         for layer in layers:
-            spec = self._layer_spec(layer, pool, dtype)
+            spec = self._layer_spec(layer, pool, dtype, built_for[1])
             if spec is None:
                 return False
             specs.append(spec[0])
-            crossovers.extend(spec[1])
+            ends.extend(spec[1])
         self._stack = _rust.DecoderStack(
             attention.num_heads,
             attention.num_kv_heads,
@@ -119,22 +123,23 @@ class FusedDecode:
             attention.attn.scaling,
             specs,
         )
-        self._max_batch = min(crossovers)
+        self._max_batch = min(ends)
         return True
 
     def _layer_spec(
-        self, layer: LlamaDecoderLayer, pool: KVPool, dtype: torch.dtype
+        self, layer: LlamaDecoderLayer, pool: KVPool, dtype: torch.dtype, offered: bool
     ) -> tuple[tuple[Any, ...], list[int]] | None:
-        """A layer's tuple for `DecoderStack` and its projections' crossovers, or None when a
-        projection is not quantized or a norm is not of `dtype`."""
+        """A layer's tuple for `DecoderStack` and, per projection, the fewest rows that leave
+        the tile kernels; None when a projection is not quantized or a norm is not of `dtype`."""
         attention, mlp = layer.self_attn, layer.mlp
-        projections, crossovers = [], []
+        projections, ends = [], []
         for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
             weight = _quantized(linear)
             if weight is None:
                 return None
-            # First: measuring the crossover packs the weight where it will be packed.
-            crossovers.append(weight.crossover(dtype))
+            # First: measuring the plan packs the weight where it will be packed.
+            one_int8_from, end = weight.tile_rows(dtype, offered)
+            ends.append(end)
             # The stack holds the numpy view, which holds the float32 copy.
             bias = None if linear.bias is None else linear.bias.detach().to(torch.float32)
             projections.append(
@@ -145,6 +150,7 @@ class FusedDecode:
                     weight.out_features,
                     weight.in_features,
                     None if bias is None else bias.contiguous().numpy(),
+                    one_int8_from,
                 )
             )
         norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
@@ -162,4 +168,4 @@ class FusedDecode:
             _view(pool.k_buffers[index]),
             _view(pool.v_buffers[index]),
         )
-        return spec, crossovers
+        return spec, ends

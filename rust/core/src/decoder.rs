@@ -1,7 +1,8 @@
 //! A decode step through a stack of Llama-style decoder layers whose projections are quantized
-//! weights (packed tiles or GGUF blocks), in one call: the kernels the model's Python layers call one by one
-//! (`ops`, `quant::linear_packed`, `attention::decode_attention`), called here in the same order
-//! on the same values, so the results are the same bits.
+//! weights (packed tiles or GGUF blocks), in one call: the kernels the model's Python layers
+//! call one by one (`ops`, `quant::linear_packed` or `linear_packed_prefill`,
+//! `attention::decode_attention`), called here in the same order on the same values, so the
+//! results are the same bits.
 //!
 //! Why: at one sequence, a decode step of SmolLM2 (30 layers) is about 300 kernel calls of
 //! 5 to 40 µs of arithmetic each, and each call from Python costs 5 to 10 µs more (module
@@ -46,12 +47,17 @@ impl Weight<'_> {
     }
 }
 
-/// A projection and its bias.
+/// A projection, its bias, and from how many rows its product rounds activations to one int8.
 #[derive(Debug, Clone, Copy)]
 pub struct Projection<'a> {
     pub weight: Weight<'a>,
     /// `out_features` floats, when the projection has a bias.
     pub bias: Option<&'a [f32]>,
+    /// Steps of at least this many rows take `quant::linear_packed_prefill` (activations
+    /// rounded to one int8 per value) where fewer take `linear_packed` (two int8 parts), as
+    /// the projection's plan in `QuantizedWeight.linear` does; `None`: every step takes
+    /// `linear_packed`. Only for packed weights.
+    pub one_int8_from: Option<usize>,
 }
 
 /// One decoder layer: its weights and its K/V caches (`[pool_slots, kv_heads, head_dim]`).
@@ -172,8 +178,9 @@ pub fn decode_layers<T: Element>(
     Ok(())
 }
 
-/// `out = x · Wᵀ + bias`, as `QuantizedWeight.linear` computes it for few rows: on tiles in
-/// the activations' type; on blocks in float32, the output then rounded to `T`.
+/// `out = x · Wᵀ + bias`, as `QuantizedWeight.linear` computes it for decode-sized products:
+/// on tiles in the activations' type (two int8 parts, or one from `one_int8_from` rows); on
+/// blocks in float32, the output then rounded to `T`.
 fn project<T: Element>(
     kernel: PackedKernel,
     projection: &Projection<'_>,
@@ -182,6 +189,9 @@ fn project<T: Element>(
     out: &mut [T],
 ) -> Result<()> {
     match &projection.weight {
+        Weight::Packed(weight) if projection.one_int8_from.is_some_and(|from| rows >= from) => {
+            quant::linear_packed_prefill(kernel, weight, x, rows, projection.bias, out)
+        }
         Weight::Packed(weight) => linear_packed(kernel, weight, x, rows, projection.bias, out),
         Weight::Blocks(weight) => {
             let input: Vec<f32> = x.iter().map(|v| v.load()).collect();
@@ -308,6 +318,11 @@ fn check_layer<T: Element>(
         }
         if let Some(bias) = projection.bias {
             check_len("a bias", bias.len(), out)?;
+        }
+        if matches!(projection.weight, Weight::Blocks(_)) && projection.one_int8_from.is_some() {
+            return Err(invalid(format!(
+                "the {what} projection is blocks, which have no one-int8 kernel"
+            )));
         }
     }
     check_len("the V cache", layer.v_cache.len(), layer.k_cache.len())?;

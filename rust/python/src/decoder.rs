@@ -19,14 +19,15 @@ use srt_core::quant::{Format, PackedKernel, PackedMatrix, QuantMatrix};
 use crate::boundary::{contiguous, overlap};
 use crate::to_py_err;
 
-/// A projection's buffers: its format, its tiles (`packed`) or blocks, its shape and optional
-/// float32 bias.
+/// A projection's buffers: its format, its tiles (`packed`) or blocks, its shape, optional
+/// float32 bias, and the rows from which its product rounds activations to one int8.
 struct ProjectionBuffers {
     format: Format,
     packed: bool,
     bytes: PyBuffer<u8>,
     shape: (usize, usize),
     bias: Option<PyBuffer<f32>>,
+    one_int8_from: Option<usize>,
 }
 
 /// One layer's buffers, norms and caches of element `P` (f32, or i16 holding bf16 bits).
@@ -41,7 +42,8 @@ struct LayerBuffers<P> {
     v_cache: PyBuffer<P>,
 }
 
-/// `(format, packed, tiles or blocks, out_features, in_features, bias or None)`.
+/// `(format, packed, tiles or blocks, out_features, in_features, bias or None, one_int8_from
+/// or None)`.
 type ProjectionTuple = (
     String,
     bool,
@@ -49,6 +51,7 @@ type ProjectionTuple = (
     usize,
     usize,
     Option<PyBuffer<f32>>,
+    Option<usize>,
 );
 
 enum Layers {
@@ -67,7 +70,7 @@ struct DecoderStack {
 impl DecoderStack {
     /// `layers`: per layer, the tuple `(input_norm, qkv, o, post_norm, gate_up, down, k_cache,
     /// v_cache)`, each projection a tuple `(format, packed, tiles or blocks, out_features,
-    /// in_features, bias or None)`;
+    /// in_features, bias or None, one_int8_from or None)` (`decoder::Projection`'s fields);
     /// the norms and caches all float32 or all bfloat16 bits (int16).
     #[new]
     #[pyo3(signature = (heads, kv_heads, head_dim, eps, scale, layers))]
@@ -158,13 +161,15 @@ fn collect<P: BufferElement>(layers: &[Bound<'_, PyTuple>]) -> PyResult<Vec<Laye
             };
             let projection = |i: usize| -> PyResult<ProjectionBuffers> {
                 let projection = layer.get_item(i)?;
-                let (fmt, packed, bytes, n, k, bias): ProjectionTuple = projection.extract()?;
+                let (fmt, packed, bytes, n, k, bias, one_int8_from): ProjectionTuple =
+                    projection.extract()?;
                 Ok(ProjectionBuffers {
                     format: Format::parse(&fmt).map_err(to_py_err)?,
                     packed,
                     bytes,
                     shape: (n, k),
                     bias,
+                    one_int8_from,
                 })
             };
             Ok(LayerBuffers {
@@ -227,6 +232,7 @@ fn projection(buffers: &ProjectionBuffers) -> PyResult<Projection<'_>> {
     Ok(Projection {
         weight: weight(buffers)?,
         bias,
+        one_int8_from: buffers.one_int8_from,
     })
 }
 
