@@ -141,15 +141,16 @@ def test_products_round_activations_to_int8_only_inside_the_offer(
         (((0, KERNEL),), (None, sys.maxsize)),
     ],
 )
-def test_tile_rows_reads_where_the_plan_leaves_the_tile_kernels(
+def test_stack_rows_reads_where_the_plan_leaves_the_stacks_kernels(
     plan: quant_kernels.Plan, rows: tuple[int | None, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What a decode stack running only the tile kernels needs of a plan: from which rows it
-    rounds activations to one int8, and from which rows another path takes the products."""
+    """What a decode stack running only the few-row and prefill kernels needs of a plan: from
+    which rows it rounds activations to one int8, and from which rows another path takes the
+    products."""
     monkeypatch.setattr(quant_kernels, "_plans", {})
     monkeypatch.setattr(quant_kernels, "_measure_plan", lambda weight, dtype, offered: plan)
     weight, _ = make("q4_1", 16, 64)
-    assert weight.tile_rows(torch.float32, True) == rows
+    assert weight.stack_rows(torch.float32, True) == rows
 
 
 @pytest.mark.parametrize("offered", [False, True])
@@ -171,7 +172,7 @@ def test_linear_takes_the_path_its_measured_plan_gives(
             )
         else:
             assert PREFILL not in dict(plan).values()
-            assert weight.tile_rows(dtype, offered) == (None, plan[1][0])
+            assert weight.stack_rows(dtype, offered) == (None, plan[1][0])
         boundaries = [(1, KERNEL)] + [
             (rows, path)
             for (_, below), (start, path) in itertools.pairwise(plan)

@@ -208,10 +208,10 @@ class QuantizedWeight:
         self._paths[dtype, int8_offered] = bound
         return found
 
-    def tile_rows(self, dtype: torch.dtype, int8_offered: bool) -> tuple[int | None, int]:
-        """For a decode stack that runs the tile kernels alone (`fused_decode`): from which row
-        count of `dtype` the plan takes the prefill kernel (activations rounded to one int8;
-        None: never), and from which it takes another path (`sys.maxsize`: none)."""
+    def stack_rows(self, dtype: torch.dtype, int8_offered: bool) -> tuple[int | None, int]:
+        """For a decode stack that runs the few-row and prefill kernels alone (`fused_decode`):
+        from which row count of `dtype` the plan takes the prefill kernel (activations rounded
+        to one int8; None: never), and from which another path (`sys.maxsize`: none)."""
         one_int8_from = None
         for start, path in self.plan(dtype, int8_offered)[1:]:
             if path != PREFILL or one_int8_from is not None:

@@ -12,9 +12,10 @@ gives the same bits either way; only the Python goes.
 When it runs: decode steps on the CPU, float32 or bf16, whose attention can read the KV cache in
 place (`TorchNativeAttnBackend.in_place_decode`), in models without per-head q/k norms, on one
 tensor-parallel rank (the stack has no all-reduce between a layer's shards), with fewer
-sequences than the smallest of the projections' crossovers (`QuantizedWeight.crossover`: below
-it, their measured plan runs the few-row kernel the stack runs; at or past it, a many-row path,
-and so does the step). Elsewhere, or with `SRT_FUSED_DECODE=0`, the layers run one by one.
+sequences than any projection's plan gives to a path other than the kernels the stack runs
+(`QuantizedWeight.stack_rows`: the few-row kernel, and on tiles the prefill kernel from the row
+count where the plan rounds activations to one int8, as each projection's plan gives for the
+step's rows). Elsewhere, or with `SRT_FUSED_DECODE=0`, the layers run one by one.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ class FusedDecode:
         self, layer: LlamaDecoderLayer, pool: KVPool, dtype: torch.dtype, offered: bool
     ) -> tuple[tuple[Any, ...], list[int]] | None:
         """A layer's tuple for `DecoderStack` and, per projection, the fewest rows that leave
-        the tile kernels; None when a projection is not quantized or a norm is not of `dtype`."""
+        the stack's kernels; None when a projection is not quantized or a norm is not of
+        `dtype`."""
         attention, mlp = layer.self_attn, layer.mlp
         projections, ends = [], []
         for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
@@ -138,7 +140,7 @@ class FusedDecode:
             if weight is None:
                 return None
             # First: measuring the plan packs the weight where it will be packed.
-            one_int8_from, end = weight.tile_rows(dtype, offered)
+            one_int8_from, end = weight.stack_rows(dtype, offered)
             ends.append(end)
             # The stack holds the numpy view, which holds the float32 copy.
             bias = None if linear.bias is None else linear.bias.detach().to(torch.float32)
