@@ -217,6 +217,8 @@ pub(crate) struct Scratch {
     scores: Vec<f32>,
     sums: Vec<f32>,
     inverses: Vec<f32>,
+    /// The weights as bf16 bits, each head's row padded to an even length (`grouped.rs`).
+    pairs: Vec<u16>,
 }
 
 /// One call's inputs, shared by the threads; each task (a sequence, or a share of its query
