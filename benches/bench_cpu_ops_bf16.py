@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bench_utils import best_of, emit
+from bench_utils import emit
 
 from srt.layers import cpu_kernels
+from srt.timing import best_of
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP = 576, 9, 3, 64, 1536
 

@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bench_utils import best_of, emit
+from bench_utils import emit
 
 from srt.layers import cpu_kernels
 from srt.layers.attention.extend_cpu import extend_attention
+from srt.timing import best_of
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 SCALE = HEAD_DIM**-0.5

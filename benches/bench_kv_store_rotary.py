@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_utils import best_of, emit
+from bench_utils import emit
 
 from srt.layers import cpu_kernels
 from srt.mem_cache.row_scatter import RowScatter
+from srt.timing import best_of
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 

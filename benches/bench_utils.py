@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,17 +87,3 @@ def emit(results: dict[str, Any], path: Path | None) -> None:
     if path is not None:
         path.write_text(text + "\n")
     print(text)
-
-
-def best_of(
-    fn: Callable[[], object], repeats: int, clock: Callable[[], float] = time.perf_counter
-) -> float:
-    """The fewest seconds of `repeats` calls of `fn` after a warm-up call, by `clock` (the
-    machine's noise only ever adds)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        fn()
-        times.append(clock() - start)
-    return min(times)

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 from srt import _rust
 from srt.layers import cpu_kernels
+from srt.tensor_views import numpy_view
 
 BLOCK_SIZE = 32
 _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
@@ -245,13 +246,13 @@ class QuantizedWeight:
         if m:
             _rust.quant_packed_linear(
                 self.fmt,
-                _numpy(rows.contiguous()),
+                numpy_view(rows.contiguous()),
                 m,
                 self._held,
                 n,
                 k,
                 _bias(bias),
-                _numpy(out),
+                numpy_view(out),
                 int8_activations,
             )
         return out
@@ -271,7 +272,7 @@ class QuantizedWeight:
         reduced = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
         out = torch.empty(self.in_features, self.out_features, dtype=reduced)
         _rust.quant_packed_dequantize_transposed(
-            self.fmt, self._held, self.out_features, self.in_features, _numpy(out)
+            self.fmt, self._held, self.out_features, self.in_features, numpy_view(out)
         )
         return out.to(dtype).t()
 
@@ -293,9 +294,9 @@ class QuantizedWeight:
         # Whichever form is held: an embedding that is no linear layer's weight is never
         # packed (lookups decode blocks as fast as tiles).
         if self._packed is not None:
-            _rust.quant_packed_dequantize(self.fmt, self._held, n, k, _numpy(out), index)
+            _rust.quant_packed_dequantize(self.fmt, self._held, n, k, numpy_view(out), index)
         else:
-            _rust.quant_dequantize(self.fmt, self._held, n, k, _numpy(out), index)
+            _rust.quant_dequantize(self.fmt, self._held, n, k, numpy_view(out), index)
         return out.to(dtype)
 
     def _unpacked_blocks(self) -> torch.Tensor:
@@ -393,10 +394,3 @@ def _measure_plan(weight: QuantizedWeight, dtype: torch.dtype, int8_offered: boo
 def _bias(bias: torch.Tensor | None) -> np.ndarray | None:
     """A bias as the kernels read it: float32, contiguous (numpy)."""
     return None if bias is None else bias.detach().to(torch.float32).contiguous().numpy()
-
-
-def _numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A float32 tensor's numpy view, or a bfloat16 one's bits as int16 (numpy has no bf16)."""
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy()
-    return tensor.numpy()

@@ -10,13 +10,13 @@ measures, once per process.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from srt import _rust
 from srt.tensor_views import numpy_view, strided_rows
+from srt.timing import best_of
 
 # The buffers' dtypes the scatter takes.
 SCATTER_DTYPES = (torch.float32, torch.bfloat16)
@@ -95,15 +95,7 @@ def _scatter_wins(
     source = fused[:, width : 2 * width].view(rows, *row_shape)
     buffer = torch.zeros(rows + 1, *row_shape, dtype=dtype)
     slots = torch.arange(rows, 0, -1)
-
-    def best(store: Callable[[], object]) -> float:
-        store()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            store()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
     scatter = RowScatter(buffer)
-    return best(lambda: scatter(slots, source)) < best(lambda: buffer.index_copy_(0, slots, source))
+    return best_of(lambda: scatter(slots, source), repeats) < best_of(
+        lambda: buffer.index_copy_(0, slots, source), repeats
+    )

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import torch
 
 from srt import _rust, envs
@@ -32,16 +31,12 @@ from srt.layers import cpu_kernels
 from srt.layers.attention.torch_native import TorchNativeAttnBackend
 from srt.layers.linear import Linear
 from srt.layers.quant_kernels import QuantizedWeight, int8_offered
+from srt.tensor_views import numpy_view as _view
 
 if TYPE_CHECKING:
     from srt.layers.forward_batch import ForwardBatch
     from srt.mem_cache.memory_pool import KVPool
     from srt.models.llama import LlamaDecoderLayer, LlamaModel, Rope
-
-
-def _view(t: torch.Tensor) -> np.ndarray:
-    """The numpy view the Rust core reads: float32 as is, bf16 as the int16 of its bits."""
-    return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy()
 
 
 def _quantized(linear: Linear) -> QuantizedWeight | None:
