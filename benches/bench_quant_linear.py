@@ -12,8 +12,9 @@ its time, beside `copy_GBps` (a large tensor copy, read plus written, measured i
 decode is bound by it. `quant_linear` is the path the class picks (the in-register kernel below
 its measured crossover, a dequantize-and-matmul at or above it); `quant_kernel` forces the
 kernel (up to 256 rows, beyond which it is far slower than a matmul): the integer kernel on
-repacked tiles where the CPU has AVX-512 VNNI (`quant_packed_kernel` in the JSON), else the
-float kernel on the blocks (`quant_kernel`; `SRT_CPU_ISA=avx2` forces it for comparison).
+repacked tiles where the CPU has AVX2 or AVX-512 VNNI (`quant_packed_kernel` in the JSON), else
+the float kernel on the blocks (`quant_kernel`; `SRT_CPU_ISA=scalar` forces it for comparison,
+`SRT_CPU_ISA=avx2` the AVX2 integer kernel).
 
 For many rows (prefill) the figures are `*_GOPs` (2·m·n·k over the time): `quant_prefill_bf16`,
 the prefill integer kernel (activations rounded to one int8 per value) on bfloat16 activations

@@ -193,5 +193,5 @@ def test_srt_cpu_isa_caps_the_kernels_and_the_default_dtype() -> None:
         )
         return done.stdout.split()
 
-    assert run("avx2") == ["avx2", "True", "float32", "avx2", "None"]
+    assert run("avx2") == ["avx2", "True", "float32", "avx2", "avx2"]
     assert run("scalar") == ["scalar", "False", "float32", "portable", "None"]

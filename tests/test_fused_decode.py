@@ -1,7 +1,7 @@
-"""Decode steps of quantized layers in one Rust call (`srt.models.fused_decode`), on the integer
-kernel's tiles and on blocks (the float kernel, as on CPUs without AVX-512 VNNI): the same
-logits, bit for bit, as the layers called one by one; the steps it leaves to them; and the
-binding's refusals."""
+"""Decode steps of quantized layers in one Rust call (`srt.models.fused_decode`), on the
+integer kernels' tiles (AVX-512 VNNI, AVX2) and on blocks (the float kernel, as on CPUs without
+AVX2): the same logits, bit for bit, as the layers called one by one; the steps it leaves to
+them; and the binding's refusals."""
 
 from __future__ import annotations
 
@@ -24,16 +24,22 @@ from srt.models.fused_decode import FusedDecode
 ACTIVE_ISA = cpu_kernels.isa()[0]
 
 
-@pytest.fixture(params=["tiles", "blocks"])
+@pytest.fixture(params=["tiles", "avx2 tiles", "blocks"])
 def form(request: pytest.FixtureRequest) -> Iterator[str]:
-    """How quantized weights are held: in tiles (where the CPU has the integer kernel), or in
-    blocks (the kernels capped at AVX2, as on a CPU without VNNI)."""
-    if request.param == "tiles" and cpu_kernels.quant_packed_kernel() is None:
-        pytest.skip("tiles need the integer kernel (AVX-512 VNNI)")
-    if request.param == "blocks":
-        cpu_kernels.set_isa("avx2")
-    yield request.param
-    cpu_kernels.set_isa(ACTIVE_ISA)
+    """How quantized weights are held: in tiles for this CPU's best integer kernel, in tiles for
+    the AVX2 one (the kernels capped at AVX2, as on a CPU without AVX-512 VNNI), or in blocks
+    (capped below AVX2, where the float kernel runs)."""
+    cap = {"tiles": ACTIVE_ISA, "avx2 tiles": "avx2", "blocks": "scalar"}[request.param]
+    cpu_kernels.set_isa(cap)
+    kernel = cpu_kernels.quant_packed_kernel()
+    try:
+        if request.param == "tiles" and kernel is None:
+            pytest.skip("tiles need an integer kernel (AVX2 or AVX-512 VNNI)")
+        if request.param == "avx2 tiles" and kernel != "avx2":
+            pytest.skip("the CPU has no AVX2 integer kernel")
+        yield request.param
+    finally:
+        cpu_kernels.set_isa(ACTIVE_ISA)
 
 
 def mixed_formats(name: str) -> str | None:
@@ -90,7 +96,7 @@ def test_a_fused_step_gives_the_layers_bits(
     fused = runner_extend_and_decode_logits(runner)
     qkv = runner.model.get_submodule("model.layers.0.self_attn.qkv_proj").quant
     assert isinstance(qkv, QuantizedWeight)
-    assert qkv.packed == (form == "tiles")
+    assert qkv.packed == (form != "blocks")
     # Two extends, then three decode steps of three sequences: the decode steps ran fused.
     assert counted == [False, False, True, True, True]
     counted.clear()

@@ -107,8 +107,8 @@ def test_kernel_matches_the_dequantized_reference(fmt: str, rows: int) -> None:
 
 
 def test_the_float_kernel_runs_where_the_integer_one_is_capped_away() -> None:
-    """Under `SRT_CPU_ISA=avx2` (or on a CPU without VNNI) weights stay in blocks and the float
-    kernel's results agree with the reference to float rounding."""
+    """Under `SRT_CPU_ISA=scalar` (or on a CPU without AVX2) weights stay in blocks and the
+    float kernel's results agree with the reference to float rounding."""
     script = (
         "import torch, torch.nn.functional as F\n"
         "from test_quant_kernels import make, close\n"
@@ -117,7 +117,7 @@ def test_the_float_kernel_runs_where_the_integer_one_is_capped_away() -> None:
         "close(weight.linear(x), F.linear(x, reference), 1e-4)\n"
         "print(weight.packed, weight.blocks is not None)\n"
     )
-    env = {**os.environ, "SRT_CPU_ISA": "avx2"}
+    env = {**os.environ, "SRT_CPU_ISA": "scalar"}
     done = subprocess.run(
         [sys.executable, "-c", script],
         env=env,
@@ -127,6 +127,45 @@ def test_the_float_kernel_runs_where_the_integer_one_is_capped_away() -> None:
         check=True,
     )
     assert done.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.skipif(not PACKED, reason="no integer kernel on this CPU")
+def test_the_avx2_integer_kernels_give_the_best_kernels_bits() -> None:
+    """Under `SRT_CPU_ISA=avx2` weights are packed for the AVX2 integer kernels, whose few-row
+    (two int8 parts) and many-row (one int8) products equal, bit for bit, those of this CPU's
+    best kernel (each run in a fresh process, as a server starts)."""
+    script = (
+        "import hashlib, torch\n"
+        "from test_quant_kernels import make\n"
+        "from srt.layers import cpu_kernels\n"
+        "digest = hashlib.sha256()\n"
+        "for fmt in ('q4_0', 'q4_1', 'q8_0'):\n"
+        "    weight, _ = make(fmt, 45, 160)\n"
+        "    seeded = torch.Generator().manual_seed(0)\n"
+        "    bias = torch.randn(45, generator=seeded)\n"
+        "    for rows, path in ((5, weight._kernel), (40, weight._prefill)):\n"
+        "        for dtype in (torch.float32, torch.bfloat16):\n"
+        "            x = torch.randn(rows, 160, generator=seeded)\n"
+        "            out = path(x.to(dtype), bias)\n"
+        "            digest.update(out.float().numpy().tobytes())\n"
+        "print(cpu_kernels.quant_packed_kernel(), weight.packed, digest.hexdigest())\n"
+    )
+
+    def run(env: dict[str, str]) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            env=env,
+            cwd=os.path.dirname(__file__),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout.split()
+
+    capped = run({**os.environ, "SRT_CPU_ISA": "avx2"})
+    best = run({k: v for k, v in os.environ.items() if k != "SRT_CPU_ISA"})
+    assert capped[:2] == ["avx2", "True"]
+    assert capped[2] == best[2]
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))

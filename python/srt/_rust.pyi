@@ -334,7 +334,7 @@ def quant_dequantize(
 # (rust/core/src/quant/packed.rs).
 
 def quant_packed_kernel() -> str | None:
-    """The integer kernel this CPU runs ("avx512_vnni"), or None where there is none."""
+    """The integer kernel this CPU runs ("avx512_vnni", "avx2"), or None where there is none."""
 
 def quant_packed_len(fmt: str, n: int, k: int) -> int:
     """Bytes of a packed `[n, k]` weight of `fmt`."""

@@ -99,7 +99,7 @@ class ServerArgs:
         default=False,
         metadata=_arg(
             "device and precision",
-            "With --quantization gguf on a CPU with AVX-512 VNNI: keep the activations of "
+            "With --quantization gguf on a CPU with AVX2 or AVX-512 VNNI: keep the activations of "
             "products of 16 rows or more (prefill, decode steps of 16 sequences or more) in "
             "--dtype instead of rounding them to int8 per block of 32 as llama.cpp does "
             "(slower; closer to the dequantized model).",

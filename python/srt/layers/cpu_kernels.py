@@ -56,7 +56,7 @@ def native_bf16_matmul() -> bool:
 
 
 def quant_packed_kernel() -> str | None:
-    """The integer kernel of quantized weights (`quant_kernels`: "avx512_vnni") within the
+    """The integer kernel of quantized weights (`quant_kernels`: "avx512_vnni", "avx2") within the
     `SRT_CPU_ISA` cap, or None where the float kernel runs instead."""
     return _rust.quant_packed_kernel()
 

@@ -3,7 +3,8 @@ them: the Rust core's `quant` kernels (rust/core/src/quant.rs) as a tensor class
 
 Why: decoding on the CPU is bound by the bytes of weights each step reads; blocks of 4.5 to 8.5
 bits per weight read 4 to 7 times fewer than float32. Where the CPU has integer dot products
-(AVX-512 VNNI), a weight is repacked at its first use into the tiles of the integer kernel
+(AVX-512 VNNI's `vpdpbusd`, or AVX2's `vpmaddubsw` at about 60% of its rate per core), a weight
+is repacked at its first use into the tiles of the integer kernel
 (rust/core/src/quant/packed.rs: activations split into two int8 parts per block of 32, to
 about 15 bits), and its blocks are released; elsewhere the float kernel expands the blocks in
 registers and keeps float32's results. Both take few rows (decode). Many rows (prefill) may

@@ -1,7 +1,7 @@
 """A CPU decode step of a Llama-family model's layers in one call to the Rust core
 (`srt._rust.DecoderStack`, rust/core/src/decoder.rs), where every projection is a quantized
 weight (`QuantizedWeight`: the default GGUF path), in the integer kernel's tiles on CPUs with
-AVX-512 VNNI, in its blocks through the float kernel elsewhere.
+AVX2 or AVX-512 VNNI, in its blocks through the float kernel elsewhere.
 
 Why: at one sequence, a SmolLM2 decode step calls about 300 kernels, and the Python around
 each call (module calls, output tensors, numpy views of its arguments) cost more than the

@@ -15,8 +15,8 @@ use srt_core::quant::{self, Format, PackedKernel, PackedMatrix, QuantMatrix};
 use crate::boundary::{bf16_bits, contiguous, overlap, Floats, Ids};
 use crate::to_py_err;
 
-/// The integer kernel `quant_packed_linear` runs on this CPU ("avx512_vnni"), or None where
-/// there is none (the float kernels of `quant_linear` should run instead).
+/// The integer kernel `quant_packed_linear` runs on this CPU ("avx512_vnni", "avx2"), or None
+/// where there is none (the float kernels of `quant_linear` should run instead).
 #[pyfunction]
 fn quant_packed_kernel() -> Option<&'static str> {
     PackedKernel::best().map(PackedKernel::name)

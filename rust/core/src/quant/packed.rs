@@ -50,6 +50,8 @@ use crate::isa::Isa;
 use crate::parallel;
 use crate::{Error, Result};
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod layout;
 mod prefill;
 #[cfg(test)]
@@ -80,6 +82,8 @@ const PARALLEL_MIN_WORK: usize = 1 << 18;
 pub enum PackedKernel {
     /// Plain Rust, any CPU (the reference; far slower than the float kernels).
     Portable,
+    /// x86-64 with AVX2, FMA and F16C (`vpmaddubsw`, see `avx2.rs`).
+    Avx2,
     /// x86-64 with AVX-512 F, BW and VNNI.
     Avx512Vnni,
 }
@@ -88,8 +92,12 @@ impl PackedKernel {
     /// The fast kernel this CPU runs within the instruction-set ceiling (`SRT_CPU_ISA`), or
     /// `None` where there is none and the float kernels should run instead.
     pub fn best() -> Option<Self> {
-        (crate::isa::active() >= Isa::Avx512 && PackedKernel::Avx512Vnni.available())
-            .then_some(PackedKernel::Avx512Vnni)
+        let isa = crate::isa::active();
+        if isa >= Isa::Avx512 && PackedKernel::Avx512Vnni.available() {
+            Some(PackedKernel::Avx512Vnni)
+        } else {
+            (isa >= Isa::Avx2 && PackedKernel::Avx2.available()).then_some(PackedKernel::Avx2)
+        }
     }
 
     /// Whether this CPU runs the kernel.
@@ -97,18 +105,24 @@ impl PackedKernel {
         match self {
             PackedKernel::Portable => true,
             #[cfg(target_arch = "x86_64")]
+            PackedKernel::Avx2 => {
+                use std::arch::is_x86_feature_detected as has;
+                has!("avx2") && has!("fma") && has!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
             PackedKernel::Avx512Vnni => {
                 super::avx512_available() && std::arch::is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(not(target_arch = "x86_64"))]
-            PackedKernel::Avx512Vnni => false,
+            PackedKernel::Avx2 | PackedKernel::Avx512Vnni => false,
         }
     }
 
-    /// The kernel's name: `"portable"`, `"avx512_vnni"`.
+    /// The kernel's name: `"portable"`, `"avx2"`, `"avx512_vnni"`.
     pub fn name(self) -> &'static str {
         match self {
             PackedKernel::Portable => "portable",
+            PackedKernel::Avx2 => "avx2",
             PackedKernel::Avx512Vnni => "avx512_vnni",
         }
     }
@@ -151,6 +165,9 @@ impl QuantizedRows {
                 // AVX-512 F and BW; the three slices hold 32 elements each.
                 #[cfg(target_arch = "x86_64")]
                 PackedKernel::Avx512Vnni => unsafe { vnni::split_block(block, high, low) },
+                // SAFETY: as above, the CPU then has AVX2 and FMA.
+                #[cfg(target_arch = "x86_64")]
+                PackedKernel::Avx2 => unsafe { avx2::split_block(block, high, low) },
                 _ => split_block(block, high, low),
             };
             let (unit, total) = split.unwrap_or((f32::NAN, 0));
@@ -300,10 +317,12 @@ unsafe fn run_kernel<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: Rang
         match kernel {
             PackedKernel::Portable => run_portable(job, tiles),
             #[cfg(target_arch = "x86_64")]
+            PackedKernel::Avx2 => avx2::run(job, tiles),
+            #[cfg(target_arch = "x86_64")]
             PackedKernel::Avx512Vnni => vnni::run(job, tiles),
             // Not available off x86-64, so never asked for (`linear_packed` checks).
             #[cfg(not(target_arch = "x86_64"))]
-            PackedKernel::Avx512Vnni => {}
+            PackedKernel::Avx2 | PackedKernel::Avx512Vnni => {}
         }
     }
 }

@@ -97,9 +97,20 @@ impl Int8Rows {
             let blocks = count * thread / threads..count * (thread + 1) / threads;
             match kernel {
                 // SAFETY: the kernel is available (`linear_packed_prefill` checks), so the CPU
-                // has AVX-512 F and BW; `blocks` belongs to this thread alone (the blocks are
-                // split into disjoint ranges by thread) and lies inside the buffers, sized
-                // above.
+                // has AVX2 and FMA; `blocks` belongs to this thread alone (the blocks are split
+                // into disjoint ranges by thread) and lies inside the buffers, sized above.
+                #[cfg(target_arch = "x86_64")]
+                PackedKernel::Avx2 => unsafe {
+                    super::avx2::round_blocks(
+                        x.as_ptr(),
+                        blocks,
+                        values.get(),
+                        units.get(),
+                        totals.get(),
+                        sums.get(),
+                    );
+                },
+                // SAFETY: as above, the CPU then has AVX-512 F and BW.
                 #[cfg(target_arch = "x86_64")]
                 PackedKernel::Avx512Vnni => unsafe {
                     super::vnni_prefill::round_blocks(
@@ -240,10 +251,12 @@ pub fn linear_packed_prefill<T: Element>(
             match kernel {
                 PackedKernel::Portable => run_portable(&job, rows, claimed),
                 #[cfg(target_arch = "x86_64")]
+                PackedKernel::Avx2 => super::avx2::run_prefill(&job, rows, claimed),
+                #[cfg(target_arch = "x86_64")]
                 PackedKernel::Avx512Vnni => super::vnni_prefill::run(&job, rows, claimed),
                 // Not available off x86-64, so never asked for (checked above).
                 #[cfg(not(target_arch = "x86_64"))]
-                PackedKernel::Avx512Vnni => {}
+                PackedKernel::Avx2 | PackedKernel::Avx512Vnni => {}
             }
         }
     });

@@ -16,10 +16,14 @@ pub(super) fn packed(weight: &QuantMatrix<'_>) -> Vec<u8> {
 }
 
 pub(super) fn kernels() -> Vec<PackedKernel> {
-    [PackedKernel::Portable, PackedKernel::Avx512Vnni]
-        .into_iter()
-        .filter(|k| k.available())
-        .collect()
+    [
+        PackedKernel::Portable,
+        PackedKernel::Avx2,
+        PackedKernel::Avx512Vnni,
+    ]
+    .into_iter()
+    .filter(|k| k.available())
+    .collect()
 }
 
 fn product<T: Element>(

@@ -1,0 +1,575 @@
+//! The AVX2 kernels of `linear_packed` (two int8 parts) and `linear_packed_prefill` (one int8),
+//! for CPUs without AVX-512 VNNI: the same tiles, read 8 columns (half a tile) at a time.
+//!
+//! AVX2 has no `vpdpbusd`: `vpmaddubsw` multiplies unsigned weight bytes by signed activation
+//! bytes and adds adjacent pairs into 16-bit lanes, and `vpmaddwd` by ones adds those pairs
+//! into the 32-bit lane of each column (four weights of a column per lane, as in the tiles).
+//! For nibbles (Q4_0, Q4_1: weights 0..=15, activations within ±128) a pair is at most 3,840
+//! in magnitude, so a block's 8 groups add up in 16 bits (at most 30,720) and widen once per
+//! block. Q8_0's weights are stored plus 128, whose pairs would saturate 16 bits: its bytes turn
+//! back into signed values, and `vpmaddubsw` takes their magnitudes against the activations
+//! carrying their signs (pairs at most 32,512), widened at every group; the sums then hold no
+//! zero point to take off. The integer sums are exact either way, so they equal `vpdpbusd`'s,
+//! and the float steps are the AVX-512 kernels' operations in the same order: the results are
+//! bit-identical to theirs and to the portable kernels (see `packed.rs` and `prefill.rs`).
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::prefill::Job as PrefillJob;
+use super::{tile_block_bytes, values_bytes, zero_point, Job, BLOCK, TILE};
+use crate::element::Element;
+use crate::quant::Format;
+
+/// Columns of a half tile (the 8 int32 lanes of an AVX2 vector).
+const HALF: usize = 8;
+/// The most rows sharing each loaded group (two sums and a float sum a row within 16 registers
+/// for the two-part kernel; one sum and a float sum for the prefill kernel).
+const TILE_ROWS: usize = 4;
+
+/// How a format's values meet the activations.
+trait Values {
+    /// Whether the sums hold no zero point (Q8_0's signed values) to take off afterwards.
+    const SIGNED: bool;
+    /// The two groups of four weights at `h` (0..4) of the half tile `half` of a block's
+    /// values: weights `4h..4h+4` and `16+4h..16+4h+4` of its 8 columns.
+    ///
+    /// # Safety
+    /// `at` points at a tile block's values; the CPU has AVX2.
+    unsafe fn groups(at: *const u8, h: usize, half: usize) -> [__m256i; 2];
+    /// `sum` plus each column's four weights of `w` times the four activations of `a`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i;
+    /// A block's sum of `add`s as 8 int32 lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    unsafe fn widen(sum: __m256i) -> __m256i;
+}
+
+/// Q4_0 and Q4_1: the low and high nibbles of the same bytes; sums in 16-bit lanes.
+struct Nibbles;
+/// Q8_0: the values made signed again; sums in 32-bit lanes.
+struct Bytes;
+
+impl Values for Nibbles {
+    const SIGNED: bool = false;
+
+    #[inline(always)]
+    unsafe fn groups(at: *const u8, h: usize, half: usize) -> [__m256i; 2] {
+        // SAFETY: the values hold 4 × 64 bytes at `at`, as the caller guarantees.
+        unsafe {
+            let packed = _mm256_loadu_si256(at.add(64 * h + 32 * half).cast());
+            let mask = _mm256_set1_epi8(0x0f);
+            [
+                _mm256_and_si256(packed, mask),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
+        // SAFETY: register-only AVX2 operations; the caller has AVX2.
+        unsafe { _mm256_add_epi16(sum, _mm256_maddubs_epi16(w, a)) }
+    }
+
+    #[inline(always)]
+    unsafe fn widen(sum: __m256i) -> __m256i {
+        // SAFETY: as above.
+        unsafe { _mm256_madd_epi16(sum, _mm256_set1_epi16(1)) }
+    }
+}
+
+impl Values for Bytes {
+    const SIGNED: bool = true;
+
+    #[inline(always)]
+    unsafe fn groups(at: *const u8, h: usize, half: usize) -> [__m256i; 2] {
+        // SAFETY: the values hold 8 × 64 bytes at `at`, as the caller guarantees.
+        unsafe {
+            let signed = |g: usize| {
+                let stored = _mm256_loadu_si256(at.add(64 * g + 32 * half).cast());
+                _mm256_xor_si256(stored, _mm256_set1_epi8(-128))
+            };
+            [signed(h), signed(h + 4)]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
+        // SAFETY: register-only AVX2 operations; the caller has AVX2.
+        unsafe {
+            let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+            _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn widen(sum: __m256i) -> __m256i {
+        sum
+    }
+}
+
+/// Four int8 activations at `at`, in every lane.
+///
+/// # Safety
+/// `at` holds 4 readable bytes; the CPU has AVX2.
+#[inline(always)]
+unsafe fn four(at: *const i8) -> __m256i {
+    // SAFETY: the caller's promise.
+    unsafe { _mm256_set1_epi32(at.cast::<i32>().read_unaligned()) }
+}
+
+/// The 8 halves at `at` as floats.
+///
+/// # Safety
+/// `at` holds 16 readable bytes; the CPU has F16C.
+#[inline(always)]
+unsafe fn halves(at: *const u8) -> __m256 {
+    // SAFETY: the caller's promise.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(at.cast())) }
+}
+
+/// The lanes `0..width` (at most 8) as a mask of whole lanes.
+#[inline(always)]
+unsafe fn lanes(width: usize) -> __m256i {
+    // SAFETY: register-only AVX2 operations; the caller has AVX2.
+    unsafe {
+        let index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(width as i32), index)
+    }
+}
+
+/// `acc` plus the bias of columns `column..column + width`, stored as `T` at `target`.
+///
+/// # Safety
+/// `target` holds `width` (at most 8) elements and a non-null `bias` `column + width` floats;
+/// the CPU has AVX2.
+#[inline(always)]
+unsafe fn store<T: Element>(
+    acc: __m256,
+    bias: *const f32,
+    column: usize,
+    target: *mut T,
+    width: usize,
+) {
+    // SAFETY: masked loads and stores touch lanes `0..width` only, inside the buffers; `T` is
+    // `f32` or, when `T::REDUCED`, the 16-bit `Bf16` (the only `Element`s).
+    unsafe {
+        let mask = lanes(width);
+        // A zero where there is no bias, as the other kernels add (-0 + 0 is +0).
+        let bias = if bias.is_null() {
+            _mm256_setzero_ps()
+        } else {
+            _mm256_maskload_ps(bias.add(column), mask)
+        };
+        let v = _mm256_add_ps(acc, bias);
+        if !T::REDUCED {
+            _mm256_maskstore_ps(target.cast(), mask, v);
+            return;
+        }
+        // `Bf16::from_f32` on 8 lanes: bits + 0x7fff + (bit 16), a NaN quieted instead.
+        let bits = _mm256_castps_si256(v);
+        let high = _mm256_srli_epi32::<16>(bits);
+        let even = _mm256_add_epi32(
+            _mm256_and_si256(high, _mm256_set1_epi32(1)),
+            _mm256_set1_epi32(0x7fff),
+        );
+        let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(bits, even));
+        let quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+        let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        let words = _mm256_blendv_epi8(rounded, quiet, nan);
+        // Pack within 128-bit lanes, then the two lanes' halves side by side.
+        let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(words, words));
+        let mut out = [0u16; HALF];
+        _mm_storeu_si128(out.as_mut_ptr().cast(), _mm256_castsi256_si128(packed));
+        std::ptr::copy_nonoverlapping(out.as_ptr(), target.cast::<u16>(), width);
+    }
+}
+
+/// Calls `$kernel::<V, T, R>` for `$rows` rows (1 to `TILE_ROWS`).
+macro_rules! by_rows {
+    ($rows:expr, $kernel:ident, $v:ty, $t:ty, $($arg:expr),*) => {
+        match $rows {
+            1 => $kernel::<$v, $t, 1>($($arg),*),
+            2 => $kernel::<$v, $t, 2>($($arg),*),
+            3 => $kernel::<$v, $t, 3>($($arg),*),
+            _ => $kernel::<$v, $t, 4>($($arg),*),
+        }
+    };
+}
+
+/// The output columns of half `half` of tile `tile` (None past the last column).
+fn half_columns(tile: usize, half: usize, n: usize) -> Option<(usize, usize)> {
+    let column = tile * TILE + half * HALF;
+    (column < n).then(|| (column, HALF.min(n - column)))
+}
+
+/// `linear_packed`'s tiles `tiles` for every row of `job`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `job`'s pointers hold what `Job` says (checked by
+/// `linear_packed`); no other thread writes these tiles.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn run<T: Element>(job: &Job<T>, tiles: Range<usize>) {
+    // SAFETY: forwarded; each format's values match `job.format`.
+    unsafe {
+        match job.format {
+            Format::Q8_0 => run_as::<Bytes, T>(job, tiles),
+            Format::Q4_0 | Format::Q4_1 => run_as::<Nibbles, T>(job, tiles),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn run_as<V: Values, T: Element>(job: &Job<T>, tiles: Range<usize>) {
+    for tile in tiles {
+        for half in 0..2 {
+            let Some((column, width)) = half_columns(tile, half, job.out_features) else {
+                continue;
+            };
+            let mut row = 0;
+            while row < job.m {
+                let rows = TILE_ROWS.min(job.m - row);
+                // SAFETY: rows `row..row + rows` and the tile lie inside the job and this
+                // thread's share, as the caller guarantees.
+                unsafe { by_rows!(rows, two_parts, V, T, job, row, tile, half, column, width) };
+                row += rows;
+            }
+        }
+    }
+}
+
+/// Output rows `row..row + R` of half `half` of tile `tile` (columns `column..column + width`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn two_parts<V: Values, T: Element, const R: usize>(
+    job: &Job<T>,
+    row: usize,
+    tile: usize,
+    half: usize,
+    column: usize,
+    width: usize,
+) {
+    let k = job.in_features;
+    let blocks = k / BLOCK;
+    let stride = tile_block_bytes(job.format);
+    let scales_at = values_bytes(job.format);
+    let zero = if V::SIGNED { 0 } else { zero_point(job.format) };
+    // SAFETY: the caller keeps rows and the tile inside the job, so every offset below stays
+    // inside the buffers `Job` describes; loads are unaligned ones.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..blocks {
+            let base = job.weight.add((tile * blocks + b) * stride);
+            let mut high = [_mm256_setzero_si256(); R];
+            let mut low = [_mm256_setzero_si256(); R];
+            for h in 0..4 {
+                let w = V::groups(base, h, half);
+                for r in 0..R {
+                    let at = (row + r) * k + b * BLOCK + 4 * h;
+                    let (a, a2) = (four(job.high.add(at)), four(job.high.add(at + 16)));
+                    let (c, c2) = (four(job.low.add(at)), four(job.low.add(at + 16)));
+                    high[r] = V::add(V::add(high[r], w[0], a), w[1], a2);
+                    low[r] = V::add(V::add(low[r], w[0], c), w[1], c2);
+                }
+            }
+            let d = halves(base.add(scales_at + 2 * HALF * half));
+            let m = halves(base.add(scales_at + 2 * TILE + 2 * HALF * half));
+            for r in 0..R {
+                let at = (row + r) * blocks + b;
+                let unit = _mm256_set1_ps(*job.units.add(at));
+                let sum = _mm256_set1_ps(*job.sums.add(at));
+                let offset = _mm256_set1_epi32(zero * *job.totals.add(at));
+                let whole = _mm256_slli_epi32::<8>(V::widen(high[r]));
+                let dot = _mm256_sub_epi32(_mm256_add_epi32(whole, V::widen(low[r])), offset);
+                let scaled =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, unit), acc[r]);
+                acc[r] = _mm256_fmadd_ps(m, sum, scaled);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let target = job.out.add((row + r) * job.out_features + column);
+            store(*acc, job.bias, column, target, width);
+        }
+    }
+}
+
+/// `linear_packed_prefill`'s rows `rows` × tiles `tiles` of `job`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `job`'s pointers hold what `Job` says (checked by
+/// `linear_packed_prefill`); no other thread writes these outputs.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn run_prefill<T: Element>(
+    job: &PrefillJob<T>,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+) {
+    // SAFETY: forwarded; each format's values match `job.format`.
+    unsafe {
+        match job.format {
+            Format::Q8_0 => prefill_as::<Bytes, T>(job, rows, tiles),
+            Format::Q4_0 | Format::Q4_1 => prefill_as::<Nibbles, T>(job, rows, tiles),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn prefill_as<V: Values, T: Element>(
+    job: &PrefillJob<T>,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+) {
+    for tile in tiles {
+        for half in 0..2 {
+            let Some((column, width)) = half_columns(tile, half, job.out_features) else {
+                continue;
+            };
+            let mut row = rows.start;
+            while row < rows.end {
+                let count = TILE_ROWS.min(rows.end - row);
+                // SAFETY: as `run_as`.
+                unsafe { by_rows!(count, one_part, V, T, job, row, tile, half, column, width) };
+                row += count;
+            }
+        }
+    }
+}
+
+/// Output rows `row..row + R` of half `half` of tile `tile` (columns `column..column + width`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn one_part<V: Values, T: Element, const R: usize>(
+    job: &PrefillJob<T>,
+    row: usize,
+    tile: usize,
+    half: usize,
+    column: usize,
+    width: usize,
+) {
+    let k = job.in_features;
+    let blocks = k / BLOCK;
+    let stride = tile_block_bytes(job.format);
+    let scales_at = values_bytes(job.format);
+    let zero = if V::SIGNED { 0 } else { zero_point(job.format) };
+    let offsets = job.format == Format::Q4_1;
+    // SAFETY: as `two_parts`.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..blocks {
+            let base = job.weight.add((tile * blocks + b) * stride);
+            let mut dot = [_mm256_setzero_si256(); R];
+            for h in 0..4 {
+                let w = V::groups(base, h, half);
+                for (r, dot) in dot.iter_mut().enumerate() {
+                    let at = job.values.add((row + r) * k + b * BLOCK + 4 * h);
+                    *dot = V::add(V::add(*dot, w[0], four(at)), w[1], four(at.add(16)));
+                }
+            }
+            let d = halves(base.add(scales_at + 2 * HALF * half));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let at = (row + r) * blocks + b;
+                let unit = _mm256_set1_ps(*job.units.add(at));
+                let mut whole = V::widen(dot[r]);
+                if zero != 0 {
+                    whole = _mm256_sub_epi32(whole, _mm256_set1_epi32(zero * *job.totals.add(at)));
+                }
+                let scale = _mm256_mul_ps(d, unit);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(whole), scale, *acc);
+            }
+            if offsets {
+                let m = halves(base.add(scales_at + 2 * TILE + 2 * HALF * half));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let sum = _mm256_set1_ps(*job.sums.add((row + r) * blocks + b));
+                    *acc = _mm256_fmadd_ps(m, sum, *acc);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let target = job.out.add((row + r) * job.out_features + column);
+            store(*acc, job.bias, column, target, width);
+        }
+    }
+}
+
+/// Block `b` of `x` as four vectors of float32, or `None` when it holds a NaN or an infinity;
+/// with its largest magnitude.
+///
+/// # Safety
+/// `x` holds block `b`; the CPU has AVX2.
+#[inline(always)]
+unsafe fn load_block<T: Element>(x: *const T, b: usize) -> Option<([__m256; 4], f32)> {
+    // SAFETY: 32 elements at block `b` (f32, or 16-bit `Bf16` when `T::REDUCED`: the only
+    // `Element`s), as the caller guarantees.
+    unsafe {
+        let at = x.add(b * BLOCK);
+        let v: [__m256; 4] = std::array::from_fn(|i| {
+            if T::REDUCED {
+                let bits = _mm_loadu_si128(at.cast::<u16>().add(8 * i).cast());
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
+            } else {
+                _mm256_loadu_ps(at.cast::<f32>().add(8 * i))
+            }
+        });
+        // Magnitudes' bits order as the magnitudes do, infinities and NaNs above every finite.
+        let mask = _mm256_set1_epi32(0x7fff_ffff);
+        let bits = v.map(|v| _mm256_and_si256(_mm256_castps_si256(v), mask));
+        let top = _mm256_max_epu32(
+            _mm256_max_epu32(bits[0], bits[1]),
+            _mm256_max_epu32(bits[2], bits[3]),
+        );
+        let top = _mm_max_epu32(
+            _mm256_castsi256_si128(top),
+            _mm256_extracti128_si256::<1>(top),
+        );
+        let top = _mm_max_epu32(top, _mm_shuffle_epi32::<0b0100_1110>(top));
+        let top = _mm_max_epu32(top, _mm_shuffle_epi32::<0b1011_0001>(top));
+        let largest = _mm_cvtsi128_si32(top) as u32;
+        (largest <= f32::MAX.to_bits()).then(|| (v, f32::from_bits(largest)))
+    }
+}
+
+/// The sum of the 8 lanes.
+#[inline(always)]
+unsafe fn total(v: __m256i) -> i32 {
+    // SAFETY: register-only AVX2 operations; the caller has AVX2.
+    unsafe {
+        let v = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b0100_1110>(v));
+        _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32::<0b1011_0001>(v)))
+    }
+}
+
+/// `t` rounded to the nearest integer (ties to even), clamped to ±127, as int32 lanes.
+#[inline(always)]
+unsafe fn nearest(t: __m256) -> __m256i {
+    // SAFETY: register-only AVX operations; the caller has AVX2.
+    unsafe {
+        let rounded = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+        let clamped = _mm256_min_ps(
+            _mm256_max_ps(rounded, _mm256_set1_ps(-127.0)),
+            _mm256_set1_ps(127.0),
+        );
+        _mm256_cvtps_epi32(clamped)
+    }
+}
+
+/// Four vectors of int32 lanes within ±127 as 32 bytes in order, at `out`.
+#[inline(always)]
+unsafe fn store_bytes(v: [__m256i; 4], out: *mut i8) {
+    // SAFETY: a 32-byte store at `out`, as the caller guarantees; the CPU has AVX2.
+    unsafe {
+        // The packs work within 128-bit lanes: dwords come out as v0 v1 v2 v3 of the low
+        // lanes, then of the high lanes; the permutation puts them back in order.
+        let bytes = _mm256_packs_epi16(
+            _mm256_packs_epi32(v[0], v[1]),
+            _mm256_packs_epi32(v[2], v[3]),
+        );
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        _mm256_storeu_si256(out.cast(), _mm256_permutevar8x32_epi32(bytes, order));
+    }
+}
+
+/// `prefill::round_block` over blocks `blocks` of `x` with AVX2: the same values, units, sums
+/// and totals. Every block's 32 values are written (never read), so `values` may start
+/// uninitialized.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `x` holds the blocks `blocks`, `values` as many × 32 bytes,
+/// `units`, `totals` and `sums` an entry per block (all indexed by the block's number).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn round_blocks<T: Element>(
+    x: *const T,
+    blocks: Range<usize>,
+    values: *mut i8,
+    units: *mut f32,
+    totals: *mut i32,
+    sums: *mut f32,
+) {
+    // SAFETY: every block `b` of `blocks` lies inside the buffers, as the caller guarantees.
+    unsafe {
+        for b in blocks {
+            let out = values.add(b * BLOCK);
+            let (unit, sum) = match load_block(x, b) {
+                None => {
+                    std::ptr::write_bytes(out, 0, BLOCK);
+                    (f32::NAN, 0)
+                }
+                Some((_, 0.0)) => {
+                    std::ptr::write_bytes(out, 0, BLOCK);
+                    (0.0, 0)
+                }
+                Some((v, largest)) => {
+                    let inverse = 127.0 / largest;
+                    if inverse == f32::INFINITY {
+                        // The scale overflows: zeros times it are NaNs, which the portable
+                        // rounding turns into 0 and these instructions would not.
+                        let block = std::slice::from_raw_parts(x.add(b * BLOCK), BLOCK);
+                        let mut rounded = [0i8; BLOCK];
+                        let result = super::prefill::round_block(block, &mut rounded);
+                        std::ptr::copy_nonoverlapping(rounded.as_ptr(), out, BLOCK);
+                        result.unwrap_or((f32::NAN, 0))
+                    } else {
+                        let scale = _mm256_set1_ps(inverse);
+                        let whole = v.map(|v| nearest(_mm256_mul_ps(v, scale)));
+                        store_bytes(whole, out);
+                        let sum = _mm256_add_epi32(
+                            _mm256_add_epi32(whole[0], whole[1]),
+                            _mm256_add_epi32(whole[2], whole[3]),
+                        );
+                        (largest / 127.0, total(sum))
+                    }
+                }
+            };
+            *units.add(b) = unit;
+            *totals.add(b) = sum;
+            *sums.add(b) = unit * sum as f32;
+        }
+    }
+}
+
+/// `packed::split_block` with AVX2: the same parts, unit and sum.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `block`, `high` and `low` hold 32 elements each.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn split_block<T: Element>(
+    block: &[T],
+    high: &mut [i8],
+    low: &mut [i8],
+) -> Option<(f32, i32)> {
+    // SAFETY: 32 elements at `block` and 32 bytes at `high` and `low`, as the caller
+    // guarantees.
+    unsafe {
+        let (v, largest) = load_block(block.as_ptr(), 0)?;
+        if largest == 0.0 {
+            high.fill(0);
+            low.fill(0);
+            return Some((0.0, 0));
+        }
+        let inverse = 127.0 / largest;
+        if inverse == f32::INFINITY {
+            // As in `round_blocks`: such blocks take the portable split.
+            return super::split_block(block, high, low);
+        }
+        let scale = _mm256_set1_ps(inverse);
+        let t = v.map(|v| _mm256_mul_ps(v, scale));
+        let whole = t.map(|t| nearest(t));
+        let rest: [__m256i; 4] = std::array::from_fn(|i| {
+            let remainder = _mm256_sub_ps(t[i], _mm256_cvtepi32_ps(whole[i]));
+            nearest(_mm256_mul_ps(remainder, _mm256_set1_ps(256.0)))
+        });
+        store_bytes(whole, high.as_mut_ptr());
+        store_bytes(rest, low.as_mut_ptr());
+        let parts = |i: usize| _mm256_add_epi32(_mm256_slli_epi32::<8>(whole[i]), rest[i]);
+        let sum = _mm256_add_epi32(
+            _mm256_add_epi32(parts(0), parts(1)),
+            _mm256_add_epi32(parts(2), parts(3)),
+        );
+        Some((largest / 127.0 / 256.0, total(sum)))
+    }
+}
