@@ -94,6 +94,13 @@ def teacher_forced_logits(
     return torch.stack(logits)
 
 
+def next_token_fidelity(ours: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    """Top-1 agreement and mean KL(reference || ours) of log-probabilities `[..., vocab]`."""
+    kl = (reference.exp() * (reference - ours)).sum(-1)
+    same_top = (ours.argmax(-1) == reference.argmax(-1)).float().mean()
+    return float(same_top), float(kl.mean())
+
+
 def greedy_generate(
     runner: ModelRunner, prompts: list[list[int]], max_new_tokens: int, banned: set[int]
 ) -> list[list[int]]:
