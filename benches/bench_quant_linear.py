@@ -13,7 +13,7 @@ decode is bound by it. `quant_linear` is the path the class picks (the in-regist
 its measured crossover, a dequantize-and-matmul at or above it); `quant_kernel` forces the
 kernel (up to 256 rows, beyond which it is far slower than a matmul): the integer kernel on
 repacked tiles where the CPU has AVX2 or AVX-512 VNNI (`quant_packed_kernel` in the JSON), else
-the float kernel on the blocks (`quant_kernel`; `SRT_CPU_ISA=scalar` forces it for comparison,
+the portable float kernel on the blocks (`SRT_CPU_ISA=scalar` forces it for comparison,
 `SRT_CPU_ISA=avx2` the AVX2 integer kernel).
 
 For many rows (prefill) the figures are `*_GOPs` (2·m·n·k over the time): `quant_prefill_bf16`,
@@ -44,7 +44,6 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from roofline import copy_bandwidth
 
-from srt import _rust
 from srt.layers import cpu_kernels
 from srt.layers.quant_kernels import INT8_ACTIVATION_MIN_ROWS, QuantizedWeight, int8_activations
 
@@ -165,7 +164,6 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     results: dict[str, Any] = {
-        "quant_kernel": _rust.quant_kernel(),
         "quant_packed_kernel": cpu_kernels.quant_packed_kernel(),
         "torch_threads": torch.get_num_threads(),
         "int8_activations_from_rows": int8_offered and INT8_ACTIVATION_MIN_ROWS,

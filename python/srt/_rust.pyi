@@ -301,9 +301,6 @@ _Bytes = Buffer | NDArray[np.uint8]
 def quant_block_bytes(fmt: str) -> int:
     """Bytes per block of 32 weights of `fmt` (ValueError for an unknown format)."""
 
-def quant_kernel() -> str:
-    """The kernel `quant_linear` runs on this CPU: "avx512", "avx2" or "portable"."""
-
 def quant_linear(
     fmt: str,
     x: _Floats,

@@ -11,20 +11,11 @@
 //! (Q4_0, `q` the low nibble of byte `j` for `j < 16`, the high nibble of byte `j-16` after),
 //! `d·q + m` (Q4_1, same nibbles), `d·q` (Q8_0, `q` the signed byte `j`).
 //!
-//! Arithmetic: the activations stay float32 and every block is expanded to float32 weights in
-//! registers, then multiplied and added in float32, as with the dequantized weight, so results
-//! equal `F.linear` on the dequantized weight to float rounding. Measured on a busy 2-core
-//! AVX-512 (Zen 4) machine, one thread, weights cold (benches/bench_quant_linear.py): at 1 to 4
-//! rows a call takes a half to a quarter of float32 `F.linear`'s time on the dequantized
-//! weight, and up to half of bfloat16's; it is then bound by the instructions that expand the
-//! blocks (2 to 4 GB/s of blocks per core), not by the memory. Where the CPU has AVX-512 VNNI,
-//! `packed.rs` takes over: the weights repacked into tiles for integer dot products, the
-//! activations split into two int8 parts, 3 to 6 times fewer instructions.
-//!
-//! Kernels: AVX-512 F/BW (`avx512.rs`), AVX2 with FMA and F16C (`avx2.rs`), and plain Rust
-//! (`block.rs`), chosen at run time by the CPU's features (`Kernel::best`). Each decodes a
-//! block once for several rows of activations (up to 12 with AVX-512), so batches of 8 to 32
-//! rows do not expand the weight again per row.
+//! Arithmetic: the activations stay float32 and every block is expanded to float32 weights,
+//! then multiplied and added in float32, as with the dequantized weight, so results equal
+//! `F.linear` on the dequantized weight to float rounding. This is the portable path
+//! (`block.rs`), for CPUs without AVX2: where the CPU has AVX2 or AVX-512 VNNI, `packed.rs`
+//! takes over, the weights repacked into tiles for integer dot products.
 //!
 //! What must stay true: a row's outputs are computed by the same operations in the same order
 //! whatever the other rows of the call and the threads (batch invariance within one kernel);
@@ -33,7 +24,6 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::elements;
-use crate::isa::Isa;
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -41,8 +31,6 @@ mod block;
 mod dequant;
 mod packed;
 
-#[cfg(target_arch = "x86_64")]
-mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
@@ -90,55 +78,6 @@ impl Format {
             Format::Q4_0 => 18,
             Format::Q4_1 => 20,
             Format::Q8_0 => 34,
-        }
-    }
-}
-
-/// Which implementation of the kernels runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kernel {
-    /// Plain Rust, any CPU.
-    Portable,
-    /// x86-64 with AVX2, FMA and F16C.
-    Avx2,
-    /// x86-64 with AVX-512 F and BW (and F16C, FMA, which every such CPU has).
-    Avx512,
-}
-
-impl Kernel {
-    /// The fastest kernel this CPU runs within the kernels' instruction-set ceiling
-    /// ([`crate::isa::active`], which `SRT_CPU_ISA` lowers).
-    pub fn best() -> Self {
-        let active = crate::isa::active();
-        [(Kernel::Avx512, Isa::Avx512), (Kernel::Avx2, Isa::Avx2)]
-            .into_iter()
-            .find(|&(kernel, tier)| tier <= active && kernel.available())
-            .map_or(Kernel::Portable, |(kernel, _)| kernel)
-    }
-
-    /// Whether this CPU runs the kernel.
-    pub fn available(self) -> bool {
-        match self {
-            Kernel::Portable => true,
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                    && std::arch::is_x86_feature_detected!("f16c")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => avx512_available(),
-            #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 | Kernel::Avx512 => false,
-        }
-    }
-
-    /// The kernel's name: `"portable"`, `"avx2"`, `"avx512"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernel::Portable => "portable",
-            Kernel::Avx2 => "avx2",
-            Kernel::Avx512 => "avx512",
         }
     }
 }
@@ -232,21 +171,8 @@ unsafe impl Sync for Job {}
 /// Output columns claimed at a time are a multiple of this (the kernels' widest tile).
 const COLUMN_GROUP: usize = 8;
 
-/// `out[m, out] = x[m, in] · Wᵀ + bias` with the fastest kernel of this CPU, on the process's
-/// OpenMP threads (see `parallel`).
+/// `out[m, out] = x[m, in] · Wᵀ + bias`, on the process's OpenMP threads (see `parallel`).
 pub fn linear(
-    weight: &QuantMatrix<'_>,
-    x: &[f32],
-    m: usize,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) -> Result<()> {
-    linear_with(Kernel::best(), weight, x, m, bias, out)
-}
-
-/// `linear` with a chosen kernel (`InvalidArgument` when this CPU does not run it).
-pub fn linear_with(
-    kernel: Kernel,
     weight: &QuantMatrix<'_>,
     x: &[f32],
     m: usize,
@@ -258,12 +184,6 @@ pub fn linear_with(
     check_floats("the output", out.len(), elements("the output", &[m, n])?)?;
     if let Some(bias) = bias {
         check_floats("the bias", bias.len(), n)?;
-    }
-    if !kernel.available() {
-        return Err(Error::InvalidArgument(format!(
-            "this CPU does not run the {} quantized kernel",
-            kernel.name()
-        )));
     }
     if m == 0 {
         return Ok(());
@@ -293,29 +213,10 @@ pub fn linear_with(
             break;
         }
         let columns = start..(start + chunk).min(n);
-        // SAFETY: the kernel is available, every length was checked above, and this thread
-        // alone owns `columns`.
-        unsafe { run_kernel(kernel, &job, columns) };
+        // SAFETY: every length was checked above, and this thread alone owns `columns`.
+        unsafe { block::run(&job, columns) };
     });
     Ok(())
-}
-
-/// # Safety
-/// As the kernels' `run`: `kernel` is available, `job` is checked, `columns` owned.
-unsafe fn run_kernel(kernel: Kernel, job: &Job, columns: std::ops::Range<usize>) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        match kernel {
-            Kernel::Portable => block::run(job, columns),
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => avx2::run(job, columns),
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => run_avx512(job, columns),
-            // Not available off x86-64, so never asked for (`linear_with` checks): do nothing.
-            #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 | Kernel::Avx512 => {}
-        }
-    }
 }
 
 /// Whether this CPU has AVX-512 F and BW (with FMA and F16C).
@@ -327,12 +228,16 @@ fn avx512_available() -> bool {
         && std::arch::is_x86_feature_detected!("f16c")
 }
 
-/// # Safety
-/// As `avx512::run`.
-#[cfg(target_arch = "x86_64")]
-unsafe fn run_avx512(job: &Job, columns: std::ops::Range<usize>) {
-    // SAFETY: forwarded from the caller.
-    unsafe { avx512::run(job, columns) }
+/// Whether blocks decode with AVX-512 (`dequant.rs`): the CPU has it, within `SRT_CPU_ISA`.
+fn avx512_decodes() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::isa::active() >= crate::isa::Isa::Avx512 && avx512_available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 fn check_floats(what: &str, len: usize, expected: usize) -> Result<()> {

@@ -6,7 +6,7 @@
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_core::quant::{self, Format, Kernel, QuantMatrix};
+use srt_core::quant::{self, Format, QuantMatrix};
 
 use crate::boundary::{bf16_bits, contiguous, overlap, Ids};
 use crate::to_py_err;
@@ -15,12 +15,6 @@ use crate::to_py_err;
 #[pyfunction]
 fn quant_block_bytes(fmt: &str) -> PyResult<usize> {
     Ok(Format::parse(fmt).map_err(to_py_err)?.block_bytes())
-}
-
-/// The kernel `quant_linear` runs on this CPU: "avx512", "avx2" or "portable".
-#[pyfunction]
-fn quant_kernel() -> &'static str {
-    Kernel::best().name()
 }
 
 /// `out[m, n] = x[m, k] · Wᵀ + bias` for W `[n, k]` in blocks of `fmt`.
@@ -119,7 +113,6 @@ fn quant_dequantize(
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quant_block_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(quant_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(quant_linear, m)?)?;
     m.add_function(wrap_pyfunction!(quant_dequantize, m)?)?;
     Ok(())

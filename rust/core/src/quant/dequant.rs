@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{block, check_floats, Format, Kernel, QuantMatrix, PARALLEL_MIN_WORK};
+use super::{avx512_decodes, block, check_floats, Format, QuantMatrix, PARALLEL_MIN_WORK};
 use crate::element::Element;
 use crate::error::elements;
 use crate::parallel;
@@ -55,7 +55,7 @@ fn decode_block_rows<T: Element>(
     count: usize,
     out: &mut [T],
 ) {
-    let simd = Kernel::best() == Kernel::Avx512;
+    let simd = avx512_decodes();
     decode_rows(weight.in_features, count, out, &|i, values| {
         let row = weight.row(ids(i));
         if simd {
