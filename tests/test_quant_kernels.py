@@ -106,6 +106,23 @@ def test_kernel_matches_the_dequantized_reference(fmt: str, rows: int) -> None:
     assert torch.equal(out, weight._kernel(halves.float(), bias).to(torch.bfloat16))
 
 
+def printed(script: str, isa: str | None) -> list[str]:
+    """The words `script` prints in a fresh Python process (as a server starts), run beside
+    this file with the kernels capped at `isa` (`SRT_CPU_ISA`; None: this CPU's best)."""
+    env = {k: v for k, v in os.environ.items() if k != "SRT_CPU_ISA"}
+    if isa is not None:
+        env["SRT_CPU_ISA"] = isa
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=os.path.dirname(__file__),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.split()
+
+
 def test_the_float_kernel_runs_where_the_integer_one_is_capped_away() -> None:
     """Under `SRT_CPU_ISA=scalar` (or on a CPU without AVX2) weights stay in blocks and the
     float kernel's results agree with the reference to float rounding."""
@@ -117,16 +134,7 @@ def test_the_float_kernel_runs_where_the_integer_one_is_capped_away() -> None:
         "close(weight.linear(x), F.linear(x, reference), 1e-4)\n"
         "print(weight.packed, weight.blocks is not None)\n"
     )
-    env = {**os.environ, "SRT_CPU_ISA": "scalar"}
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env,
-        cwd=os.path.dirname(__file__),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert done.stdout.split() == ["False", "True"]
+    assert printed(script, "scalar") == ["False", "True"]
 
 
 @pytest.mark.skipif(not PACKED, reason="no integer kernel on this CPU")
@@ -150,20 +158,8 @@ def test_the_avx2_integer_kernels_give_the_best_kernels_bits() -> None:
         "            digest.update(out.float().numpy().tobytes())\n"
         "print(cpu_kernels.quant_packed_kernel(), weight.packed, digest.hexdigest())\n"
     )
-
-    def run(env: dict[str, str]) -> list[str]:
-        done = subprocess.run(
-            [sys.executable, "-c", script],
-            env=env,
-            cwd=os.path.dirname(__file__),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return done.stdout.split()
-
-    capped = run({**os.environ, "SRT_CPU_ISA": "avx2"})
-    best = run({k: v for k, v in os.environ.items() if k != "SRT_CPU_ISA"})
+    capped = printed(script, "avx2")
+    best = printed(script, None)
     assert capped[:2] == ["avx2", "True"]
     assert capped[2] == best[2]
 

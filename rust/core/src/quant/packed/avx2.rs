@@ -190,22 +190,194 @@ unsafe fn store<T: Element>(
     }
 }
 
-/// Calls `$kernel::<V, T, R>` for `$rows` rows (1 to `TILE_ROWS`).
-macro_rules! by_rows {
-    ($rows:expr, $kernel:ident, $v:ty, $t:ty, $($arg:expr),*) => {
-        match $rows {
-            1 => $kernel::<$v, $t, 1>($($arg),*),
-            2 => $kernel::<$v, $t, 2>($($arg),*),
-            3 => $kernel::<$v, $t, 3>($($arg),*),
-            _ => $kernel::<$v, $t, 4>($($arg),*),
-        }
-    };
-}
-
 /// The output columns of half `half` of tile `tile` (None past the last column).
 fn half_columns(tile: usize, half: usize, n: usize) -> Option<(usize, usize)> {
     let column = tile * TILE + half * HALF;
     (column < n).then(|| (column, HALF.min(n - column)))
+}
+
+/// A product computed half tile by half tile, `R` rows at a time: `linear_packed`'s (`Job`,
+/// two int8 parts) or `linear_packed_prefill`'s (`PrefillJob`, one).
+trait HalfTiles {
+    /// Output columns.
+    fn columns(&self) -> usize;
+    /// Output rows `row..row + R` of half `half` of tile `tile` (columns `column..column +
+    /// width`).
+    ///
+    /// # Safety
+    /// The rows and the tile lie inside the job and the calling thread's share; the CPU has
+    /// AVX2, FMA and F16C.
+    unsafe fn rows<V: Values, const R: usize>(
+        &self,
+        row: usize,
+        tile: usize,
+        half: usize,
+        column: usize,
+        width: usize,
+    );
+}
+
+impl<T: Element> HalfTiles for Job<T> {
+    fn columns(&self) -> usize {
+        self.out_features
+    }
+
+    #[inline(always)]
+    unsafe fn rows<V: Values, const R: usize>(
+        &self,
+        row: usize,
+        tile: usize,
+        half: usize,
+        column: usize,
+        width: usize,
+    ) {
+        let k = self.in_features;
+        let blocks = k / BLOCK;
+        let stride = tile_block_bytes(self.format);
+        let scales_at = values_bytes(self.format);
+        let zero = if V::SIGNED {
+            0
+        } else {
+            zero_point(self.format)
+        };
+        // SAFETY: the caller keeps rows and the tile inside the job, so every offset below stays
+        // inside the buffers `Job` describes; loads are unaligned ones.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..blocks {
+                let base = self.weight.add((tile * blocks + b) * stride);
+                let mut high = [_mm256_setzero_si256(); R];
+                let mut low = [_mm256_setzero_si256(); R];
+                for h in 0..4 {
+                    let w = V::groups(base, h, half);
+                    for r in 0..R {
+                        let at = (row + r) * k + b * BLOCK + 4 * h;
+                        let (a, a2) = (four(self.high.add(at)), four(self.high.add(at + 16)));
+                        let (c, c2) = (four(self.low.add(at)), four(self.low.add(at + 16)));
+                        high[r] = V::add(V::add(high[r], w[0], a), w[1], a2);
+                        low[r] = V::add(V::add(low[r], w[0], c), w[1], c2);
+                    }
+                }
+                let d = halves(base.add(scales_at + 2 * HALF * half));
+                let m = halves(base.add(scales_at + 2 * TILE + 2 * HALF * half));
+                for r in 0..R {
+                    let at = (row + r) * blocks + b;
+                    let unit = _mm256_set1_ps(*self.units.add(at));
+                    let sum = _mm256_set1_ps(*self.sums.add(at));
+                    let offset = _mm256_set1_epi32(zero * *self.totals.add(at));
+                    let whole = _mm256_slli_epi32::<8>(V::widen(high[r]));
+                    let dot = _mm256_sub_epi32(_mm256_add_epi32(whole, V::widen(low[r])), offset);
+                    let scaled =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, unit), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(m, sum, scaled);
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                let target = self.out.add((row + r) * self.out_features + column);
+                store(*acc, self.bias, column, target, width);
+            }
+        }
+    }
+}
+
+impl<T: Element> HalfTiles for PrefillJob<T> {
+    fn columns(&self) -> usize {
+        self.out_features
+    }
+
+    #[inline(always)]
+    unsafe fn rows<V: Values, const R: usize>(
+        &self,
+        row: usize,
+        tile: usize,
+        half: usize,
+        column: usize,
+        width: usize,
+    ) {
+        let k = self.in_features;
+        let blocks = k / BLOCK;
+        let stride = tile_block_bytes(self.format);
+        let scales_at = values_bytes(self.format);
+        let zero = if V::SIGNED {
+            0
+        } else {
+            zero_point(self.format)
+        };
+        let offsets = self.format == Format::Q4_1;
+        // SAFETY: the caller keeps rows and the tile inside the job, so every offset below stays
+        // inside the buffers `PrefillJob` describes; loads are unaligned ones.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..blocks {
+                let base = self.weight.add((tile * blocks + b) * stride);
+                let mut dot = [_mm256_setzero_si256(); R];
+                for h in 0..4 {
+                    let w = V::groups(base, h, half);
+                    for (r, dot) in dot.iter_mut().enumerate() {
+                        let at = self.values.add((row + r) * k + b * BLOCK + 4 * h);
+                        *dot = V::add(V::add(*dot, w[0], four(at)), w[1], four(at.add(16)));
+                    }
+                }
+                let d = halves(base.add(scales_at + 2 * HALF * half));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let at = (row + r) * blocks + b;
+                    let unit = _mm256_set1_ps(*self.units.add(at));
+                    let mut whole = V::widen(dot[r]);
+                    if zero != 0 {
+                        whole =
+                            _mm256_sub_epi32(whole, _mm256_set1_epi32(zero * *self.totals.add(at)));
+                    }
+                    let scale = _mm256_mul_ps(d, unit);
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(whole), scale, *acc);
+                }
+                if offsets {
+                    let m = halves(base.add(scales_at + 2 * TILE + 2 * HALF * half));
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let sum = _mm256_set1_ps(*self.sums.add((row + r) * blocks + b));
+                        *acc = _mm256_fmadd_ps(m, sum, *acc);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                let target = self.out.add((row + r) * self.out_features + column);
+                store(*acc, self.bias, column, target, width);
+            }
+        }
+    }
+}
+
+/// Rows `rows` of every half tile of `tiles` of `job`, `TILE_ROWS` rows at a time.
+///
+/// # Safety
+/// The rows and tiles lie inside the job and are the calling thread's; the CPU has AVX2, FMA
+/// and F16C.
+#[inline(always)]
+unsafe fn each_half_tile<V: Values, J: HalfTiles>(
+    job: &J,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+) {
+    for tile in tiles {
+        for half in 0..2 {
+            let Some((column, width)) = half_columns(tile, half, job.columns()) else {
+                continue;
+            };
+            let mut row = rows.start;
+            while row < rows.end {
+                let count = TILE_ROWS.min(rows.end - row);
+                // SAFETY: rows `row..row + count` and the tile lie inside the caller's share.
+                unsafe {
+                    match count {
+                        1 => job.rows::<V, 1>(row, tile, half, column, width),
+                        2 => job.rows::<V, 2>(row, tile, half, column, width),
+                        3 => job.rows::<V, 3>(row, tile, half, column, width),
+                        _ => job.rows::<V, 4>(row, tile, half, column, width),
+                    }
+                }
+                row += count;
+            }
+        }
+    }
 }
 
 /// `linear_packed`'s tiles `tiles` for every row of `job`.
@@ -218,82 +390,8 @@ pub(super) unsafe fn run<T: Element>(job: &Job<T>, tiles: Range<usize>) {
     // SAFETY: forwarded; each format's values match `job.format`.
     unsafe {
         match job.format {
-            Format::Q8_0 => run_as::<Bytes, T>(job, tiles),
-            Format::Q4_0 | Format::Q4_1 => run_as::<Nibbles, T>(job, tiles),
-        }
-    }
-}
-
-#[inline(always)]
-unsafe fn run_as<V: Values, T: Element>(job: &Job<T>, tiles: Range<usize>) {
-    for tile in tiles {
-        for half in 0..2 {
-            let Some((column, width)) = half_columns(tile, half, job.out_features) else {
-                continue;
-            };
-            let mut row = 0;
-            while row < job.m {
-                let rows = TILE_ROWS.min(job.m - row);
-                // SAFETY: rows `row..row + rows` and the tile lie inside the job and this
-                // thread's share, as the caller guarantees.
-                unsafe { by_rows!(rows, two_parts, V, T, job, row, tile, half, column, width) };
-                row += rows;
-            }
-        }
-    }
-}
-
-/// Output rows `row..row + R` of half `half` of tile `tile` (columns `column..column + width`).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn two_parts<V: Values, T: Element, const R: usize>(
-    job: &Job<T>,
-    row: usize,
-    tile: usize,
-    half: usize,
-    column: usize,
-    width: usize,
-) {
-    let k = job.in_features;
-    let blocks = k / BLOCK;
-    let stride = tile_block_bytes(job.format);
-    let scales_at = values_bytes(job.format);
-    let zero = if V::SIGNED { 0 } else { zero_point(job.format) };
-    // SAFETY: the caller keeps rows and the tile inside the job, so every offset below stays
-    // inside the buffers `Job` describes; loads are unaligned ones.
-    unsafe {
-        let mut acc = [_mm256_setzero_ps(); R];
-        for b in 0..blocks {
-            let base = job.weight.add((tile * blocks + b) * stride);
-            let mut high = [_mm256_setzero_si256(); R];
-            let mut low = [_mm256_setzero_si256(); R];
-            for h in 0..4 {
-                let w = V::groups(base, h, half);
-                for r in 0..R {
-                    let at = (row + r) * k + b * BLOCK + 4 * h;
-                    let (a, a2) = (four(job.high.add(at)), four(job.high.add(at + 16)));
-                    let (c, c2) = (four(job.low.add(at)), four(job.low.add(at + 16)));
-                    high[r] = V::add(V::add(high[r], w[0], a), w[1], a2);
-                    low[r] = V::add(V::add(low[r], w[0], c), w[1], c2);
-                }
-            }
-            let d = halves(base.add(scales_at + 2 * HALF * half));
-            let m = halves(base.add(scales_at + 2 * TILE + 2 * HALF * half));
-            for r in 0..R {
-                let at = (row + r) * blocks + b;
-                let unit = _mm256_set1_ps(*job.units.add(at));
-                let sum = _mm256_set1_ps(*job.sums.add(at));
-                let offset = _mm256_set1_epi32(zero * *job.totals.add(at));
-                let whole = _mm256_slli_epi32::<8>(V::widen(high[r]));
-                let dot = _mm256_sub_epi32(_mm256_add_epi32(whole, V::widen(low[r])), offset);
-                let scaled =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, unit), acc[r]);
-                acc[r] = _mm256_fmadd_ps(m, sum, scaled);
-            }
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            let target = job.out.add((row + r) * job.out_features + column);
-            store(*acc, job.bias, column, target, width);
+            Format::Q8_0 => each_half_tile::<Bytes, _>(job, 0..job.m, tiles),
+            Format::Q4_0 | Format::Q4_1 => each_half_tile::<Nibbles, _>(job, 0..job.m, tiles),
         }
     }
 }
@@ -312,86 +410,8 @@ pub(super) unsafe fn run_prefill<T: Element>(
     // SAFETY: forwarded; each format's values match `job.format`.
     unsafe {
         match job.format {
-            Format::Q8_0 => prefill_as::<Bytes, T>(job, rows, tiles),
-            Format::Q4_0 | Format::Q4_1 => prefill_as::<Nibbles, T>(job, rows, tiles),
-        }
-    }
-}
-
-#[inline(always)]
-unsafe fn prefill_as<V: Values, T: Element>(
-    job: &PrefillJob<T>,
-    rows: Range<usize>,
-    tiles: Range<usize>,
-) {
-    for tile in tiles {
-        for half in 0..2 {
-            let Some((column, width)) = half_columns(tile, half, job.out_features) else {
-                continue;
-            };
-            let mut row = rows.start;
-            while row < rows.end {
-                let count = TILE_ROWS.min(rows.end - row);
-                // SAFETY: as `run_as`.
-                unsafe { by_rows!(count, one_part, V, T, job, row, tile, half, column, width) };
-                row += count;
-            }
-        }
-    }
-}
-
-/// Output rows `row..row + R` of half `half` of tile `tile` (columns `column..column + width`).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn one_part<V: Values, T: Element, const R: usize>(
-    job: &PrefillJob<T>,
-    row: usize,
-    tile: usize,
-    half: usize,
-    column: usize,
-    width: usize,
-) {
-    let k = job.in_features;
-    let blocks = k / BLOCK;
-    let stride = tile_block_bytes(job.format);
-    let scales_at = values_bytes(job.format);
-    let zero = if V::SIGNED { 0 } else { zero_point(job.format) };
-    let offsets = job.format == Format::Q4_1;
-    // SAFETY: as `two_parts`.
-    unsafe {
-        let mut acc = [_mm256_setzero_ps(); R];
-        for b in 0..blocks {
-            let base = job.weight.add((tile * blocks + b) * stride);
-            let mut dot = [_mm256_setzero_si256(); R];
-            for h in 0..4 {
-                let w = V::groups(base, h, half);
-                for (r, dot) in dot.iter_mut().enumerate() {
-                    let at = job.values.add((row + r) * k + b * BLOCK + 4 * h);
-                    *dot = V::add(V::add(*dot, w[0], four(at)), w[1], four(at.add(16)));
-                }
-            }
-            let d = halves(base.add(scales_at + 2 * HALF * half));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let at = (row + r) * blocks + b;
-                let unit = _mm256_set1_ps(*job.units.add(at));
-                let mut whole = V::widen(dot[r]);
-                if zero != 0 {
-                    whole = _mm256_sub_epi32(whole, _mm256_set1_epi32(zero * *job.totals.add(at)));
-                }
-                let scale = _mm256_mul_ps(d, unit);
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(whole), scale, *acc);
-            }
-            if offsets {
-                let m = halves(base.add(scales_at + 2 * TILE + 2 * HALF * half));
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let sum = _mm256_set1_ps(*job.sums.add((row + r) * blocks + b));
-                    *acc = _mm256_fmadd_ps(m, sum, *acc);
-                }
-            }
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            let target = job.out.add((row + r) * job.out_features + column);
-            store(*acc, job.bias, column, target, width);
+            Format::Q8_0 => each_half_tile::<Bytes, _>(job, rows, tiles),
+            Format::Q4_0 | Format::Q4_1 => each_half_tile::<Nibbles, _>(job, rows, tiles),
         }
     }
 }
@@ -503,26 +523,21 @@ pub(super) unsafe fn round_blocks<T: Element>(
                     std::ptr::write_bytes(out, 0, BLOCK);
                     (0.0, 0)
                 }
+                Some((_, largest)) if 127.0 / largest == f32::INFINITY => {
+                    // The scale overflows: zeros times it are NaNs, which the portable
+                    // rounding turns into 0 and these instructions would not.
+                    super::prefill::round_blocks(x, b..b + 1, values, units, totals, sums);
+                    continue;
+                }
                 Some((v, largest)) => {
-                    let inverse = 127.0 / largest;
-                    if inverse == f32::INFINITY {
-                        // The scale overflows: zeros times it are NaNs, which the portable
-                        // rounding turns into 0 and these instructions would not.
-                        let block = std::slice::from_raw_parts(x.add(b * BLOCK), BLOCK);
-                        let mut rounded = [0i8; BLOCK];
-                        let result = super::prefill::round_block(block, &mut rounded);
-                        std::ptr::copy_nonoverlapping(rounded.as_ptr(), out, BLOCK);
-                        result.unwrap_or((f32::NAN, 0))
-                    } else {
-                        let scale = _mm256_set1_ps(inverse);
-                        let whole = v.map(|v| nearest(_mm256_mul_ps(v, scale)));
-                        store_bytes(whole, out);
-                        let sum = _mm256_add_epi32(
-                            _mm256_add_epi32(whole[0], whole[1]),
-                            _mm256_add_epi32(whole[2], whole[3]),
-                        );
-                        (largest / 127.0, total(sum))
-                    }
+                    let scale = _mm256_set1_ps(127.0 / largest);
+                    let whole = v.map(|v| nearest(_mm256_mul_ps(v, scale)));
+                    store_bytes(whole, out);
+                    let sum = _mm256_add_epi32(
+                        _mm256_add_epi32(whole[0], whole[1]),
+                        _mm256_add_epi32(whole[2], whole[3]),
+                    );
+                    (largest / 127.0, total(sum))
                 }
             };
             *units.add(b) = unit;

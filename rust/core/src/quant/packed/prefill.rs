@@ -93,61 +93,69 @@ impl Int8Rows {
             Shared(rows.totals.as_mut_ptr()),
             Shared(rows.sums.as_mut_ptr()),
         );
+        let round: RoundBlocks<T> = match kernel {
+            #[cfg(target_arch = "x86_64")]
+            PackedKernel::Avx2 => super::avx2::round_blocks::<T>,
+            #[cfg(target_arch = "x86_64")]
+            PackedKernel::Avx512Vnni => super::vnni_prefill::round_blocks::<T>,
+            _ => round_blocks::<T>,
+        };
         parallel::run(threads, &|thread, threads| {
             let blocks = count * thread / threads..count * (thread + 1) / threads;
-            match kernel {
-                // SAFETY: the kernel is available (`linear_packed_prefill` checks), so the CPU
-                // has AVX2 and FMA; `blocks` belongs to this thread alone (the blocks are split
-                // into disjoint ranges by thread) and lies inside the buffers, sized above.
-                #[cfg(target_arch = "x86_64")]
-                PackedKernel::Avx2 => unsafe {
-                    super::avx2::round_blocks(
-                        x.as_ptr(),
-                        blocks,
-                        values.get(),
-                        units.get(),
-                        totals.get(),
-                        sums.get(),
-                    );
-                },
-                // SAFETY: as above, the CPU then has AVX-512 F and BW.
-                #[cfg(target_arch = "x86_64")]
-                PackedKernel::Avx512Vnni => unsafe {
-                    super::vnni_prefill::round_blocks(
-                        x.as_ptr(),
-                        blocks,
-                        values.get(),
-                        units.get(),
-                        totals.get(),
-                        sums.get(),
-                    );
-                },
-                _ => {
-                    for b in blocks {
-                        let mut rounded = [0i8; BLOCK];
-                        let (unit, total) = round_block(&x[b * BLOCK..][..BLOCK], &mut rounded)
-                            .unwrap_or((f32::NAN, 0));
-                        // SAFETY: as above, block `b` and entry `b` of each per-block buffer
-                        // are this thread's and lie inside the buffers.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                rounded.as_ptr(),
-                                values.get().add(b * BLOCK),
-                                BLOCK,
-                            );
-                            *units.get().add(b) = unit;
-                            *totals.get().add(b) = total;
-                            *sums.get().add(b) = unit * total as f32;
-                        }
-                    }
-                }
+            // SAFETY: the kernel is available (`linear_packed_prefill` checks), so the CPU has
+            // the instructions of its rounding; `blocks` belongs to this thread alone (the
+            // blocks are split into disjoint ranges by thread) and lies inside the buffers,
+            // sized above.
+            unsafe {
+                round(
+                    x.as_ptr(),
+                    blocks,
+                    values.get(),
+                    units.get(),
+                    totals.get(),
+                    sums.get(),
+                );
             }
         });
         // SAFETY: the threads above wrote all `count` blocks' values (`round_blocks` writes
-        // every block it is given, zeros for a non-finite one, as does the portable loop), and
+        // every block it is given, zeros for a non-finite one), and
         // the region has ended.
         unsafe { rows.values.set_len(x.len()) };
         rows
+    }
+}
+
+/// A rounding of activation blocks (`round_blocks` here and in each kernel's module): blocks
+/// `blocks` of `x` to `values`, with their units, integer sums and sums.
+type RoundBlocks<T> = unsafe fn(*const T, Range<usize>, *mut i8, *mut f32, *mut i32, *mut f32);
+
+/// `round_block` over blocks `blocks` of `x`: each block's 32 values written (never read, so
+/// `values` may start uninitialized), its unit (NaN for a non-finite block), integer sum and
+/// sum `unit · total`.
+///
+/// # Safety
+/// `x` holds the blocks `blocks`, `values` as many × 32 bytes, `units`, `totals` and `sums` an
+/// entry per block (all indexed by the block's number).
+pub(super) unsafe fn round_blocks<T: Element>(
+    x: *const T,
+    blocks: Range<usize>,
+    values: *mut i8,
+    units: *mut f32,
+    totals: *mut i32,
+    sums: *mut f32,
+) {
+    for b in blocks {
+        // SAFETY: block `b` and entry `b` of each per-block buffer lie inside the buffers, as
+        // the caller guarantees.
+        unsafe {
+            let block = std::slice::from_raw_parts(x.add(b * BLOCK), BLOCK);
+            let mut rounded = [0i8; BLOCK];
+            let (unit, total) = round_block(block, &mut rounded).unwrap_or((f32::NAN, 0));
+            std::ptr::copy_nonoverlapping(rounded.as_ptr(), values.add(b * BLOCK), BLOCK);
+            *units.add(b) = unit;
+            *totals.add(b) = total;
+            *sums.add(b) = unit * total as f32;
+        }
     }
 }
 
