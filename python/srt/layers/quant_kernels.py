@@ -5,10 +5,10 @@ Why: decoding on the CPU is bound by the bytes of weights each step reads; block
 bits per weight read 4 to 7 times fewer than float32. Where the CPU has integer dot products
 (AVX-512 VNNI's `vpdpbusd`, or AVX2's `vpmaddubsw` at about 60% of its rate per core), a weight
 is repacked at its first use into the tiles of the integer kernel
-(rust/core/src/quant/packed.rs: activations split into two int8 parts per block of 32, to
-about 15 bits), and its blocks are released; elsewhere the float kernel expands the blocks in
-registers and keeps float32's results. Both take few rows (decode). Many rows (prefill) may
-instead take one of two paths: on tiles, the prefill integer kernel (`_prefill`: activations
+(rust/core/src/quant/packed.rs: activations split into two int8 parts per block of 32, to about
+15 bits), and its blocks are released; elsewhere (CPUs below AVX2) the portable float kernel
+expands the blocks and keeps float32's results. Both take few rows (decode). Many rows (prefill)
+may instead take one of two paths: on tiles, the prefill integer kernel (`_prefill`: activations
 rounded to ONE int8 per value per block of 32, as llama.cpp's Q8 activations, so one `vpdpbusd`
 per four weights: twice the split kernel's rate, and above a bfloat16 matmul's where int8
 products run at twice bf16's); or the dense path, which dequantizes the weight for the call and

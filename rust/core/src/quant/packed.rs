@@ -80,7 +80,7 @@ const PARALLEL_MIN_WORK: usize = 1 << 18;
 /// Which implementation of the integer kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PackedKernel {
-    /// Plain Rust, any CPU (the reference; far slower than the float kernels).
+    /// Plain Rust, any CPU (the reference the others equal bit for bit).
     Portable,
     /// x86-64 with AVX2, FMA and F16C (`vpmaddubsw`, see `avx2.rs`).
     Avx2,
@@ -90,7 +90,7 @@ pub enum PackedKernel {
 
 impl PackedKernel {
     /// The fast kernel this CPU runs within the instruction-set ceiling (`SRT_CPU_ISA`), or
-    /// `None` where there is none and the float kernels should run instead.
+    /// `None` where there is none and the portable float kernel on blocks should run instead.
     pub fn best() -> Option<Self> {
         let isa = crate::isa::active();
         if isa >= Isa::Avx512 && PackedKernel::Avx512Vnni.available() {
