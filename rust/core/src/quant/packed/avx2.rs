@@ -310,6 +310,7 @@ impl<T: Element> HalfTiles for PrefillJob<T> {
             let mut acc = [_mm256_setzero_ps(); R];
             for b in 0..blocks {
                 let base = self.weight.add((tile * blocks + b) * stride);
+                self.prefetch_tile_block(tile + 1, b);
                 let mut dot = [_mm256_setzero_si256(); R];
                 for h in 0..4 {
                     let w = V::groups(base, h, half);

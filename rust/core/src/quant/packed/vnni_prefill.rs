@@ -120,6 +120,9 @@ unsafe fn micro<
         for b in 0..blocks {
             let base: [*const u8; N] =
                 std::array::from_fn(|t| job.weight.add(((tile + t) * blocks + b) * stride));
+            for t in 0..N {
+                job.prefetch_tile_block(tile + N + t, b);
+            }
             let mut dot = [[_mm512_setzero_si512(); N]; R];
             for h in 0..4 {
                 let w: [[__m512i; 2]; N] = std::array::from_fn(|t| V::groups(base[t], h));
