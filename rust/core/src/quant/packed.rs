@@ -52,6 +52,8 @@ use crate::{Error, Result};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_rounding;
 mod layout;
 mod prefill;
 #[cfg(test)]
@@ -167,7 +169,7 @@ impl QuantizedRows {
                 PackedKernel::Avx512Vnni => unsafe { vnni::split_block(block, high, low) },
                 // SAFETY: as above, the CPU then has AVX2 and FMA.
                 #[cfg(target_arch = "x86_64")]
-                PackedKernel::Avx2 => unsafe { avx2::split_block(block, high, low) },
+                PackedKernel::Avx2 => unsafe { avx2_rounding::split_block(block, high, low) },
                 _ => split_block(block, high, low),
             };
             let (unit, total) = split.unwrap_or((f32::NAN, 0));

@@ -95,7 +95,7 @@ impl Int8Rows {
         );
         let round: RoundBlocks<T> = match kernel {
             #[cfg(target_arch = "x86_64")]
-            PackedKernel::Avx2 => super::avx2::round_blocks::<T>,
+            PackedKernel::Avx2 => super::avx2_rounding::round_blocks::<T>,
             #[cfg(target_arch = "x86_64")]
             PackedKernel::Avx512Vnni => super::vnni_prefill::round_blocks::<T>,
             _ => round_blocks::<T>,
