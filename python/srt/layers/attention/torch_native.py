@@ -75,8 +75,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         if forward_batch.batch_size == 0:
             return
         max_len = max(forward_batch.seq_lens_cpu)
-        rows = forward_batch.req_to_token_pool.req_to_token[forward_batch.req_pool_indices]
-        rows = rows[:, :max_len]
+        # The columns first: gathering whole rows would copy every row's full context length
+        # (8,192 slots for SmolLM2) where a step needs its longest sequence's.
+        table = forward_batch.req_to_token_pool.req_to_token
+        rows = table[:, :max_len].index_select(0, forward_batch.req_pool_indices)
         dtype = forward_batch.kv_pool.k_buffers[0].dtype
         if (
             self.decode_in_place
