@@ -8,14 +8,18 @@ import sys
 from importlib.metadata import files
 from pathlib import Path
 
-SOURCE_ROOT = Path(__file__).resolve().parents[1]
+SOURCE_PACKAGE = Path(__file__).resolve().parents[1] / "python" / "srt"
+"""The package's source (maturin's `python-source`). Not the repository root: a virtual
+environment made inside the clone (`python -m venv .venv`) installs the wheel under it."""
 
 PROBE = """
-import json, srt, srt._rust, srt.kernels.store_kv_cache as kernel
+import importlib.metadata, json, srt, srt._rust, srt.kernels.store_kv_cache as kernel
+installed = importlib.metadata.distribution("srt")
 print(json.dumps({
     "srt": srt.__file__,
     "rust": srt._rust.__file__,
     "kernel": kernel.__file__,
+    "installed_files": [str(installed.locate_file(f)) for f in installed.files or []],
     "version": srt.__version__,
     "rust_version": srt._rust.__version__,
 }))
@@ -28,9 +32,11 @@ def test_imports_from_the_installed_wheel(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
+    installed = {Path(f).resolve() for f in found["installed_files"]}
     for key in ("srt", "rust", "kernel"):
         path = Path(found[key]).resolve()
-        assert not path.is_relative_to(SOURCE_ROOT), f"{key} imported from the source tree: {path}"
+        assert not path.is_relative_to(SOURCE_PACKAGE), f"{key} imported from the source: {path}"
+        assert path in installed, f"{key} is not a file of the installed srt: {path}"
     assert found["version"] == found["rust_version"]
 
 
