@@ -27,7 +27,7 @@ from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary
 
 BF16_STEP = 2**-7
 ACTIVE, BEST = cpu_kernels.isa()
-TIERS = ["scalar", "avx2", "avx512", "avx512_bf16"]
+TIERS = ["scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16"]
 RUNNABLE = TIERS[: TIERS.index(BEST) + 1]
 
 

@@ -260,7 +260,7 @@ def rotary_bf16(x: _Bf16, x_stride: int, cos: _Bf16, sin: _Bf16, head_dim: int, 
 
 def cpu_isa() -> tuple[str, str]:
     """The instruction set the CPU kernels run now and the best the CPU runs: each one of
-    "scalar", "avx2", "avx512", "avx512_bf16"."""
+    "scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16"."""
 
 def set_cpu_isa(name: str) -> None:
     """Caps the CPU kernels' instruction set at `name` (ValueError for an unknown name)."""

@@ -41,9 +41,11 @@ def check_invariants() -> bool:
 
 def cpu_isa() -> str | None:
     """The highest instruction set srt's CPU kernels may use (`SRT_CPU_ISA`: `scalar`, `avx2`,
-    `avx512` or `avx512_bf16`; unset: the best the CPU has). Lowering it runs the slower paths on
-    a faster machine, to test them; below `avx512_bf16`, `--dtype auto` also picks float32, as on
-    a CPU without native bf16 products, and below `avx2` the linear layers take PyTorch's
+    `avx512`, `avx512_vnni` or `avx512_bf16`; unset: the best the CPU has). Lowering it runs the
+    slower paths on a faster machine, to test their results (not that they avoid the faster
+    instructions: the emulated-CPU tests prove that); below `avx512_bf16`, `--dtype auto` also
+    picks float32, as on a CPU without native bf16 products, below `avx512_vnni` quantized
+    weights take the AVX2 integer kernels, and below `avx2` the linear layers take PyTorch's
     product."""
     return os.environ.get("SRT_CPU_ISA") or None
 
@@ -53,3 +55,10 @@ def fused_decode() -> bool:
     (`models/fused_decode.py`; `SRT_FUSED_DECODE=0` runs the layers one by one, to compare: both
     give the same bits)."""
     return os.environ.get("SRT_FUSED_DECODE", "1") != "0"
+
+
+def disable_kernel_plan_cache() -> bool:
+    """Whether the kernel plans measured at start-up are neither read from nor written to the
+    cache directory (`SRT_DISABLE_KERNEL_PLAN_CACHE=1`, as vLLM's `VLLM_DISABLE_COMPILE_CACHE`;
+    `layers/plan_cache.py`): every start then measures them again."""
+    return os.environ.get("SRT_DISABLE_KERNEL_PLAN_CACHE", "0") == "1"

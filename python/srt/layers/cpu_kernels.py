@@ -40,7 +40,7 @@ def runs_in_rust(*tensors: torch.Tensor, dtypes: tuple[torch.dtype, ...] = KERNE
 
 def isa() -> tuple[str, str]:
     """The instruction set the kernels run now and the best this CPU runs (`scalar`, `avx2`,
-    `avx512`, `avx512_bf16`)."""
+    `avx512`, `avx512_vnni`, `avx512_bf16`)."""
     return _rust.cpu_isa()
 
 

@@ -160,7 +160,6 @@ pub fn decode_attention_on<T: Element>(
     scale: f32,
     out: &mut [T],
 ) -> Result<()> {
-    let isa = isa.min(isa::detected());
     let lens = [
         ("the query", q.len()),
         ("the K cache", k_cache.len()),
@@ -202,8 +201,7 @@ pub fn decode_attention_on<T: Element>(
             let (seq, part) = (index / parts, index % parts);
             let heads = part * shape.heads / parts..(part + 1) * shape.heads / parts;
             // SAFETY: `check` validated every length and slot; these heads of sequence `seq`
-            // are claimed by this thread alone, and its task writes only their rows of `out`;
-            // `isa` is at most the detected tier.
+            // are claimed by this thread alone, and its task writes only their rows of `out`.
             unsafe { tiers::run(&task, isa, seq, heads, &mut scratch) };
         }
     });

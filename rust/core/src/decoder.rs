@@ -111,7 +111,7 @@ pub fn decode_layers<T: Element>(
     residual: &mut [T],
 ) -> Result<()> {
     let batch = tokens.seq_lens.len();
-    let shape = check(kernel, heads, layers, tokens, hidden, residual)?;
+    let shape = check(heads, layers, tokens, hidden, residual)?;
     let Some(first) = layers.first() else {
         return Ok(());
     };
@@ -211,7 +211,6 @@ fn invalid(message: String) -> Error {
 
 /// Checks every size, slot and sequence of a call; the decode attention's shape.
 fn check<T: Element>(
-    kernel: PackedKernel,
     heads: &Heads,
     layers: &[DecoderLayer<'_, T>],
     tokens: &Tokens<'_, T>,
@@ -224,12 +223,6 @@ fn check<T: Element>(
         head_dim,
         ..
     } = *heads;
-    if !kernel.available() {
-        return Err(invalid(format!(
-            "this CPU does not run the {} packed kernel",
-            kernel.name()
-        )));
-    }
     let batch = tokens.seq_lens.len();
     if batch == 0 || !hidden.len().is_multiple_of(batch) || hidden.is_empty() {
         return Err(invalid(format!(

@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{check_len, elements};
-use crate::isa::{self, Isa};
+use crate::isa::Avx2;
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -30,7 +30,7 @@ const PARALLEL_MIN_WORK: usize = 1 << 20;
 /// Whether this CPU runs the kernel: x86-64 with AVX2 and FMA, unless the kernels' tier is
 /// capped below AVX2 (`isa::set_ceiling`), when the caller keeps PyTorch's product.
 pub fn supported() -> bool {
-    isa::active() >= Isa::Avx2
+    Avx2::active().is_some()
 }
 
 /// The number of floats of a packed `[n, k]` weight (`InvalidArgument` past `usize`).
@@ -104,11 +104,11 @@ pub fn linear(
     if let Some(bias) = bias {
         check_len("the bias", bias.len(), n)?;
     }
-    if !supported() {
+    let Some(cpu) = Avx2::active() else {
         return Err(Error::InvalidArgument(
             "the CPU linear kernel needs an x86-64 CPU with AVX2 and FMA".into(),
         ));
-    }
+    };
     if m == 0 {
         return Ok(());
     }
@@ -136,9 +136,9 @@ pub fn linear(
         if start >= panels {
             break;
         }
-        // SAFETY: `supported()` holds, the lengths were checked above, and this thread alone
-        // owns panels `start..start + chunk`.
-        unsafe { kernel::run(&job, start..(start + chunk).min(panels)) };
+        // SAFETY: the lengths were checked above, and this thread alone owns panels
+        // `start..start + chunk`.
+        unsafe { kernel::run(cpu, &job, start..(start + chunk).min(panels)) };
     });
     Ok(())
 }
@@ -149,8 +149,12 @@ mod kernel {
         1
     }
 
-    pub(super) unsafe fn run(_job: &super::Job, _panels: std::ops::Range<usize>) {
-        unreachable!("linear() checks supported() first")
+    pub(super) unsafe fn run(
+        _: crate::isa::Avx2,
+        _job: &super::Job,
+        _panels: std::ops::Range<usize>,
+    ) {
+        unreachable!("detection makes no AVX2 token off x86-64")
     }
 }
 

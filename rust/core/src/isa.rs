@@ -1,10 +1,31 @@
-//! Which instruction set the CPU kernels run: the best this CPU and its OS offer (CPUID and
-//! XGETBV, the checks `is_x86_feature_detected!` makes), capped by a ceiling that the process
-//! may lower (`SRT_CPU_ISA`, set once through the binding) so that the slower paths of every
-//! kernel can be run and tested on a machine that has the faster ones.
+//! What the CPU kernels may run: one capability model for every kernel.
 //!
-//! What must stay true: a kernel never runs a tier above [`detected`]; [`active`] is never
-//! above it, whatever the ceiling says.
+//! The CPU's features are detected once (CPUID and XGETBV, the checks `is_x86_feature_detected!`
+//! makes: an instruction set counts only when the OS also saves its registers) and ordered into
+//! tiers, each including the ones below it. A ceiling that the process may lower
+//! (`SRT_CPU_ISA`, set once through the binding) caps the tier the kernels run, so that the
+//! slower paths of every kernel can be run and tested on a machine that has the faster ones.
+//!
+//! Each tier above `Scalar` has a token: a zero-sized value that only this module makes, and
+//! only when detection proved the tier's features. Every function compiled with
+//! `#[target_feature]` takes the token of a tier whose features include the ones it enables
+//! (a test reads the sources to hold every such function to that), so a call into a tier's code
+//! from a path that has not proved the tier does not compile: the proof travels with the call.
+//!
+//! What must stay true: a token exists only for a tier at most [`detected`]; [`active`] is
+//! never above it, whatever the ceiling says.
+//!
+//! A lower tier's token does not prove a higher one:
+//! ```compile_fail
+//! fn wide(_: srt_core::isa::Avx512) {}
+//! if let Some(cpu) = srt_core::isa::Avx2::detected() {
+//!     wide(cpu.into());
+//! }
+//! ```
+//! and nothing outside detection makes a token:
+//! ```compile_fail
+//! let cpu = srt_core::isa::Avx512(());
+//! ```
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -17,17 +38,26 @@ use crate::{Error, Result};
 pub enum Isa {
     /// Portable Rust, whatever the compiler's baseline target is.
     Scalar = 0,
-    /// x86-64 with AVX2 and FMA.
+    /// x86-64 with AVX2, FMA and F16C (every CPU with AVX2 has the other two).
     Avx2 = 1,
     /// AVX2 plus AVX-512 F and BW.
     Avx512 = 2,
-    /// AVX-512 plus AVX-512 BF16 (`vdpbf16ps`: bf16 pairs multiplied into float32 sums).
-    Avx512Bf16 = 3,
+    /// AVX-512 plus VNNI (`vpdpbusd`: bytes multiplied into int32 sums).
+    Avx512Vnni = 3,
+    /// AVX-512 VNNI plus AVX-512 BF16 (`vdpbf16ps`: bf16 pairs multiplied into float32 sums;
+    /// every CPU with it has VNNI).
+    Avx512Bf16 = 4,
 }
 
 impl Isa {
     /// Every tier, lowest first.
-    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16];
+    pub const ALL: [Isa; 5] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx512Vnni,
+        Isa::Avx512Bf16,
+    ];
 
     /// The tier's name, as `SRT_CPU_ISA` spells it.
     pub fn name(self) -> &'static str {
@@ -35,6 +65,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Vnni => "avx512_vnni",
             Isa::Avx512Bf16 => "avx512_bf16",
         }
     }
@@ -58,29 +89,76 @@ impl Isa {
     }
 }
 
-/// The highest tier this CPU and OS run, found once.
+/// What detection found, once per process.
+struct Cpu {
+    tier: Isa,
+    /// AMX tiles with bf16 products, their state saved by the OS. Not a kernel tier (srt runs
+    /// no AMX code: PyTorch's oneDNN does); it tells whether bf16 matrix products run natively.
+    amx_bf16: bool,
+}
+
+fn cpu() -> &'static Cpu {
+    static CPU: OnceLock<Cpu> = OnceLock::new();
+    CPU.get_or_init(|| Cpu {
+        tier: detect_tier(),
+        amx_bf16: detect_amx_bf16(),
+    })
+}
+
+/// The highest tier this CPU and OS run.
 pub fn detected() -> Isa {
-    static DETECTED: OnceLock<Isa> = OnceLock::new();
-    *DETECTED.get_or_init(detect)
+    cpu().tier
 }
 
 #[cfg(target_arch = "x86_64")]
-fn detect() -> Isa {
+fn detect_tier() -> Isa {
     use std::arch::is_x86_feature_detected as has;
-    if !(has!("avx2") && has!("fma")) {
-        Isa::Scalar
-    } else if !(has!("avx512f") && has!("avx512bw")) {
-        Isa::Avx2
-    } else if !has!("avx512bf16") {
-        Isa::Avx512
-    } else {
-        Isa::Avx512Bf16
-    }
+    let tiers = [
+        (Isa::Avx2, has!("avx2") && has!("fma") && has!("f16c")),
+        (Isa::Avx512, has!("avx512f") && has!("avx512bw")),
+        (Isa::Avx512Vnni, has!("avx512vnni")),
+        (Isa::Avx512Bf16, has!("avx512bf16")),
+    ];
+    tiers
+        .into_iter()
+        .take_while(|&(_, present)| present)
+        .last()
+        .map_or(Isa::Scalar, |(tier, _)| tier)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn detect() -> Isa {
+fn detect_tier() -> Isa {
     Isa::Scalar
+}
+
+/// CPUID leaf 7 EDX bit 22 and XCR0 bits 17 and 18. Read from CPUID directly because
+/// `is_x86_feature_detected!("amx-bf16")` is not stable Rust.
+#[cfg(target_arch = "x86_64")]
+fn detect_amx_bf16() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    const OSXSAVE: u32 = 1 << 27;
+    const AMX_BF16: u32 = 1 << 22;
+    const TILE_STATE: u64 = 0b11 << 17;
+    if __cpuid(1).ecx & OSXSAVE == 0 || __cpuid(0).eax < 7 {
+        return false;
+    }
+    if __cpuid_count(7, 0).edx & AMX_BF16 == 0 {
+        return false;
+    }
+    // SAFETY: OSXSAVE is set, so the CPU has XGETBV and the OS enabled it.
+    unsafe { xcr0() & TILE_STATE == TILE_STATE }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_amx_bf16() -> bool {
+    false
+}
+
+/// Detection's own instruction: the one `#[target_feature]` function that takes no token.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "xsave")]
+unsafe fn xcr0() -> u64 {
+    std::arch::x86_64::_xgetbv(0)
 }
 
 static CEILING: AtomicU8 = AtomicU8::new(Isa::Avx512Bf16 as u8);
@@ -96,68 +174,78 @@ pub fn active() -> Isa {
     detected().min(Isa::from_u8(CEILING.load(Ordering::Relaxed)))
 }
 
-/// Whether the CPU has AMX tiles with bf16 products and the OS saves their state (CPUID leaf 7
-/// EDX bit 22, XCR0 bits 17 and 18). Not a kernel tier (srt runs no AMX code: PyTorch's oneDNN
-/// does); it tells whether bf16 matrix products run natively. Read from CPUID directly because
-/// `is_x86_feature_detected!("amx-bf16")` is not stable Rust.
+/// Whether the CPU has AMX tiles with bf16 products and the OS saves their state.
 pub fn amx_bf16() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{__cpuid, __cpuid_count};
-        const OSXSAVE: u32 = 1 << 27;
-        const AMX_BF16: u32 = 1 << 22;
-        const TILE_STATE: u64 = 0b11 << 17;
-        if __cpuid(1).ecx & OSXSAVE == 0 || __cpuid(0).eax < 7 {
-            return false;
-        }
-        if __cpuid_count(7, 0).edx & AMX_BF16 == 0 {
-            return false;
-        }
-        // SAFETY: OSXSAVE is set, so the CPU has XGETBV and the OS enabled it.
-        unsafe { xcr0() & TILE_STATE == TILE_STATE }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "xsave")]
-unsafe fn xcr0() -> u64 {
-    std::arch::x86_64::_xgetbv(0)
+    cpu().amx_bf16
 }
 
 /// Whether bf16 matrix products run natively here (AVX-512 BF16 or AMX-BF16), within the
-/// ceiling: capped below `Avx512Bf16`, the process behaves as a CPU without them.
+/// ceiling: capped below the detected tier, the process behaves as a CPU without them.
 pub fn native_bf16_matmul() -> bool {
     let capped = active() < detected();
-    !capped && (detected() == Isa::Avx512Bf16 || amx_bf16())
+    !capped && (detected() == Isa::Avx512Bf16 || cpu().amx_bf16)
 }
+
+/// Defines a tier's token and the ways to get one, each `None` unless detection proved it.
+macro_rules! tokens {
+    ($($(#[$doc:meta])* $token:ident = $tier:ident, $features:literal;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct $token(());
+
+        impl $token {
+            /// The target features a function taking this token may enable.
+            pub const FEATURES: &'static str = $features;
+
+            /// The token, if `isa` (capped at the detected tier) reaches this tier: how a
+            /// kernel asked to run on a given tier obtains its proof.
+            pub fn at_most(isa: Isa) -> Option<$token> {
+                (isa.min(detected()) >= Isa::$tier).then_some($token(()))
+            }
+
+            /// The token within the ceiling (`SRT_CPU_ISA`): what the kernels run.
+            pub fn active() -> Option<$token> {
+                $token::at_most(active())
+            }
+
+            /// The token whatever the ceiling: for tests that compare every tier the CPU has.
+            pub fn detected() -> Option<$token> {
+                $token::at_most(detected())
+            }
+        }
+    )*};
+}
+
+tokens! {
+    /// Proof that the CPU runs AVX2, FMA and F16C.
+    Avx2 = Avx2, "avx,avx2,fma,f16c";
+    /// Proof that the CPU runs AVX-512 F and BW (and so every `Avx2` feature).
+    Avx512 = Avx512, "avx,avx2,fma,f16c,avx512f,avx512bw";
+    /// Proof that the CPU runs AVX-512 VNNI (and so every `Avx512` feature).
+    Avx512Vnni = Avx512Vnni, "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vnni";
+    /// Proof that the CPU runs AVX-512 BF16 (and so every `Avx512Vnni` feature).
+    Avx512Bf16 = Avx512Bf16, "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512bf16";
+}
+
+/// A higher tier's token proves every lower tier.
+macro_rules! proves {
+    ($($higher:ident => $lower:ident),*) => {$(
+        impl From<$higher> for $lower {
+            fn from(_: $higher) -> $lower {
+                $lower(())
+            }
+        }
+    )*};
+}
+
+proves!(
+    Avx512 => Avx2,
+    Avx512Vnni => Avx2,
+    Avx512Vnni => Avx512,
+    Avx512Bf16 => Avx2,
+    Avx512Bf16 => Avx512,
+    Avx512Bf16 => Avx512Vnni
+);
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_round_trip_and_unknown_names_are_refused() {
-        for isa in Isa::ALL {
-            assert_eq!(Isa::parse(isa.name()), Ok(isa));
-        }
-        assert!(matches!(
-            Isa::parse("avx1024"),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert_eq!(Isa::from_u8(200), Isa::Avx512Bf16);
-    }
-
-    #[test]
-    fn tiers_are_ordered_and_the_active_one_never_exceeds_the_cpu() {
-        assert!(Isa::ALL.windows(2).all(|pair| pair[0] < pair[1]));
-        assert!(active() <= detected());
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512bf16") {
-            assert_eq!(detected(), Isa::Avx512Bf16);
-        }
-    }
-}
+mod tests;

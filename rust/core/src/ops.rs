@@ -89,7 +89,6 @@ pub fn rms_norm_on<T: Element>(
     eps: f32,
     out: &mut [T],
 ) -> Result<()> {
-    let isa = isa.min(isa::detected());
     let dim = weight.len();
     if dim == 0 || !x.len().is_multiple_of(dim) {
         return Err(Error::InvalidArgument(format!(
@@ -134,7 +133,6 @@ pub fn silu_and_mul_on<T: Element>(
     dim: usize,
     out: &mut [T],
 ) -> Result<()> {
-    let isa = isa.min(isa::detected());
     let row = elements("a row of the input", &[2, dim])?;
     if dim == 0 || !gate_up.len().is_multiple_of(row) {
         return Err(Error::InvalidArgument(format!(
@@ -210,7 +208,6 @@ pub fn rotary_strided_on<T: Element>(
     head_dim: usize,
     out: &mut [T],
 ) -> Result<()> {
-    let isa = isa.min(isa::detected());
     let tokens = rotary_tokens(cos, head_dim)?;
     check_len("the sine table", sin.len(), cos.len())?;
     if tokens == 0 || !out.len().is_multiple_of(tokens * head_dim) {
@@ -258,28 +255,31 @@ mod simd {
     use super::LANES;
     use crate::element::Element;
     use crate::isa::Isa;
+    #[cfg(target_arch = "x86_64")]
+    use crate::isa::{Avx2, Avx512};
 
-    /// Defines `$name(isa, args)`, which runs `$portable(args)` compiled for `isa`'s features.
-    /// The caller passes an `isa` no higher than `isa::detected()`.
+    /// Defines `$name(isa, args)`, which runs `$portable(args)` compiled for the features of
+    /// `isa`, or of the detected tier if that is lower.
     macro_rules! tiers {
         ($name:ident, $portable:ident, ($($arg:ident: $ty:ty),*)) => {
             pub(super) fn $name<T: Element>(isa: Isa, $($arg: $ty),*) {
                 #[cfg(target_arch = "x86_64")]
                 {
                     #[target_feature(enable = "avx2,fma")]
-                    fn avx2<T: Element>($($arg: $ty),*) {
+                    fn avx2<T: Element>(_: Avx2, $($arg: $ty),*) {
                         $portable($($arg),*)
                     }
                     #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
-                    fn avx512<T: Element>($($arg: $ty),*) {
+                    fn avx512<T: Element>(_: Avx512, $($arg: $ty),*) {
                         $portable($($arg),*)
                     }
-                    match isa {
-                        // SAFETY: `isa` is at most the detected tier: the CPU has its features.
-                        Isa::Avx512 | Isa::Avx512Bf16 => return unsafe { avx512($($arg),*) },
+                    if let Some(cpu) = Avx512::at_most(isa) {
+                        // SAFETY: the token proves the CPU has the function's features.
+                        return unsafe { avx512(cpu, $($arg),*) };
+                    }
+                    if let Some(cpu) = Avx2::at_most(isa) {
                         // SAFETY: as above.
-                        Isa::Avx2 => return unsafe { avx2($($arg),*) },
-                        Isa::Scalar => {}
+                        return unsafe { avx2(cpu, $($arg),*) };
                     }
                 }
                 #[cfg(not(target_arch = "x86_64"))]

@@ -219,27 +219,6 @@ pub fn linear(
     Ok(())
 }
 
-/// Whether this CPU has AVX-512 F and BW (with FMA and F16C).
-#[cfg(target_arch = "x86_64")]
-fn avx512_available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c")
-}
-
-/// Whether blocks decode with AVX-512 (`dequant.rs`): the CPU has it, within `SRT_CPU_ISA`.
-fn avx512_decodes() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        crate::isa::active() >= crate::isa::Isa::Avx512 && avx512_available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 fn check_floats(what: &str, len: usize, expected: usize) -> Result<()> {
     crate::error::check_len(what, len, expected)
 }

@@ -196,7 +196,7 @@ fn rotary_bf16(
 }
 
 /// The tier the CPU kernels run now, and the highest this CPU runs: each one of "scalar",
-/// "avx2", "avx512", "avx512_bf16".
+/// "avx2", "avx512", "avx512_vnni", "avx512_bf16".
 #[pyfunction]
 fn cpu_isa() -> (&'static str, &'static str) {
     (isa::active().name(), isa::detected().name())

@@ -29,6 +29,7 @@ use std::ops::Range;
 
 use super::{prefetch, Level, Scratch, Task};
 use crate::element::Bf16;
+use crate::isa::Avx512Bf16;
 
 /// Keys per block of scores (one vector of 16 float32).
 const KEYS: usize = 16;
@@ -57,10 +58,11 @@ pub(super) fn takes(head_dim: usize) -> bool {
 /// Attends query heads `heads` of sequence `seq`.
 ///
 /// # Safety
-/// The CPU has AVX-512 F, BW and BF16; the call was checked; `takes(head_dim)`; `heads` lies
+/// The call was checked; `takes(head_dim)`; `heads` lies
 /// within the query heads and no other thread runs them for `seq`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub(super) unsafe fn run(
+    cpu: Avx512Bf16,
     task: &Task<'_, Bf16>,
     seq: usize,
     heads: Range<usize>,
@@ -69,10 +71,10 @@ pub(super) unsafe fn run(
     // SAFETY: forwarded; the head size is CHUNKS vectors of pairs in each arm.
     unsafe {
         match task.shape.head_dim / CHUNK {
-            1 => run_chunks::<1>(task, seq, heads, scratch),
-            2 => run_chunks::<2>(task, seq, heads, scratch),
-            3 => run_chunks::<3>(task, seq, heads, scratch),
-            _ => run_chunks::<4>(task, seq, heads, scratch),
+            1 => run_chunks::<1>(cpu, task, seq, heads, scratch),
+            2 => run_chunks::<2>(cpu, task, seq, heads, scratch),
+            3 => run_chunks::<3>(cpu, task, seq, heads, scratch),
+            _ => run_chunks::<4>(cpu, task, seq, heads, scratch),
         }
     }
 }
@@ -80,6 +82,7 @@ pub(super) unsafe fn run(
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
 unsafe fn run_chunks<const CHUNKS: usize>(
+    cpu: Avx512Bf16,
     task: &Task<'_, Bf16>,
     seq: usize,
     heads: Range<usize>,
@@ -92,7 +95,7 @@ unsafe fn run_chunks<const CHUNKS: usize>(
     scores.clear();
     scores.resize(heads.len() * len, 0.0);
     // SAFETY: forwarded from `run`; `scores` holds a row of `len` per head.
-    unsafe { score::<CHUNKS>(task, seq, heads.clone(), row_slots, scores) };
+    unsafe { score::<CHUNKS>(cpu, task, seq, heads.clone(), row_slots, scores) };
     task.weigh(len, scratch);
     // The weights are bf16 values (`Task::weigh` rounds them): their upper 16 bits are exact.
     let stride = len.next_multiple_of(2);
@@ -133,10 +136,10 @@ unsafe fn run_chunks<const CHUNKS: usize>(
             // SAFETY: forwarded; `count` is at most `most`, so its arm's accumulators fit.
             unsafe {
                 match count {
-                    1 => weigh_values::<CHUNKS, 1>(task, kv, block, block_weights, out),
-                    2 => weigh_values::<CHUNKS, 2>(task, kv, block, block_weights, out),
-                    3 => weigh_values::<CHUNKS, 3>(task, kv, block, block_weights, out),
-                    _ => weigh_values::<CHUNKS, 4>(task, kv, block, block_weights, out),
+                    1 => weigh_values::<CHUNKS, 1>(cpu, task, kv, block, block_weights, out),
+                    2 => weigh_values::<CHUNKS, 2>(cpu, task, kv, block, block_weights, out),
+                    3 => weigh_values::<CHUNKS, 3>(cpu, task, kv, block, block_weights, out),
+                    _ => weigh_values::<CHUNKS, 4>(cpu, task, kv, block, block_weights, out),
                 }
             }
             head += count;
@@ -161,6 +164,7 @@ unsafe fn run_chunks<const CHUNKS: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
 unsafe fn score<const CHUNKS: usize>(
+    cpu: Avx512Bf16,
     task: &Task<'_, Bf16>,
     seq: usize,
     heads: Range<usize>,
@@ -207,6 +211,7 @@ unsafe fn score<const CHUNKS: usize>(
             let sums = unsafe {
                 let query: [__m512bh; CHUNKS] = std::array::from_fn(|c| {
                     load_pairs(
+                        cpu,
                         task.q
                             .as_ptr()
                             .add((seq * shape.heads + head) * d + c * CHUNK),
@@ -215,11 +220,15 @@ unsafe fn score<const CHUNKS: usize>(
                 let products: [__m512; KEYS] = std::array::from_fn(|j| {
                     let mut acc = _mm512_setzero_ps();
                     for (c, &q) in query.iter().enumerate() {
-                        acc = _mm512_dpbf16_ps(acc, q, load_pairs(rows[j].add(offset + c * CHUNK)));
+                        acc = _mm512_dpbf16_ps(
+                            acc,
+                            q,
+                            load_pairs(cpu, rows[j].add(offset + c * CHUNK)),
+                        );
                     }
                     acc
                 });
-                _mm512_mul_ps(sum_each(products), scale)
+                _mm512_mul_ps(sum_each(cpu, products), scale)
             };
             let mask: __mmask16 = if take == KEYS { !0 } else { (1 << take) - 1 };
             // SAFETY: `take` scores from `start` lie in head `i`'s row of `len`.
@@ -246,6 +255,7 @@ struct Weights<'a> {
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
 unsafe fn weigh_values<const CHUNKS: usize, const HEADS: usize>(
+    cpu: Avx512Bf16,
     task: &Task<'_, Bf16>,
     kv: usize,
     block: &[i32],
@@ -259,7 +269,7 @@ unsafe fn weigh_values<const CHUNKS: usize, const HEADS: usize>(
     for (sums, head_out) in acc.iter_mut().zip(out.chunks_exact(d)) {
         for (c, pair) in sums.iter_mut().enumerate() {
             // SAFETY: 32 float32 of this head's `d` from `c * 32`.
-            *pair = unsafe { load_sums(&head_out[c * CHUNK..]) };
+            *pair = unsafe { load_sums(cpu, &head_out[c * CHUNK..]) };
         }
     }
     let values = |t: usize| {
@@ -315,7 +325,7 @@ fn bf16_lanes(pairs: __m512i) -> __m512bh {
 /// `sums` holds at least 32 float32.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn load_sums(sums: &[f32]) -> [__m512; 2] {
+unsafe fn load_sums(_: Avx512Bf16, sums: &[f32]) -> [__m512; 2] {
     // SAFETY: the caller's promise.
     unsafe {
         [
@@ -331,7 +341,7 @@ unsafe fn load_sums(sums: &[f32]) -> [__m512; 2] {
 /// `at` starts 32 readable bf16.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-unsafe fn load_pairs(at: *const Bf16) -> __m512bh {
+unsafe fn load_pairs(_: Avx512Bf16, at: *const Bf16) -> __m512bh {
     // SAFETY: the caller's promise; __m512bh is 32 bf16 lanes, the bits loaded.
     unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at.cast())) }
 }
@@ -341,7 +351,7 @@ unsafe fn load_pairs(at: *const Bf16) -> __m512bh {
 /// quarters 0 + 1 and 2 + 3, then the two halves.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-fn sum_each(v: [__m512; KEYS]) -> __m512 {
+fn sum_each(_: Avx512Bf16, v: [__m512; KEYS]) -> __m512 {
     let pairs: [__m512; 8] = std::array::from_fn(|i| {
         let (a, b) = (v[2 * i], v[2 * i + 1]);
         _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))

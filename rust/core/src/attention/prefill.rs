@@ -26,7 +26,7 @@
 
 use crate::element::Bf16;
 use crate::error::elements;
-use crate::isa::{self, Isa};
+use crate::isa::{self, Avx512Bf16, Isa};
 use crate::{Error, Result};
 
 #[cfg(target_arch = "x86_64")]
@@ -195,26 +195,32 @@ impl Task<'_> {
     /// Attends the rows of KV head `kv_head` and token block `block`.
     ///
     /// # Safety
-    /// The call was checked, no other thread runs the same task, and `vector` only if the CPU
-    /// has AVX-512 BF16.
-    unsafe fn run(&self, kv_head: usize, block: usize, vector: bool, scratch: &mut Scratch) {
+    /// The call was checked and no other thread runs the same task.
+    unsafe fn run(
+        &self,
+        kv_head: usize,
+        block: usize,
+        vector: Option<Avx512Bf16>,
+        scratch: &mut Scratch,
+    ) {
         #[cfg(target_arch = "x86_64")]
-        if vector {
-            // SAFETY: forwarded from the caller, which promises AVX-512 BF16.
-            return unsafe { avx512::run(self, kv_head, block, scratch) };
+        if let Some(cpu) = vector {
+            // SAFETY: forwarded from the caller; the token proves the CPU has AVX-512 BF16.
+            return unsafe { avx512::run(cpu, self, kv_head, block, scratch) };
         }
         let _ = vector;
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_with::<kernels::Portable>(kv_head, block, scratch) }
+        unsafe { self.run_with(kernels::Portable, kv_head, block, scratch) }
     }
 
     /// The task's body, over the products of `M`.
     ///
     /// # Safety
-    /// As [`Task::run`]; `M`'s instructions are available on this CPU.
+    /// As [`Task::run`].
     #[inline(always)]
     unsafe fn run_with<M: kernels::Micro>(
         &self,
+        micro: M,
         kv_head: usize,
         block: usize,
         scratch: &mut Scratch,
@@ -286,8 +292,8 @@ impl Task<'_> {
                 // at most BLOCK_KEYS and no row sees past it; every row seeing nothing of
                 // this block saw key 0, so its maximum is finite.
                 unsafe {
-                    M::scores(self.q, tile, d, keys, width, scores);
-                    M::softmax(
+                    micro.scores(self.q, tile, d, keys, width, scores);
+                    micro.softmax(
                         scores,
                         self.scale,
                         visible,
@@ -298,7 +304,7 @@ impl Task<'_> {
                         acc,
                         d,
                     );
-                    M::weighted_sum(weights, values, d, width, acc);
+                    micro.weighted_sum(weights, values, d, width, acc);
                 }
             }
         }

@@ -14,12 +14,15 @@ use super::grouped;
 use super::{dot, Scratch, Task};
 use crate::element::{Bf16, Element};
 use crate::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::isa::{Avx2, Avx512, Avx512Bf16};
 
-/// Runs query heads `heads` of sequence `seq` of `task` on tier `isa`.
+/// Runs query heads `heads` of sequence `seq` of `task` on tier `isa`, or the detected one if
+/// lower.
 ///
 /// # Safety
-/// The call was checked, `heads` lies within the query heads, no other thread runs them for
-/// `seq`, and `isa` is at most `isa::detected()`.
+/// The call was checked, `heads` lies within the query heads, and no other thread runs them
+/// for `seq`.
 pub(super) unsafe fn run<T: Element>(
     task: &Task<'_, T>,
     isa: Isa,
@@ -28,25 +31,30 @@ pub(super) unsafe fn run<T: Element>(
     scratch: &mut Scratch,
 ) {
     #[cfg(target_arch = "x86_64")]
-    match isa {
-        Isa::Avx512Bf16 if TypeId::of::<T>() == TypeId::of::<Bf16>() => {
-            // SAFETY: T is Bf16 (same type, so the same layout); the rest is the caller's
-            // promise, which includes the CPU having AVX-512 BF16.
+    {
+        if let Some(cpu) =
+            Avx512Bf16::at_most(isa).filter(|_| TypeId::of::<T>() == TypeId::of::<Bf16>())
+        {
+            // SAFETY: T is Bf16 (same type, so the same layout); the token proves the CPU has
+            // the kernels' features; the rest is the caller's promise.
             return unsafe {
                 let task = &*(task as *const Task<'_, T>).cast::<Task<'_, Bf16>>();
                 if grouped::takes(task.shape.head_dim) {
-                    grouped::run(task, seq, heads, scratch)
+                    grouped::run(cpu, task, seq, heads, scratch)
                 } else {
-                    run_avx512_bf16(task, seq, heads, scratch)
+                    run_avx512_bf16(cpu, task, seq, heads, scratch)
                 }
             };
         }
-        // SAFETY: `isa` is at most the detected tier, so the CPU has these features; the rest
-        // is the caller's promise.
-        Isa::Avx512 | Isa::Avx512Bf16 => return unsafe { run_avx512(task, seq, heads, scratch) },
-        // SAFETY: as above.
-        Isa::Avx2 => return unsafe { run_avx2(task, seq, heads, scratch) },
-        Isa::Scalar => {}
+        if let Some(cpu) = Avx512::at_most(isa) {
+            // SAFETY: the token proves the CPU has these features; the rest is the caller's
+            // promise.
+            return unsafe { run_avx512(cpu, task, seq, heads, scratch) };
+        }
+        if let Some(cpu) = Avx2::at_most(isa) {
+            // SAFETY: as above.
+            return unsafe { run_avx2(cpu, task, seq, heads, scratch) };
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (isa, TypeId::of::<Bf16>());
@@ -57,6 +65,7 @@ pub(super) unsafe fn run<T: Element>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn run_avx2<T: Element>(
+    _: Avx2,
     task: &Task<'_, T>,
     seq: usize,
     heads: Range<usize>,
@@ -69,6 +78,7 @@ unsafe fn run_avx2<T: Element>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
 unsafe fn run_avx512<T: Element>(
+    _: Avx512,
     task: &Task<'_, T>,
     seq: usize,
     heads: Range<usize>,
@@ -81,13 +91,14 @@ unsafe fn run_avx512<T: Element>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512bf16")]
 unsafe fn run_avx512_bf16(
+    cpu: Avx512Bf16,
     task: &Task<'_, Bf16>,
     seq: usize,
     heads: Range<usize>,
     scratch: &mut Scratch,
 ) {
     // SAFETY: forwarded from `run`; this copy is compiled for AVX-512 BF16.
-    unsafe { task.run_with(seq, heads, scratch, |a, b| dot_bf16(a, b)) }
+    unsafe { task.run_with(seq, heads, scratch, |a, b| dot_bf16(cpu, a, b)) }
 }
 
 /// `a · b` for bf16 rows of equal length, 32 pairs per `vdpbf16ps`; the tail is loaded masked
@@ -95,7 +106,7 @@ unsafe fn run_avx512_bf16(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-pub(super) fn dot_bf16(a: &[Bf16], b: &[Bf16]) -> f32 {
+pub(super) fn dot_bf16(_: Avx512Bf16, a: &[Bf16], b: &[Bf16]) -> f32 {
     use std::arch::x86_64::*;
     const STEP: usize = 32;
     let len = a.len().min(b.len());

@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{Job, PANEL};
+use crate::isa::Avx2;
 
 /// The most rows in a tile (12 accumulators of the 16 AVX registers).
 const TILE_ROWS: usize = 6;
@@ -31,10 +32,10 @@ pub(super) fn panels_per_tile(m: usize) -> usize {
 /// Computes the output columns of `panels` for every row of `job`.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `job`'s pointers hold `m·k` inputs, the packed `[n, k]` weight,
+/// `job`'s pointers hold `m·k` inputs, the packed `[n, k]` weight,
 /// `n` biases (or are null) and `m·n` outputs; no other thread writes these panels' columns.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn run(job: &Job, panels: Range<usize>) {
+pub(super) unsafe fn run(cpu: Avx2, job: &Job, panels: Range<usize>) {
     let block = (ROW_BLOCK_BYTES / (4 * job.k) / TILE_ROWS * TILE_ROWS).max(TILE_ROWS);
     let mut first_row = 0;
     while first_row < job.m {
@@ -62,7 +63,7 @@ pub(super) unsafe fn run(job: &Job, panels: Range<usize>) {
                 // SAFETY: rows `row..row + tile_rows` and panels `panel..next` lie inside the job
                 // and this thread's share, as the caller guarantees; `next..next + prefetch`
                 // inside the job.
-                unsafe { dispatch(job, at, tile_rows, width) };
+                unsafe { dispatch(cpu, job, at, tile_rows, width) };
                 row += tile_rows;
             }
             panel += width;
@@ -81,28 +82,28 @@ struct Tile {
 
 /// Runs the tile of `rows × width` (as `panels_per_tile` allows) at `at`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dispatch(job: &Job, at: Tile, rows: usize, width: usize) {
+unsafe fn dispatch(cpu: Avx2, job: &Job, at: Tile, rows: usize, width: usize) {
     // SAFETY: forwarded from `run`; every arm's constants equal (`rows`, `width`).
     unsafe {
         match (rows, width) {
-            (1, 4) => tile::<1, 4>(job, at),
-            (1, 3) => tile::<1, 3>(job, at),
-            (1, 2) => tile::<1, 2>(job, at),
-            (1, _) => tile::<1, 1>(job, at),
-            (2, 2) => tile::<2, 2>(job, at),
-            (2, _) => tile::<2, 1>(job, at),
-            (3, 2) => tile::<3, 2>(job, at),
-            (3, _) => tile::<3, 1>(job, at),
-            (4, _) => tile::<4, 1>(job, at),
-            (5, _) => tile::<5, 1>(job, at),
-            _ => tile::<6, 1>(job, at),
+            (1, 4) => tile::<1, 4>(cpu, job, at),
+            (1, 3) => tile::<1, 3>(cpu, job, at),
+            (1, 2) => tile::<1, 2>(cpu, job, at),
+            (1, _) => tile::<1, 1>(cpu, job, at),
+            (2, 2) => tile::<2, 2>(cpu, job, at),
+            (2, _) => tile::<2, 1>(cpu, job, at),
+            (3, 2) => tile::<3, 2>(cpu, job, at),
+            (3, _) => tile::<3, 1>(cpu, job, at),
+            (4, _) => tile::<4, 1>(cpu, job, at),
+            (5, _) => tile::<5, 1>(cpu, job, at),
+            _ => tile::<6, 1>(cpu, job, at),
         }
     }
 }
 
 /// Output rows `at.row..at.row + R`, columns of panels `at.panel..at.panel + W`.
 #[inline(always)]
-unsafe fn tile<const R: usize, const W: usize>(job: &Job, at: Tile) {
+unsafe fn tile<const R: usize, const W: usize>(cpu: Avx2, job: &Job, at: Tile) {
     let Tile {
         row,
         panel,
@@ -137,7 +138,7 @@ unsafe fn tile<const R: usize, const W: usize>(job: &Job, at: Tile) {
         for (r, sums) in acc.iter().enumerate() {
             for (q, sum) in sums.iter().enumerate() {
                 let column = (panel + q) * PANEL;
-                store(job, (row + r) * job.n + column, column, sum);
+                store(cpu, job, (row + r) * job.n + column, column, sum);
             }
         }
     }
@@ -146,7 +147,7 @@ unsafe fn tile<const R: usize, const W: usize>(job: &Job, at: Tile) {
 /// Writes one row of a panel's sums, plus the bias, at `out[offset..]` (output column `column`);
 /// the columns past `n` of the last, zero-padded panel are dropped.
 #[inline(always)]
-unsafe fn store(job: &Job, offset: usize, column: usize, sum: &[__m256; 2]) {
+unsafe fn store(_: Avx2, job: &Job, offset: usize, column: usize, sum: &[__m256; 2]) {
     // SAFETY: `offset` is the output element of (row, `column`), inside the output; the bias
     // and output are read and written only at columns below `n`.
     unsafe {

@@ -17,6 +17,8 @@ use std::any::TypeId;
 
 use crate::element::{Bf16, Element};
 use crate::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::isa::{Avx2, Avx512};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -80,31 +82,28 @@ fn silu(g: f32) -> f32 {
 }
 
 /// `out = silu(gate) · up` for each row of `gate_up` (`[gate | up]`, `2 · dim` wide) on the
-/// tier `isa`, which the caller keeps at most `isa::detected()`. In bf16 `silu(gate)` is
-/// rounded before the product.
+/// tier `isa`, or the detected one if lower. In bf16 `silu(gate)` is rounded before the product.
 pub(super) fn silu_and_mul_rows<T: Element>(isa: Isa, gate_up: &[T], dim: usize, out: &mut [T]) {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 {
-        let wide = isa >= Isa::Avx512;
+    {
+        let (wide, narrow) = (Avx512::at_most(isa), Avx2::at_most(isa));
         if let (Some(gate_up), Some(out)) = (cast::<T, f32>(gate_up), cast_mut::<T, f32>(out)) {
-            // SAFETY: `isa` is at most the detected tier, so the CPU has the kernel's features.
-            return unsafe {
-                if wide {
-                    avx512::rows_f32(gate_up, dim, out)
-                } else {
-                    avx2::rows_f32(gate_up, dim, out)
-                }
-            };
+            match (wide, narrow) {
+                // SAFETY: the token proves the CPU has the kernel's features.
+                (Some(cpu), _) => return unsafe { avx512::rows_f32(cpu, gate_up, dim, out) },
+                // SAFETY: as above.
+                (None, Some(cpu)) => return unsafe { avx2::rows_f32(cpu, gate_up, dim, out) },
+                (None, None) => {}
+            }
         }
         if let (Some(gate_up), Some(out)) = (cast::<T, Bf16>(gate_up), cast_mut::<T, Bf16>(out)) {
-            // SAFETY: as above.
-            return unsafe {
-                if wide {
-                    avx512::rows_bf16(gate_up, dim, out)
-                } else {
-                    avx2::rows_bf16(gate_up, dim, out)
-                }
-            };
+            match (wide, narrow) {
+                // SAFETY: as above.
+                (Some(cpu), _) => return unsafe { avx512::rows_bf16(cpu, gate_up, dim, out) },
+                // SAFETY: as above.
+                (None, Some(cpu)) => return unsafe { avx2::rows_bf16(cpu, gate_up, dim, out) },
+                (None, None) => {}
+            }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

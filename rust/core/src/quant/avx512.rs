@@ -8,6 +8,7 @@ use std::arch::x86_64::*;
 
 use super::{Format, BLOCK};
 use crate::element::Element;
+use crate::isa::Avx512;
 
 /// Expands one block to its 32 weights, given its first byte.
 trait Decode {
@@ -119,9 +120,14 @@ impl Decode for Q80 {
 /// Decodes the row of blocks at `row` into `out` (`out.len() / 32` blocks), as `T`.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and BW; `row` holds `out.len() / 32` blocks of `format`.
+/// `row` holds `out.len() / 32` blocks of `format`.
 #[target_feature(enable = "avx512f,avx512bw,f16c,fma")]
-pub(super) unsafe fn decode_row<T: Element>(format: Format, row: *const u8, out: &mut [T]) {
+pub(super) unsafe fn decode_row<T: Element>(
+    _: Avx512,
+    format: Format,
+    row: *const u8,
+    out: &mut [T],
+) {
     // SAFETY: forwarded; each format's decoder matches `format`.
     unsafe {
         match format {

@@ -4,9 +4,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{avx512_decodes, block, check_floats, Format, QuantMatrix, PARALLEL_MIN_WORK};
+use super::{block, check_floats, QuantMatrix, PARALLEL_MIN_WORK};
 use crate::element::Element;
 use crate::error::elements;
+use crate::isa::Avx512;
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -55,17 +56,18 @@ fn decode_block_rows<T: Element>(
     count: usize,
     out: &mut [T],
 ) {
-    let simd = avx512_decodes();
+    let simd = Avx512::active();
     decode_rows(weight.in_features, count, out, &|i, values| {
         let row = weight.row(ids(i));
-        if simd {
-            // SAFETY: the CPU has the kernel's features; `row` holds the row's blocks,
-            // `values` its `in_features` elements.
-            unsafe { decode_row_avx512(weight.format, row, values) };
-        } else {
-            block::decode_row(weight.format, row, values);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(cpu) = simd {
+            // SAFETY: `row` holds the row's blocks, `values` its `in_features` elements.
+            return unsafe { super::avx512::decode_row(cpu, weight.format, row.as_ptr(), values) };
         }
+        block::decode_row(weight.format, row, values);
     });
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = simd;
 }
 
 /// Every weight of `weight` as float32 or bf16 (rounded once, as PyTorch rounds),
@@ -103,18 +105,4 @@ pub fn dequantize_rows<T: Element>(
     )?;
     decode_block_rows(weight, &|i| ids[i] as usize, ids.len(), out);
     Ok(())
-}
-
-/// # Safety
-/// As `avx512::decode_row`.
-#[cfg(target_arch = "x86_64")]
-unsafe fn decode_row_avx512<T: Element>(format: Format, row: &[u8], out: &mut [T]) {
-    // SAFETY: forwarded from the caller.
-    unsafe { super::avx512::decode_row(format, row.as_ptr(), out) }
-}
-
-/// Never called: `avx512_available` is false off x86-64.
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn decode_row_avx512<T: Element>(format: Format, row: &[u8], out: &mut [T]) {
-    block::decode_row(format, row, out)
 }

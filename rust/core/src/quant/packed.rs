@@ -46,9 +46,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::{block, Format, BLOCK};
 use crate::element::Element;
 use crate::error::{check_len, elements};
-use crate::isa::Isa;
+use crate::isa::{Avx2, Avx512Vnni};
 use crate::parallel;
-use crate::{Error, Result};
+use crate::Result;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -79,53 +79,44 @@ pub const TILE: usize = 16;
 /// 10.3-12.6 at 0 (the region's start then costs more than the smallest products).
 const PARALLEL_MIN_WORK: usize = 1 << 18;
 
-/// Which implementation of the integer kernel runs.
+/// Which implementation of the integer kernel runs. A SIMD kernel holds its tier's token: only
+/// detection makes one, so a value of this type is a kernel this CPU runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PackedKernel {
     /// Plain Rust, any CPU (the reference the others equal bit for bit).
     Portable,
     /// x86-64 with AVX2, FMA and F16C (`vpmaddubsw`, see `avx2.rs`).
-    Avx2,
+    Avx2(Avx2),
     /// x86-64 with AVX-512 F, BW and VNNI.
-    Avx512Vnni,
+    Avx512Vnni(Avx512Vnni),
 }
 
 impl PackedKernel {
     /// The fast kernel this CPU runs within the instruction-set ceiling (`SRT_CPU_ISA`), or
     /// `None` where there is none and the portable float kernel on blocks should run instead.
     pub fn best() -> Option<Self> {
-        let isa = crate::isa::active();
-        if isa >= Isa::Avx512 && PackedKernel::Avx512Vnni.available() {
-            Some(PackedKernel::Avx512Vnni)
-        } else {
-            (isa >= Isa::Avx2 && PackedKernel::Avx2.available()).then_some(PackedKernel::Avx2)
-        }
+        Avx512Vnni::active()
+            .map(PackedKernel::Avx512Vnni)
+            .or_else(|| Avx2::active().map(PackedKernel::Avx2))
     }
 
-    /// Whether this CPU runs the kernel.
-    pub fn available(self) -> bool {
-        match self {
-            PackedKernel::Portable => true,
-            #[cfg(target_arch = "x86_64")]
-            PackedKernel::Avx2 => {
-                use std::arch::is_x86_feature_detected as has;
-                has!("avx2") && has!("fma") && has!("f16c")
-            }
-            #[cfg(target_arch = "x86_64")]
-            PackedKernel::Avx512Vnni => {
-                super::avx512_available() && std::arch::is_x86_feature_detected!("avx512vnni")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            PackedKernel::Avx2 | PackedKernel::Avx512Vnni => false,
-        }
+    /// Every kernel this CPU runs, whatever the ceiling, the portable one first: for tests
+    /// that compare them.
+    pub fn detected() -> Vec<Self> {
+        let avx2 = Avx2::detected().map(PackedKernel::Avx2);
+        let vnni = Avx512Vnni::detected().map(PackedKernel::Avx512Vnni);
+        std::iter::once(PackedKernel::Portable)
+            .chain(avx2)
+            .chain(vnni)
+            .collect()
     }
 
     /// The kernel's name: `"portable"`, `"avx2"`, `"avx512_vnni"`.
     pub fn name(self) -> &'static str {
         match self {
             PackedKernel::Portable => "portable",
-            PackedKernel::Avx2 => "avx2",
-            PackedKernel::Avx512Vnni => "avx512_vnni",
+            PackedKernel::Avx2(_) => "avx2",
+            PackedKernel::Avx512Vnni(_) => "avx512_vnni",
         }
     }
 }
@@ -163,13 +154,17 @@ impl QuantizedRows {
             .enumerate()
         {
             let split = match kernel {
-                // SAFETY: the kernel is available (`linear_packed` checks), so the CPU has
-                // AVX-512 F and BW; the three slices hold 32 elements each.
+                // SAFETY: the token proves the CPU's features; the three slices hold 32
+                // elements each.
                 #[cfg(target_arch = "x86_64")]
-                PackedKernel::Avx512Vnni => unsafe { vnni::split_block(block, high, low) },
-                // SAFETY: as above, the CPU then has AVX2 and FMA.
+                PackedKernel::Avx512Vnni(cpu) => unsafe {
+                    vnni::split_block(cpu.into(), block, high, low)
+                },
+                // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
-                PackedKernel::Avx2 => unsafe { avx2_rounding::split_block(block, high, low) },
+                PackedKernel::Avx2(cpu) => unsafe {
+                    avx2_rounding::split_block(cpu, block, high, low)
+                },
                 _ => split_block(block, high, low),
             };
             let (unit, total) = split.unwrap_or((f32::NAN, 0));
@@ -233,8 +228,7 @@ pub(crate) struct Job<T> {
 unsafe impl<T> Sync for Job<T> {}
 
 /// `out[m, n] = x[m, k] · Wᵀ + bias` on the packed weight, `x` and `out` float32 or bf16,
-/// with `kernel` (`InvalidArgument` when this CPU does not run it), on the process's OpenMP
-/// threads.
+/// with `kernel`, on the process's OpenMP threads.
 pub fn linear_packed<T: Element>(
     kernel: PackedKernel,
     weight: &PackedMatrix<'_>,
@@ -243,7 +237,7 @@ pub fn linear_packed<T: Element>(
     bias: Option<&[f32]>,
     out: &mut [T],
 ) -> Result<()> {
-    check_product(kernel, weight, x, m, bias, out)?;
+    check_product(weight, x, m, bias, out)?;
     if m == 0 {
         return Ok(());
     }
@@ -279,17 +273,15 @@ pub fn linear_packed<T: Element>(
             break;
         }
         let claimed = start..(start + chunk).min(tiles);
-        // SAFETY: the kernel is available, every length was checked above, and this thread
-        // alone owns the tiles `claimed`.
+        // SAFETY: every length was checked above, and this thread alone owns the tiles
+        // `claimed`.
         unsafe { run_kernel(kernel, &job, claimed) };
     });
     Ok(())
 }
 
-/// Checks a product's lengths against the weight (`x` `[m, k]`, `out` `[m, n]`, the bias `n`)
-/// and that this CPU runs `kernel`.
+/// Checks a product's lengths against the weight (`x` `[m, k]`, `out` `[m, n]`, the bias `n`).
 pub(super) fn check_product<T>(
-    kernel: PackedKernel,
     weight: &PackedMatrix<'_>,
     x: &[T],
     m: usize,
@@ -302,29 +294,24 @@ pub(super) fn check_product<T>(
     if let Some(bias) = bias {
         check_len("the bias", bias.len(), n)?;
     }
-    if !kernel.available() {
-        return Err(Error::InvalidArgument(format!(
-            "this CPU does not run the {} packed kernel",
-            kernel.name()
-        )));
-    }
     Ok(())
 }
 
 /// # Safety
-/// `kernel` is available; `job`'s lengths are checked; no other thread writes `tiles`.
+/// `job`'s lengths are checked; no other thread writes `tiles`.
 unsafe fn run_kernel<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: Range<usize>) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match kernel {
             PackedKernel::Portable => run_portable(job, tiles),
             #[cfg(target_arch = "x86_64")]
-            PackedKernel::Avx2 => avx2::run(job, tiles),
+            PackedKernel::Avx2(cpu) => avx2::run(cpu, job, tiles),
             #[cfg(target_arch = "x86_64")]
-            PackedKernel::Avx512Vnni => vnni::run(job, tiles),
-            // Not available off x86-64, so never asked for (`linear_packed` checks).
+            PackedKernel::Avx512Vnni(cpu) => vnni::run(cpu, job, tiles),
             #[cfg(not(target_arch = "x86_64"))]
-            PackedKernel::Avx2 | PackedKernel::Avx512Vnni => {}
+            PackedKernel::Avx2(_) | PackedKernel::Avx512Vnni(_) => {
+                unreachable!("detection makes no x86 token off x86-64")
+            }
         }
     }
 }

@@ -8,18 +8,23 @@ use std::arch::x86_64::*;
 use super::kernels::{key_index, value_index, Micro, LANES};
 use super::{Scratch, Task, BLOCK_KEYS, TILE_ROWS};
 use crate::element::Bf16;
+use crate::isa::Avx512Bf16;
 
 /// Runs task (`kv_head`, `block`) with these products.
 ///
 /// # Safety
-/// As `Task::run`; the CPU has AVX-512 F, BW and BF16.
+/// As `Task::run`.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512bf16")]
-pub(super) unsafe fn run(task: &Task<'_>, kv_head: usize, block: usize, scratch: &mut Scratch) {
+pub(super) unsafe fn run(
+    cpu: Avx512Bf16,
+    task: &Task<'_>,
+    kv_head: usize,
+    block: usize,
+    scratch: &mut Scratch,
+) {
     // SAFETY: forwarded from the caller; this copy is compiled for AVX-512 BF16.
-    unsafe { task.run_with::<Avx512Bf16>(kv_head, block, scratch) }
+    unsafe { task.run_with(cpu, kv_head, block, scratch) }
 }
-
-struct Avx512Bf16;
 
 /// The 32 bf16 lanes of a vector of 16 pairs.
 #[inline(always)]
@@ -52,6 +57,7 @@ macro_rules! by_rows {
 impl Micro for Avx512Bf16 {
     #[inline(always)]
     unsafe fn scores(
+        self,
         q: &[Bf16],
         tile: &[usize],
         d: usize,
@@ -59,12 +65,25 @@ impl Micro for Avx512Bf16 {
         width: usize,
         scores: &mut [f32],
     ) {
-        // SAFETY: forwarded from the caller (sizes, and the CPU's AVX-512 BF16).
-        unsafe { by_rows!(tile.len(), scores_tile, q, tile, d, keys, width, scores) }
+        // SAFETY: forwarded from the caller; `self` proves the CPU has AVX-512 BF16.
+        unsafe {
+            by_rows!(
+                tile.len(),
+                scores_tile,
+                self,
+                q,
+                tile,
+                d,
+                keys,
+                width,
+                scores
+            )
+        }
     }
 
     #[inline(always)]
     unsafe fn softmax(
+        self,
         scores: &[f32],
         scale: f32,
         visible: &[usize],
@@ -76,11 +95,16 @@ impl Micro for Avx512Bf16 {
         d: usize,
     ) {
         // SAFETY: forwarded from the caller.
-        unsafe { softmax_tile(scores, scale, visible, width, max, sums, weights, acc, d) }
+        unsafe {
+            softmax_tile(
+                self, scores, scale, visible, width, max, sums, weights, acc, d,
+            )
+        }
     }
 
     #[inline(always)]
     unsafe fn weighted_sum(
+        self,
         weights: &[Bf16],
         values: &[u32],
         d: usize,
@@ -88,7 +112,18 @@ impl Micro for Avx512Bf16 {
         acc: &mut [f32],
     ) {
         // SAFETY: as above.
-        unsafe { by_rows!(acc.len() / d, weighted_tile, weights, values, d, width, acc) }
+        unsafe {
+            by_rows!(
+                acc.len() / d,
+                weighted_tile,
+                self,
+                weights,
+                values,
+                d,
+                width,
+                acc
+            )
+        }
     }
 }
 
@@ -111,6 +146,7 @@ const _: () = assert!(TILE_ROWS <= 16);
 #[inline]
 #[allow(clippy::too_many_arguments)]
 unsafe fn softmax_tile(
+    cpu: Avx512Bf16,
     scores: &[f32],
     scale: f32,
     visible: &[usize],
@@ -176,7 +212,7 @@ unsafe fn softmax_tile(
                 let mask = lanes(seen, 16 * i);
                 // SAFETY: as above.
                 let x = unsafe { _mm512_maskz_loadu_ps(mask, row(r).add(16 * i)) };
-                exp2(mask, _mm512_fmadd_ps(x, factor, shift))
+                exp2(cpu, mask, _mm512_fmadd_ps(x, factor, shift))
             });
             sum = [_mm512_add_ps(sum[0], low), _mm512_add_ps(sum[1], high)];
             // SAFETY: __m512bh is 32 bf16 lanes, 512 bits of plain data, as __m512i.
@@ -199,7 +235,7 @@ unsafe fn softmax_tile(
     let mut corrections = [0f32; 16];
     let exponent = _mm512_mul_ps(_mm512_sub_ps(before, after), log2e);
     // SAFETY: an array of 16 floats.
-    unsafe { _mm512_storeu_ps(corrections.as_mut_ptr(), exp2(!0, exponent)) };
+    unsafe { _mm512_storeu_ps(corrections.as_mut_ptr(), exp2(cpu, !0, exponent)) };
     for (r, &block) in block_sums.iter().enumerate().take(visible.len()) {
         let correction = corrections[r];
         let factor = _mm512_set1_ps(correction);
@@ -232,7 +268,7 @@ unsafe fn softmax_tile(
 /// to -127, so that -inf gives 2^-127 rather than NaN: a term that small is zero in bf16.
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(super) fn exp2(mask: __mmask16, t: __m512) -> __m512 {
+pub(super) fn exp2(_: Avx512Bf16, mask: __mmask16, t: __m512) -> __m512 {
     let t = _mm512_max_ps(t, _mm512_set1_ps(-127.0));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
     let f = _mm512_sub_ps(t, n);
@@ -253,6 +289,7 @@ pub(super) fn exp2(mask: __mmask16, t: __m512) -> __m512 {
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
 unsafe fn scores_tile<const N: usize>(
+    _: Avx512Bf16,
     q: &[Bf16],
     tile: &[usize],
     d: usize,
@@ -297,6 +334,7 @@ unsafe fn scores_tile<const N: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
 unsafe fn weighted_tile<const N: usize>(
+    _: Avx512Bf16,
     weights: &[Bf16],
     values: &[u32],
     d: usize,

@@ -130,17 +130,18 @@ impl Packed<'_> {
 
 /// The two products and the online softmax of a tile of rows (at most `TILE_ROWS`) against
 /// one packed block, over its first `width` keys (a multiple of 32: the tile's rows see none
-/// past them, so the products stop there).
-pub(crate) trait Micro {
+/// past them, so the products stop there). A value of the implementation is its proof that
+/// the CPU runs its instructions (the vector one is the AVX-512 BF16 token).
+pub(crate) trait Micro: Copy {
     /// `scores[i][j] = q_i · key j` for `i` in the tile (`q_i` the `d` elements of `q` at
     /// `tile[i]`) and `j < width`, `scores` rows of `BLOCK_KEYS`: unscaled, the softmax scales
     /// them on the way (one fused step there instead of a product here).
     ///
     /// # Safety
     /// Every `tile[i] + d` is within `q`, `keys` is a whole block, `scores` holds the tile's
-    /// rows, `width` is a multiple of 32 up to `BLOCK_KEYS`, and the CPU has the
-    /// implementation's instructions.
+    /// rows, and `width` is a multiple of 32 up to `BLOCK_KEYS`.
     unsafe fn scores(
+        self,
         q: &[Bf16],
         tile: &[usize],
         d: usize,
@@ -159,10 +160,10 @@ pub(crate) trait Micro {
     ///
     /// # Safety
     /// The slices hold the tile's rows, `visible[i] <= width`, `width` is a multiple of 32 up
-    /// to `BLOCK_KEYS`, a row seeing nothing has a finite `max`, and the CPU has the
-    /// implementation's instructions.
+    /// to `BLOCK_KEYS`, a row seeing nothing has a finite `max`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn softmax(
+        self,
         scores: &[f32],
         scale: f32,
         visible: &[usize],
@@ -178,9 +179,10 @@ pub(crate) trait Micro {
     /// (`weights` rows of `BLOCK_KEYS`, `acc` rows of `d`).
     ///
     /// # Safety
-    /// `weights` and `acc` hold the same rows, `values` is a whole block, `width` is a
-    /// multiple of 32 up to `BLOCK_KEYS`, and the CPU has the implementation's instructions.
+    /// `weights` and `acc` hold the same rows, `values` is a whole block, and `width` is a
+    /// multiple of 32 up to `BLOCK_KEYS`.
     unsafe fn weighted_sum(
+        self,
         weights: &[Bf16],
         values: &[u32],
         d: usize,
@@ -190,10 +192,12 @@ pub(crate) trait Micro {
 }
 
 /// Portable code, each pair's two products summed before they join the float32 sum.
+#[derive(Clone, Copy)]
 pub(crate) struct Portable;
 
 impl Micro for Portable {
     unsafe fn scores(
+        self,
         q: &[Bf16],
         tile: &[usize],
         d: usize,
@@ -215,6 +219,7 @@ impl Micro for Portable {
     }
 
     unsafe fn softmax(
+        self,
         scores: &[f32],
         scale: f32,
         visible: &[usize],
@@ -262,6 +267,7 @@ impl Micro for Portable {
     }
 
     unsafe fn weighted_sum(
+        self,
         weights: &[Bf16],
         values: &[u32],
         d: usize,

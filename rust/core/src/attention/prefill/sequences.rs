@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use super::{kernels, PrefillShape, Scratch, Task, BLOCK_KEYS, BLOCK_TOKENS, PARALLEL_MIN_PAIRS};
 use crate::element::Bf16;
-use crate::isa::{self, Isa};
+use crate::isa::{Avx512Bf16, Isa};
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -101,14 +101,13 @@ pub(super) fn attend(isa: Isa, inputs: &Inputs<'_>, seqs: &[Seq], out: &mut [Bf1
         let s = &seqs[index];
         std::cmp::Reverse(s.prefix + ((block + 1) * BLOCK_TOKENS).min(s.new))
     });
-    let vector = isa.min(isa::detected()) == Isa::Avx512Bf16;
+    let vector = Avx512Bf16::at_most(isa);
     let next = AtomicUsize::new(0);
     parallel::run(threads.min(order.len()), &|_, _| {
         let mut scratch = Scratch::default();
         while let Some(&(index, block, kv_head)) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
             // SAFETY: the caller checked every length; task (index, block, kv_head) is claimed
-            // by this thread alone and writes only its own rows of its sequence's output;
-            // `vector` only if the CPU has AVX-512 BF16.
+            // by this thread alone and writes only its own rows of its sequence's output.
             unsafe { tasks[index].run(kv_head, block, vector, &mut scratch) };
         }
     });

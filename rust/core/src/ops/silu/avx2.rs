@@ -7,19 +7,20 @@ use super::{
     SHIFTER,
 };
 use crate::element::Bf16;
+use crate::isa::Avx2;
 
 const LANES: usize = 8;
 
 /// `out = silu(gate) · up` over rows of `[gate | up]`, in float32.
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn rows_f32(gate_up: &[f32], dim: usize, out: &mut [f32]) {
+pub(super) fn rows_f32(cpu: Avx2, gate_up: &[f32], dim: usize, out: &mut [f32]) {
     for_chunks::<f32, LANES>(gate_up, dim, out, |gate, up, out| {
         prefetch(gate.as_ptr().wrapping_add(PREFETCH_BYTES / 4).cast());
         prefetch(up.as_ptr().wrapping_add(PREFETCH_BYTES / 4).cast());
         // SAFETY: each pointer addresses an array of 8 floats (read and written unaligned).
         unsafe {
             let product = _mm256_mul_ps(
-                silu(_mm256_loadu_ps(gate.as_ptr())),
+                silu(cpu, _mm256_loadu_ps(gate.as_ptr())),
                 _mm256_loadu_ps(up.as_ptr()),
             );
             _mm256_storeu_ps(out.as_mut_ptr(), product);
@@ -31,7 +32,7 @@ pub(super) fn rows_f32(gate_up: &[f32], dim: usize, out: &mut [f32]) {
 /// 16 values a step, loaded as 8 pairs: the even values widen by a shift, the odd ones by a
 /// mask, and the two rounded halves merge back into pairs, with no lane crossing.
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn rows_bf16(gate_up: &[Bf16], dim: usize, out: &mut [Bf16]) {
+pub(super) fn rows_bf16(cpu: Avx2, gate_up: &[Bf16], dim: usize, out: &mut [Bf16]) {
     for_chunks::<Bf16, { 2 * LANES }>(gate_up, dim, out, |gate, up, out| {
         prefetch(gate.as_ptr().wrapping_add(PREFETCH_BYTES / 2).cast());
         prefetch(up.as_ptr().wrapping_add(PREFETCH_BYTES / 2).cast());
@@ -42,9 +43,13 @@ pub(super) fn rows_bf16(gate_up: &[Bf16], dim: usize, out: &mut [Bf16]) {
                 _mm256_loadu_si256(up.as_ptr().cast()),
             )
         };
-        let even = step_bf16(_mm256_slli_epi32::<16>(gate), _mm256_slli_epi32::<16>(up));
-        let odd = step_bf16(high(gate), high(up));
-        let pairs = _mm256_or_si256(_mm256_srli_epi32::<16>(even), high(odd));
+        let even = step_bf16(
+            cpu,
+            _mm256_slli_epi32::<16>(gate),
+            _mm256_slli_epi32::<16>(up),
+        );
+        let odd = step_bf16(cpu, high(cpu, gate), high(cpu, up));
+        let pairs = _mm256_or_si256(_mm256_srli_epi32::<16>(even), high(cpu, odd));
         // SAFETY: as above.
         unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), pairs) };
     });
@@ -53,15 +58,18 @@ pub(super) fn rows_bf16(gate_up: &[Bf16], dim: usize, out: &mut [Bf16]) {
 /// The bf16 result (in each lane's upper half) of 8 bf16 gates and ups held as float32 bits.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn step_bf16(gate: __m256i, up: __m256i) -> __m256i {
-    let silu = _mm256_castsi256_ps(high(round_bf16(silu(_mm256_castsi256_ps(gate)))));
-    round_bf16(_mm256_mul_ps(silu, _mm256_castsi256_ps(up)))
+fn step_bf16(cpu: Avx2, gate: __m256i, up: __m256i) -> __m256i {
+    let silu = _mm256_castsi256_ps(high(
+        cpu,
+        round_bf16(cpu, silu(cpu, _mm256_castsi256_ps(gate))),
+    ));
+    round_bf16(cpu, _mm256_mul_ps(silu, _mm256_castsi256_ps(up)))
 }
 
 /// `super::silu` of 8 lanes.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn silu(g: __m256) -> __m256 {
+fn silu(_: Avx2, g: __m256) -> __m256 {
     // exp_silu(x) for x = -|g|, written with a = |g| and the negations moved into the fused
     // operations (exact, and rounding to nearest is symmetric: the same bits).
     let a = _mm256_andnot_ps(_mm256_set1_ps(-0.0), g);
@@ -88,7 +96,7 @@ fn silu(g: __m256) -> __m256 {
 /// Each lane's upper half (a bf16 value as float32 bits).
 #[target_feature(enable = "avx2")]
 #[inline]
-fn high(bits: __m256i) -> __m256i {
+fn high(_: Avx2, bits: __m256i) -> __m256i {
     _mm256_and_si256(bits, _mm256_set1_epi32(-0x1_0000))
 }
 
@@ -97,7 +105,7 @@ fn high(bits: __m256i) -> __m256i {
 /// `round_bf16`: every NaN here is quiet with a zero lower half, which the addition keeps.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn round_bf16(values: __m256) -> __m256i {
+fn round_bf16(_: Avx2, values: __m256) -> __m256i {
     let bits = _mm256_castps_si256(values);
     let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
     _mm256_add_epi32(_mm256_add_epi32(bits, odd), _mm256_set1_epi32(0x7fff))

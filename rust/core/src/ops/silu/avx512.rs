@@ -4,19 +4,20 @@ use std::arch::x86_64::*;
 
 use super::{for_chunks, prefetch, EXP_MIN, EXP_POLY, LN2_HIGH, LN2_LOW, PREFETCH_BYTES, SHIFTER};
 use crate::element::Bf16;
+use crate::isa::Avx512;
 
 const LANES: usize = 16;
 
 /// `out = silu(gate) · up` over rows of `[gate | up]`, in float32.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
-pub(super) fn rows_f32(gate_up: &[f32], dim: usize, out: &mut [f32]) {
+pub(super) fn rows_f32(cpu: Avx512, gate_up: &[f32], dim: usize, out: &mut [f32]) {
     for_chunks::<f32, LANES>(gate_up, dim, out, |gate, up, out| {
         prefetch(gate.as_ptr().wrapping_add(PREFETCH_BYTES / 4).cast());
         prefetch(up.as_ptr().wrapping_add(PREFETCH_BYTES / 4).cast());
         // SAFETY: each pointer addresses an array of 16 floats (read and written unaligned).
         unsafe {
             let product = _mm512_mul_ps(
-                silu(_mm512_loadu_ps(gate.as_ptr())),
+                silu(cpu, _mm512_loadu_ps(gate.as_ptr())),
                 _mm512_loadu_ps(up.as_ptr()),
             );
             _mm512_storeu_ps(out.as_mut_ptr(), product);
@@ -28,7 +29,7 @@ pub(super) fn rows_f32(gate_up: &[f32], dim: usize, out: &mut [f32]) {
 /// 32 values a step, loaded as 16 pairs: the even values widen by a shift, the odd ones by a
 /// mask, and the two rounded halves merge back into pairs, with no lane crossing.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
-pub(super) fn rows_bf16(gate_up: &[Bf16], dim: usize, out: &mut [Bf16]) {
+pub(super) fn rows_bf16(cpu: Avx512, gate_up: &[Bf16], dim: usize, out: &mut [Bf16]) {
     for_chunks::<Bf16, { 2 * LANES }>(gate_up, dim, out, |gate, up, out| {
         prefetch(gate.as_ptr().wrapping_add(PREFETCH_BYTES / 2).cast());
         prefetch(up.as_ptr().wrapping_add(PREFETCH_BYTES / 2).cast());
@@ -39,8 +40,12 @@ pub(super) fn rows_bf16(gate_up: &[Bf16], dim: usize, out: &mut [Bf16]) {
                 _mm512_loadu_si512(up.as_ptr().cast()),
             )
         };
-        let even = step_bf16(_mm512_slli_epi32::<16>(gate), _mm512_slli_epi32::<16>(up));
-        let odd = step_bf16(high(gate), high(up));
+        let even = step_bf16(
+            cpu,
+            _mm512_slli_epi32::<16>(gate),
+            _mm512_slli_epi32::<16>(up),
+        );
+        let odd = step_bf16(cpu, high(cpu, gate), high(cpu, up));
         // (even >> 16) | (odd & 0xffff0000).
         let pairs = _mm512_ternarylogic_epi32::<0xf8>(
             _mm512_srli_epi32::<16>(even),
@@ -55,15 +60,18 @@ pub(super) fn rows_bf16(gate_up: &[Bf16], dim: usize, out: &mut [Bf16]) {
 /// The bf16 result (in each lane's upper half) of 16 bf16 gates and ups held as float32 bits.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn step_bf16(gate: __m512i, up: __m512i) -> __m512i {
-    let silu = _mm512_castsi512_ps(high(round_bf16(silu(_mm512_castsi512_ps(gate)))));
-    round_bf16(_mm512_mul_ps(silu, _mm512_castsi512_ps(up)))
+fn step_bf16(cpu: Avx512, gate: __m512i, up: __m512i) -> __m512i {
+    let silu = _mm512_castsi512_ps(high(
+        cpu,
+        round_bf16(cpu, silu(cpu, _mm512_castsi512_ps(gate))),
+    ));
+    round_bf16(cpu, _mm512_mul_ps(silu, _mm512_castsi512_ps(up)))
 }
 
 /// `super::silu` of 16 lanes.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn silu(g: __m512) -> __m512 {
+fn silu(_: Avx512, g: __m512) -> __m512 {
     // exp_silu(x) for x = -|g|, written with a = |g| and the negations moved into the fused
     // operations (exact, and rounding to nearest is symmetric: the same bits).
     let a = _mm512_castsi512_ps(_mm512_and_si512(
@@ -90,7 +98,7 @@ fn silu(g: __m512) -> __m512 {
 /// Each lane's upper half (a bf16 value as float32 bits).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn high(bits: __m512i) -> __m512i {
+fn high(_: Avx512, bits: __m512i) -> __m512i {
     _mm512_and_si512(bits, _mm512_set1_epi32(-0x1_0000))
 }
 
@@ -103,7 +111,7 @@ fn high(bits: __m512i) -> __m512i {
 /// bits, which already hold the quiet bit `Bf16::from_f32` sets.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn round_bf16(values: __m512) -> __m512i {
+fn round_bf16(_: Avx512, values: __m512) -> __m512i {
     let bits = _mm512_castps_si512(values);
     // bits + 0x7fff + (bit 16): 0x8000 where the upper half is odd.
     let odd = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x1_0000));

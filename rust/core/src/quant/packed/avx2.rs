@@ -19,6 +19,7 @@ use std::ops::Range;
 use super::prefill::Job as PrefillJob;
 use super::{tile_block_bytes, values_bytes, zero_point, Job, BLOCK, TILE};
 use crate::element::Element;
+use crate::isa::Avx2;
 use crate::quant::Format;
 
 /// Columns of a half tile (the 8 int32 lanes of an AVX2 vector).
@@ -384,10 +385,9 @@ unsafe fn each_half_tile<V: Values, J: HalfTiles>(
 /// `linear_packed`'s tiles `tiles` for every row of `job`.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `job`'s pointers hold what `Job` says (checked by
-/// `linear_packed`); no other thread writes these tiles.
+/// `job`'s pointers hold what `Job` says (checked by `linear_packed`); no other thread writes these tiles.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn run<T: Element>(job: &Job<T>, tiles: Range<usize>) {
+pub(super) unsafe fn run<T: Element>(_: Avx2, job: &Job<T>, tiles: Range<usize>) {
     // SAFETY: forwarded; each format's values match `job.format`.
     unsafe {
         match job.format {
@@ -400,10 +400,10 @@ pub(super) unsafe fn run<T: Element>(job: &Job<T>, tiles: Range<usize>) {
 /// `linear_packed_prefill`'s rows `rows` × tiles `tiles` of `job`.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `job`'s pointers hold what `Job` says (checked by
-/// `linear_packed_prefill`); no other thread writes these outputs.
+/// `job`'s pointers hold what `Job` says (checked by `linear_packed_prefill`); no other thread writes these outputs.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn run_prefill<T: Element>(
+    _: Avx2,
     job: &PrefillJob<T>,
     rows: Range<usize>,
     tiles: Range<usize>,

@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use super::BLOCK;
 use crate::element::Element;
+use crate::isa::Avx2;
 
 /// Block `b` of `x` as four vectors of float32, or `None` when it holds a NaN or an infinity;
 /// with its largest magnitude.
@@ -92,10 +93,11 @@ unsafe fn store_bytes(v: [__m256i; 4], out: *mut i8) {
 /// uninitialized.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `x` holds the blocks `blocks`, `values` as many × 32 bytes,
+/// `x` holds the blocks `blocks`, `values` as many × 32 bytes,
 /// `units`, `totals` and `sums` an entry per block (all indexed by the block's number).
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn round_blocks<T: Element>(
+    _: Avx2,
     x: *const T,
     blocks: Range<usize>,
     values: *mut i8,
@@ -143,9 +145,10 @@ pub(super) unsafe fn round_blocks<T: Element>(
 /// `packed::split_block` with AVX2: the same parts, unit and sum.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `block`, `high` and `low` hold 32 elements each.
+/// `block`, `high` and `low` hold 32 elements each.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn split_block<T: Element>(
+    _: Avx2,
     block: &[T],
     high: &mut [i8],
     low: &mut [i8],

@@ -3,9 +3,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{PackedKernel, TILE};
+use super::TILE;
 use crate::element::Element;
 use crate::error::{check_len, elements};
+use crate::isa::Avx512;
 use crate::parallel;
 use crate::quant::{block, Format, QuantMatrix, BLOCK};
 use crate::{Error, Result};
@@ -237,7 +238,7 @@ pub fn dequantize_packed_transposed<T: Element>(
     let (n, k) = (weight.out_features, weight.in_features);
     check_len("the output", out.len(), elements("the output", &[k, n])?)?;
     let tiles = n.div_ceil(TILE);
-    let simd = PackedKernel::best().is_some();
+    let simd = Avx512::active();
     let threads = if n * k >= TRANSPOSE_PARALLEL_MIN {
         parallel::max_threads()
     } else {
@@ -254,11 +255,10 @@ pub fn dequantize_packed_transposed<T: Element>(
         // `t` writes only its own columns `16t..16t+16` (below `n`) of each row, claimed by
         // this thread alone.
         unsafe {
-            if simd {
+            match simd {
                 #[cfg(target_arch = "x86_64")]
-                super::vnni::transpose_tile(weight, t, target.get());
-            } else {
-                transpose_tile(weight, t, target.get());
+                Some(cpu) => super::vnni::transpose_tile(cpu, weight, t, target.get()),
+                _ => transpose_tile(weight, t, target.get()),
             }
         }
     });

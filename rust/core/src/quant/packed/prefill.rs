@@ -93,28 +93,36 @@ impl Int8Rows {
             Shared(rows.totals.as_mut_ptr()),
             Shared(rows.sums.as_mut_ptr()),
         );
-        let round: RoundBlocks<T> = match kernel {
-            #[cfg(target_arch = "x86_64")]
-            PackedKernel::Avx2 => super::avx2_rounding::round_blocks::<T>,
-            #[cfg(target_arch = "x86_64")]
-            PackedKernel::Avx512Vnni => super::vnni_prefill::round_blocks::<T>,
-            _ => round_blocks::<T>,
-        };
         parallel::run(threads, &|thread, threads| {
             let blocks = count * thread / threads..count * (thread + 1) / threads;
-            // SAFETY: the kernel is available (`linear_packed_prefill` checks), so the CPU has
-            // the instructions of its rounding; `blocks` belongs to this thread alone (the
-            // blocks are split into disjoint ranges by thread) and lies inside the buffers,
-            // sized above.
+            let (x, values, units, totals, sums) = (
+                x.as_ptr(),
+                values.get(),
+                units.get(),
+                totals.get(),
+                sums.get(),
+            );
+            // SAFETY: the kernel's token proves the CPU has its rounding's instructions;
+            // `blocks` belongs to this thread alone (the blocks are split into disjoint ranges
+            // by thread) and lies inside the buffers, sized above.
             unsafe {
-                round(
-                    x.as_ptr(),
-                    blocks,
-                    values.get(),
-                    units.get(),
-                    totals.get(),
-                    sums.get(),
-                );
+                match kernel {
+                    #[cfg(target_arch = "x86_64")]
+                    PackedKernel::Avx2(cpu) => super::avx2_rounding::round_blocks(
+                        cpu, x, blocks, values, units, totals, sums,
+                    ),
+                    #[cfg(target_arch = "x86_64")]
+                    PackedKernel::Avx512Vnni(cpu) => super::vnni_prefill::round_blocks(
+                        cpu.into(),
+                        x,
+                        blocks,
+                        values,
+                        units,
+                        totals,
+                        sums,
+                    ),
+                    _ => round_blocks(x, blocks, values, units, totals, sums),
+                }
             }
         });
         // SAFETY: the threads above wrote all `count` blocks' values (`round_blocks` writes
@@ -124,10 +132,6 @@ impl Int8Rows {
         rows
     }
 }
-
-/// A rounding of activation blocks (`round_blocks` here and in each kernel's module): blocks
-/// `blocks` of `x` to `values`, with their units, integer sums and sums.
-type RoundBlocks<T> = unsafe fn(*const T, Range<usize>, *mut i8, *mut f32, *mut i32, *mut f32);
 
 /// `round_block` over blocks `blocks` of `x`: each block's 32 values written (never read, so
 /// `values` may start uninitialized), its unit (NaN for a non-finite block), integer sum and
@@ -240,7 +244,7 @@ pub fn linear_packed_prefill<T: Element>(
     bias: Option<&[f32]>,
     out: &mut [T],
 ) -> Result<()> {
-    check_product(kernel, weight, x, m, bias, out)?;
+    check_product(weight, x, m, bias, out)?;
     if m == 0 {
         return Ok(());
     }
@@ -281,18 +285,19 @@ pub fn linear_packed_prefill<T: Element>(
         let (panel, chunk_index) = (item / chunks, item % chunks);
         let rows = panel * PANEL_ROWS..(panel * PANEL_ROWS + PANEL_ROWS).min(m);
         let claimed = chunk_index * chunk..(chunk_index * chunk + chunk).min(tiles);
-        // SAFETY: the kernel is available, every length was checked above, and this thread
-        // alone owns the outputs of `rows` × `claimed`.
+        // SAFETY: the kernel's token proves the CPU's features, every length was checked
+        // above, and this thread alone owns the outputs of `rows` × `claimed`.
         unsafe {
             match kernel {
                 PackedKernel::Portable => run_portable(&job, rows, claimed),
                 #[cfg(target_arch = "x86_64")]
-                PackedKernel::Avx2 => super::avx2::run_prefill(&job, rows, claimed),
+                PackedKernel::Avx2(cpu) => super::avx2::run_prefill(cpu, &job, rows, claimed),
                 #[cfg(target_arch = "x86_64")]
-                PackedKernel::Avx512Vnni => super::vnni_prefill::run(&job, rows, claimed),
-                // Not available off x86-64, so never asked for (checked above).
+                PackedKernel::Avx512Vnni(cpu) => super::vnni_prefill::run(cpu, &job, rows, claimed),
                 #[cfg(not(target_arch = "x86_64"))]
-                PackedKernel::Avx2 | PackedKernel::Avx512Vnni => {}
+                PackedKernel::Avx2(_) | PackedKernel::Avx512Vnni(_) => {
+                    unreachable!("detection makes no x86 token off x86-64")
+                }
             }
         }
     });

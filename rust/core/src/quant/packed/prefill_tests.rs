@@ -3,7 +3,7 @@
 //! float64 product within the bound that rounding the activations allows.
 
 use super::prefill::Int8Rows;
-use super::tests::{kernels, packed};
+use super::tests::packed;
 use super::*;
 use crate::element::Bf16;
 use crate::quant::tests::{blocks, dequantized, FORMATS};
@@ -55,7 +55,7 @@ fn every_kernel_rounds_activations_alike_with_ties_to_even() {
         .all(|&v| v == 0));
     let tiny = &portable.values[5 * BLOCK..6 * BLOCK];
     assert_eq!((tiny[3], tiny[9], tiny[0]), (127, -127, 0));
-    for kernel in kernels() {
+    for kernel in PackedKernel::detected() {
         for (rows, want) in [
             (Int8Rows::new(&x, kernel), &portable),
             (
@@ -85,7 +85,7 @@ fn every_kernel_rounds_many_rows_alike_on_several_threads() {
     x[1502 * BLOCK + 5] = f32::NAN;
     x[2999 * BLOCK] = f32::INFINITY;
     let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
-    for kernel in kernels() {
+    for kernel in PackedKernel::detected() {
         for (rows, want) in [
             (
                 Int8Rows::new(&x, kernel),
@@ -126,7 +126,7 @@ fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_th
                 let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
                 let want = product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
                 let want_bf16 = product(PackedKernel::Portable, &tiles, &halves, m, None);
-                for kernel in kernels() {
+                for kernel in PackedKernel::detected() {
                     let got = product(kernel, &tiles, &x, m, Some(&bias));
                     assert_eq!(
                         bits(&got),
@@ -216,7 +216,7 @@ fn a_non_finite_activation_makes_only_its_rows_outputs_nan() {
     let mut x = values(3 * k, 4);
     x[k + 40] = f32::INFINITY;
     x[2 * k + 3] = f32::NAN;
-    for kernel in kernels() {
+    for kernel in PackedKernel::detected() {
         let out = product(kernel, &tiles, &x, 3, None);
         assert!(out[..n].iter().all(|v| v.is_finite()), "{kernel:?}");
         assert!(out[n..].iter().all(|v| v.is_nan()), "{kernel:?}");
@@ -231,7 +231,7 @@ fn sizes_are_checked() {
     let tiles = PackedMatrix::new(Format::Q4_1, &bytes, 5, 64).unwrap();
     let x = vec![0f32; 2 * 64];
     let mut out = vec![0f32; 2 * 5];
-    for kernel in kernels() {
+    for kernel in PackedKernel::detected() {
         assert!(linear_packed_prefill(kernel, &tiles, &x, 2, None, &mut out).is_ok());
         assert!(linear_packed_prefill(kernel, &tiles, &x[1..], 2, None, &mut out).is_err());
         let short_bias = Some(&[0.0; 4][..]);

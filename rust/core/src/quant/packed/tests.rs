@@ -15,17 +15,6 @@ pub(super) fn packed(weight: &QuantMatrix<'_>) -> Vec<u8> {
     out
 }
 
-pub(super) fn kernels() -> Vec<PackedKernel> {
-    [
-        PackedKernel::Portable,
-        PackedKernel::Avx2,
-        PackedKernel::Avx512Vnni,
-    ]
-    .into_iter()
-    .filter(|k| k.available())
-    .collect()
-}
-
 fn product<T: Element>(
     kernel: PackedKernel,
     weight: &PackedMatrix<'_>,
@@ -95,10 +84,10 @@ fn transposed_equals<T: Element + PartialEq + std::fmt::Debug>(
         // SAFETY: `portable` holds `[k, n]` elements; one thread.
         unsafe { layout::transpose_tile(tiles, t, portable.as_mut_ptr()) };
         #[cfg(target_arch = "x86_64")]
-        if PackedKernel::Avx512Vnni.available() {
+        if let Some(cpu) = crate::isa::Avx512::detected() {
             let mut simd = vec![T::store(f32::NAN); k * n];
-            // SAFETY: as above; the CPU has AVX-512 F and BW.
-            unsafe { vnni::transpose_tile(tiles, t, simd.as_mut_ptr()) };
+            // SAFETY: as above; the token proves the CPU has AVX-512 F and BW.
+            unsafe { vnni::transpose_tile(cpu, tiles, t, simd.as_mut_ptr()) };
             assert_eq!(bits(&simd), bits(&portable), "{:?} tile {t}", tiles.format);
         }
         let columns = t * TILE..(t * TILE + TILE).min(n);
@@ -131,7 +120,7 @@ fn sizes_and_ids_are_checked() {
     assert!(dequantize_packed_transposed(&tiles, &mut vec![0f32; 64 * 4]).is_err());
     let x = vec![0f32; 2 * 64];
     let mut out = vec![0f32; 2 * 5];
-    for kernel in kernels() {
+    for kernel in PackedKernel::detected() {
         assert!(linear_packed(kernel, &tiles, &x, 2, None, &mut out).is_ok());
         assert!(linear_packed(kernel, &tiles, &x[1..], 2, None, &mut out).is_err());
         assert!(linear_packed(kernel, &tiles, &x, 2, Some(&[0.0; 4]), &mut out).is_err());
@@ -216,7 +205,7 @@ fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_th
                 let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
                 let want = product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
                 let want_bf16 = product(PackedKernel::Portable, &tiles, &halves, m, None);
-                for kernel in kernels() {
+                for kernel in PackedKernel::detected() {
                     let got = product(kernel, &tiles, &x, m, Some(&bias));
                     assert!(
                         got.iter()
@@ -248,7 +237,7 @@ fn a_non_finite_activation_makes_only_its_rows_outputs_nan() {
     let mut x = values(3 * k, 4);
     x[k + 40] = f32::INFINITY;
     x[2 * k + 3] = f32::NAN;
-    for kernel in kernels() {
+    for kernel in PackedKernel::detected() {
         let out = product(kernel, &tiles, &x, 3, None);
         assert!(out[..n].iter().all(|v| v.is_finite()), "{kernel:?}");
         assert!(out[n..].iter().all(|v| v.is_nan()), "{kernel:?}");
@@ -287,7 +276,7 @@ fn every_kernel_splits_activations_alike() {
         portable.low[..ties.len()],
         [0, 127, -127, 127, -127, -127, 0, -0]
     );
-    for kernel in kernels() {
+    for kernel in PackedKernel::detected() {
         for (rows, want) in [
             (QuantizedRows::new(&x, kernel), &portable),
             (

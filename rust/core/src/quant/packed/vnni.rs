@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use super::{tile_block_bytes, values_bytes, zero_point, Job, PackedMatrix, BLOCK, TILE};
 use crate::element::Element;
+use crate::isa::{Avx512, Avx512Vnni};
 use crate::quant::avx512::bf16;
 use crate::quant::Format;
 
@@ -64,10 +65,10 @@ impl Values for Bytes {
 /// Computes the tiles `tiles` for every row of `job`.
 ///
 /// # Safety
-/// The CPU has AVX-512 F, BW and VNNI; `job`'s pointers hold what `Job` says (checked by
+/// `job`'s pointers hold what `Job` says (checked by
 /// `linear_packed`); no other thread writes the tiles.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c,fma")]
-pub(super) unsafe fn run<T: Element>(job: &Job<T>, tiles: Range<usize>) {
+pub(super) unsafe fn run<T: Element>(_: Avx512Vnni, job: &Job<T>, tiles: Range<usize>) {
     // SAFETY: forwarded; each format's values match `job.format`.
     unsafe {
         match job.format {
@@ -241,9 +242,9 @@ pub(super) unsafe fn store<T: Element>(v: __m512, target: *mut T, width: usize) 
 /// when it holds a NaN or an infinity: the start the two roundings of activations share.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and BW; `block` holds 32 elements.
+/// `block` holds 32 elements.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn load_block<T: Element>(block: &[T]) -> Option<([__m512; 2], f32)> {
+pub(super) unsafe fn load_block<T: Element>(_: Avx512, block: &[T]) -> Option<([__m512; 2], f32)> {
     // SAFETY: 32 elements at `block` (f32, or 16-bit `Bf16` when `T::REDUCED`: the only
     // `Element`s), as the caller guarantees.
     unsafe {
@@ -276,9 +277,10 @@ pub(super) unsafe fn load_block<T: Element>(block: &[T]) -> Option<([__m512; 2],
 /// parts, unit and sum.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and BW; `block`, `high` and `low` hold 32 elements each.
+/// `block`, `high` and `low` hold 32 elements each.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(super) unsafe fn split_block<T: Element>(
+    cpu: Avx512,
     block: &[T],
     high: &mut [i8],
     low: &mut [i8],
@@ -286,7 +288,7 @@ pub(super) unsafe fn split_block<T: Element>(
     // SAFETY: 32 elements at `block` and 32 bytes at `high` and `low`, as the caller
     // guarantees.
     unsafe {
-        let (v, largest) = load_block(block)?;
+        let (v, largest) = load_block(cpu, block)?;
         if largest == 0.0 {
             high.fill(0);
             low.fill(0);
@@ -334,9 +336,14 @@ pub(super) unsafe fn split_block<T: Element>(
 /// the 16 columns' scales as `layout::dequantized` scales one weight.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and BW; as `layout::transpose_tile`.
+/// As `layout::transpose_tile`.
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
-pub(super) unsafe fn transpose_tile<T: Element>(weight: &PackedMatrix<'_>, t: usize, out: *mut T) {
+pub(super) unsafe fn transpose_tile<T: Element>(
+    _: Avx512,
+    weight: &PackedMatrix<'_>,
+    t: usize,
+    out: *mut T,
+) {
     // SAFETY: forwarded; each format's values match `weight.format`.
     unsafe {
         match weight.format {

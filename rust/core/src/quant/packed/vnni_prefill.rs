@@ -27,6 +27,7 @@ use super::prefill::Job;
 use super::vnni::{bias_lanes, store, Bytes, Nibbles, Values};
 use super::{tile_block_bytes, values_bytes, BLOCK, TILE};
 use crate::element::Element;
+use crate::isa::{Avx512, Avx512Vnni};
 use crate::quant::Format;
 
 /// Rows of a register tile: the panels of `prefill.rs` hold a whole number of them.
@@ -37,10 +38,15 @@ const TILES: usize = 2;
 /// Computes rows `rows` × tiles `tiles` of `job`.
 ///
 /// # Safety
-/// The CPU has AVX-512 F, BW and VNNI; `job`'s pointers hold what `Job` says (checked by
+/// `job`'s pointers hold what `Job` says (checked by
 /// `linear_packed_prefill`); no other thread writes these outputs.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c,fma")]
-pub(super) unsafe fn run<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Range<usize>) {
+pub(super) unsafe fn run<T: Element>(
+    _: Avx512Vnni,
+    job: &Job<T>,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+) {
     // SAFETY: forwarded; each format's values, zero point and offsets match `job.format`.
     unsafe {
         match job.format {
@@ -182,10 +188,11 @@ unsafe fn micro<
 /// written (never read), so `values` may start uninitialized.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and BW; `x` holds the blocks `blocks`, `values` as many × 32 bytes,
+/// `x` holds the blocks `blocks`, `values` as many × 32 bytes,
 /// `units`, `totals` and `sums` an entry per block (all indexed by the block's number).
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(super) unsafe fn round_blocks<T: Element>(
+    _: Avx512,
     x: *const T,
     blocks: Range<usize>,
     values: *mut i8,
