@@ -1,11 +1,17 @@
 """benches/peers: the pure parts of the side-by-side benchmark (run order, server commands, the
-table of medians, vLLM's requirements); no server starts here."""
+table of medians, vLLM's requirements, the converter's venv); no server starts here and nothing
+is downloaded."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import peers.install
 import pytest
 from peers.bench import (
     WORKLOADS,
@@ -16,7 +22,18 @@ from peers.bench import (
     server_command,
     srt_engines,
 )
-from peers.install import Models, vllm_requirements
+from peers.install import (
+    CONVERTER_MODULES,
+    TOOLS_PACKAGES,
+    Installer,
+    Models,
+    converter_requirements,
+    environment_site_dirs,
+    link_site_dirs,
+    missing_modules,
+    venv_site_packages,
+    vllm_requirements,
+)
 from peers.report import ROWS, markdown_table, medians
 
 
@@ -113,4 +130,70 @@ def test_vllm_requirements_leave_out_extras_and_the_torch_family() -> None:
         "regex",
         "transformers<5.20.0,>=5.16.1",
         'intel-openmp==2024.2.1; platform_machine == "x86_64"',
+    ]
+
+
+def make_venv(path: Path) -> Path:
+    """A venv of this Python without pip (fast; nothing is downloaded), as `Installer.tools`
+    makes one; returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    return path / "bin" / "python"
+
+
+def test_the_converter_s_venv_imports_this_environment_s_torch(tmp_path: Path) -> None:
+    """The converter's imports come from this environment wherever it is, a venv made inside
+    the clone included (a venv of this Python sees none of them by itself), all but what the
+    tools venv installs itself."""
+    python = make_venv(tmp_path / "tools")
+    assert "torch" in missing_modules(python, list(CONVERTER_MODULES))
+    link_site_dirs(tmp_path / "tools", environment_site_dirs())
+    assert set(missing_modules(python, list(CONVERTER_MODULES))) <= set(TOOLS_PACKAGES)
+    imported = subprocess.run(
+        [str(python), "-c", "import numpy, torch, transformers; print(torch.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    torch_dir = Path(imported.stdout.strip()).parent.parent
+    assert torch_dir in environment_site_dirs()
+
+
+def test_tools_install_only_what_the_environment_lacks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`Installer.tools` with pip replaced: a fresh tools venv asks PyPI for CMake and
+    sentencepiece, never for torch, numpy or transformers; a second call installs nothing."""
+    pip_installs: list[list[str]] = []
+
+    def fake_run(argv: Sequence[str | Path], **kwargs: Any) -> None:
+        command = [str(a) for a in argv]
+        if command[1:3] == ["-m", "venv"]:
+            make_venv(Path(command[3]))
+        elif command[1:4] == ["-m", "pip", "install"]:
+            pip_installs.append(command[4:])
+            site_packages = venv_site_packages(tmp_path / "tools-venv")
+            for distribution in command[4:]:
+                module = distribution.split("==")[0]
+                (site_packages / module).mkdir(exist_ok=True)
+                (site_packages / module / "__init__.py").write_text("")
+        else:
+            raise AssertionError(command)
+
+    monkeypatch.setattr(peers.install, "run", fake_run)
+    installer = Installer(tmp_path, jobs=1)
+    bin_dir = installer.tools()
+    assert pip_installs == [list(TOOLS_PACKAGES)]
+    assert missing_modules(bin_dir / "python", list(CONVERTER_MODULES)) == []
+    assert installer.tools() == bin_dir
+    assert pip_installs == [list(TOOLS_PACKAGES)]
+
+
+def test_what_the_converter_lacks_is_pinned_to_this_environment_s_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(CONVERTER_MODULES, "srt_no_such_module", "srt-no-such-distribution")
+    assert converter_requirements(["torch", "yaml", "srt_no_such_module"]) == [
+        f"torch=={version('torch').split('+')[0]}",
+        f"PyYAML=={version('PyYAML')}",
+        "srt-no-such-distribution",
     ]

