@@ -28,7 +28,6 @@ from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary
 BF16_STEP = 2**-7
 ACTIVE, BEST = cpu_kernels.isa()
 TIERS = ["scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16"]
-RUNNABLE = TIERS[: TIERS.index(BEST) + 1]
 
 
 @pytest.fixture
@@ -147,11 +146,13 @@ def run_every_kernel(dtype: torch.dtype) -> list[torch.Tensor]:
     ]
 
 
-@pytest.mark.parametrize("tier", RUNNABLE)
+@pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_tier_agrees_with_the_default(
     tier: str, dtype: torch.dtype, restore_isa: None
 ) -> None:
+    if TIERS.index(tier) > TIERS.index(BEST):
+        pytest.skip(f"this CPU has no {tier} tier (best: {BEST})")
     default = run_every_kernel(dtype)
     cpu_kernels.set_isa(tier)
     assert cpu_kernels.isa() == (tier, BEST)
