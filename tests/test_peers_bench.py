@@ -1,6 +1,6 @@
-"""benches/peers: the pure parts of the side-by-side benchmark (run order, server commands, the
-table of medians, vLLM's requirements, the converter's venv); no server starts here and nothing
-is downloaded."""
+"""benches/peers: the pure parts of the side-by-side benchmark (run order, server commands and
+engine flags, vLLM's dtype, the table of medians, vLLM's requirements, the converter's venv);
+no server starts here and nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ import pytest
 from peers.bench import (
     WORKLOADS,
     Paths,
-    peer_engines,
+    all_engines,
+    replace_options,
     schedule,
     select_engines,
     server_command,
-    srt_engines,
+    vllm_default_dtype,
 )
 from peers.install import (
     CONVERTER_MODULES,
@@ -36,9 +37,24 @@ from peers.install import (
 )
 from peers.report import ROWS, markdown_table, medians
 
+from srt.layers import cpu_kernels
 
-def engines_for(names: str) -> list[Any]:
-    return select_engines([*srt_engines(["bf16=--dtype bfloat16"]), *peer_engines([0, 1])], names)
+ENGINE_CONFIGS = [
+    "vllm-all-cores:bf16=--dtype bfloat16 --max-model-len 2048",
+    "llama-q4_1:t1=-t 1",
+]
+
+
+def engines_for(names: str, vllm_dtype: str = "float32") -> list[Any]:
+    engines = all_engines([0, 1], vllm_dtype, ["bf16=--dtype bfloat16"], ENGINE_CONFIGS)
+    return select_engines(engines, names)
+
+
+def fake_paths(tmp_path: Path) -> Paths:
+    models = Models(tmp_path / "hf", tmp_path / "q4_1.gguf", tmp_path / "f16.gguf")
+    return Paths(
+        models, tmp_path / "srt-serve", tmp_path / "venv", tmp_path / "llama-server", tmp_path
+    )
 
 
 def test_rounds_interleave_engines_and_alternate_their_order() -> None:
@@ -60,10 +76,8 @@ def test_rounds_interleave_engines_and_alternate_their_order() -> None:
 
 
 def test_server_commands_listen_on_loopback_with_each_engine_s_weights(tmp_path: Path) -> None:
-    models = Models(tmp_path / "hf", tmp_path / "q4_1.gguf", tmp_path / "f16.gguf")
-    paths = Paths(
-        models, tmp_path / "srt-serve", tmp_path / "venv", tmp_path / "llama-server", tmp_path
-    )
+    paths = fake_paths(tmp_path)
+    models = paths.models
     commands = {
         e.name: server_command(e, 9000, paths, 2)
         for e in engines_for("srt-bf16,vllm-all-cores,llama-f16,llama-q4_1")
@@ -77,6 +91,7 @@ def test_server_commands_listen_on_loopback_with_each_engine_s_weights(tmp_path:
     assert "--model-path" not in srt_argv
     vllm_argv, vllm_env = commands["vllm-all-cores"]
     assert vllm_argv[:3] == [str(tmp_path / "venv" / "bin" / "vllm"), "serve", str(models.hf_dir)]
+    assert vllm_argv[-4:] == ["--max-model-len", "4096", "--dtype", "float32"]
     assert vllm_env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert vllm_env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     for name, gguf in (("llama-f16", models.f16_gguf), ("llama-q4_1", models.q4_1_gguf)):
@@ -131,6 +146,74 @@ def test_vllm_requirements_leave_out_extras_and_the_torch_family() -> None:
         "transformers<5.20.0,>=5.16.1",
         'intel-openmp==2024.2.1; platform_machine == "x86_64"',
     ]
+
+
+def test_engine_configs_add_flags_that_replace_the_engine_s_own(tmp_path: Path) -> None:
+    names = "srt-bf16,vllm-all-cores,vllm-all-cores-bf16,llama-q4_1,llama-q4_1-t1"
+    engines = {e.name: e for e in engines_for(names)}
+    assert engines["vllm-all-cores-bf16"].label == (
+        "vllm-all-cores `--dtype bfloat16 --max-model-len 2048`"
+    )
+    assert engines["srt-bf16"].label == "srt `--dtype bfloat16`"
+    commands = {
+        name: server_command(e, 9000, fake_paths(tmp_path), 2) for name, e in engines.items()
+    }
+    argv, env = commands["vllm-all-cores-bf16"]
+    # The engine's dtype and the benchmark's context length are replaced, not repeated.
+    assert argv.count("--dtype") == argv.count("--max-model-len") == 1
+    assert argv[-4:] == ["--dtype", "bfloat16", "--max-model-len", "2048"]
+    assert env == commands["vllm-all-cores"][1]
+    argv, _ = commands["llama-q4_1-t1"]
+    assert argv[argv.index("-m") + 1] == str(tmp_path / "q4_1.gguf")
+    assert argv[-7:] == ["-np", "16", "-c", "65536", "-kvu", "-t", "1"]
+    assert argv.count("-t") == 1
+    for bad, message in (
+        ("vllm:fp32", "takes ENGINE:NAME"),
+        ("vllm=--dtype float32", "takes ENGINE:NAME"),
+        ("sglang:x=--tp 2", "no engine 'sglang'"),
+        ("srt:bf16=--dtype bfloat16", "named twice"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            all_engines([0, 1], "float32", ["bf16=--dtype bfloat16"], [bad])
+
+
+@pytest.mark.parametrize(
+    ("flags", "given", "expected"),
+    [
+        (
+            ["--dtype", "bfloat16", "--max-model-len", "4096"],
+            ["--dtype=float32"],
+            ["--max-model-len", "4096", "--dtype=float32"],
+        ),
+        (["-np", "16", "-kvu", "-t", "2"], ["-kvu"], ["-np", "16", "-t", "2", "-kvu"]),
+        (
+            ["-np", "16", "-kvu", "-t", "2"],
+            ["-np", "4", "-t", "1"],
+            ["-kvu", "-np", "4", "-t", "1"],
+        ),
+        (["--x=1", "--y", "-1"], ["--x", "2", "--y", "3"], ["--x", "2", "--y", "3"]),
+        (["--a", "1"], [], ["--a", "1"]),
+    ],
+)
+def test_a_given_option_replaces_the_default_with_its_value(
+    flags: list[str], given: list[str], expected: list[str]
+) -> None:
+    assert replace_options(flags, given) == expected
+
+
+@pytest.mark.parametrize(("native_bf16", "expected"), [(True, "bfloat16"), (False, "float32")])
+def test_vllm_runs_in_the_dtype_srt_picks_for_this_cpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, native_bf16: bool, expected: str
+) -> None:
+    monkeypatch.setattr(cpu_kernels, "native_bf16_matmul", lambda: native_bf16)
+    dtype, reason = vllm_default_dtype()
+    assert dtype == expected
+    assert ("natively" in reason) == native_bf16
+    for name in ("vllm", "vllm-all-cores"):
+        (engine,) = engines_for(name, vllm_dtype=dtype)
+        argv, _ = server_command(engine, 9000, fake_paths(tmp_path), 2)
+        assert argv[argv.index("--dtype") + 1] == expected
+        assert {"bfloat16": "bf16"}.get(expected, expected) in engine.label
 
 
 def make_venv(path: Path) -> Path:

