@@ -338,8 +338,10 @@ class QuantizedWeight:
         fmt, in_features = weights[0].fmt, weights[0].in_features
         if any(w.fmt != fmt or w.in_features != in_features for w in weights):
             raise ValueError("cat needs weights of one format and one in_features")
-        blocks = torch.cat([w._unpacked_blocks() for w in weights])
-        return QuantizedWeight(blocks, fmt, in_features)
+        # numpy's: torch.cat of uint8 rows ran 10 to 20 times slower (SmolLM2's 60 fused
+        # weights: 0.4 to 1 s of a start on 2 cores).
+        blocks = np.concatenate([w._unpacked_blocks().numpy() for w in weights])
+        return QuantizedWeight(torch.from_numpy(blocks), fmt, in_features)
 
 
 def _probe(

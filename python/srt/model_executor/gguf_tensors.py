@@ -1,0 +1,153 @@
+"""A GGUF file's tensors (name, type, shape, data), read past its metadata without decoding it.
+
+Why: `gguf.GGUFReader` decodes every metadata value into numpy arrays, several small arrays per
+string: for SmolLM2's vocabulary (49,152 tokens and 48,900 merges) that took 3 to 4 s of a
+start on 2 cores, for values the weight loader never reads (srt reads a GGUF model's config and
+tokenizer from the Hugging Face files beside it, or writes them out once from the metadata).
+Here the metadata is skipped by its lengths alone (tens of milliseconds), and the tensor infos
+are read as GGUFReader reads them: each tensor's data the same numpy view of the mapped file.
+
+Little-endian files of GGUF versions 2 and 3 (what llama.cpp writes); any other goes through
+`GGUFReader`, which reads them or says why not.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.quants import quant_shape_to_byte_shape
+
+_MAGIC = b"GGUF"
+_VERSIONS = (2, 3)
+_DEFAULT_ALIGNMENT = 32
+_ALIGNMENT_KEY = b"general.alignment"
+# Bytes of each fixed-size metadata value type.
+_VALUE_BYTES = {
+    GGUFValueType.UINT8: 1,
+    GGUFValueType.INT8: 1,
+    GGUFValueType.BOOL: 1,
+    GGUFValueType.UINT16: 2,
+    GGUFValueType.INT16: 2,
+    GGUFValueType.UINT32: 4,
+    GGUFValueType.INT32: 4,
+    GGUFValueType.FLOAT32: 4,
+    GGUFValueType.UINT64: 8,
+    GGUFValueType.INT64: 8,
+    GGUFValueType.FLOAT64: 8,
+}
+# Tensor types whose data GGUFReader gives as numbers; every other type as bytes, per row.
+_ELEMENT_DTYPES = {
+    GGMLQuantizationType.F16: np.float16,
+    GGMLQuantizationType.F32: np.float32,
+    GGMLQuantizationType.F64: np.float64,
+    GGMLQuantizationType.I8: np.int8,
+    GGMLQuantizationType.I16: np.int16,
+    GGMLQuantizationType.I32: np.int32,
+    GGMLQuantizationType.I64: np.int64,
+}
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    tensor_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # GGUF's order: the fastest-varying dimension first
+    data: np.ndarray  # read-only view of the file, as GGUFReader's `ReaderTensor.data`
+
+
+def read_tensors(path: Path | str) -> list[GGUFTensor]:
+    """Every tensor of GGUF file `path`, in the file's order (ValueError where the file is not
+    a whole GGUF file)."""
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    version = struct.unpack_from("<I", mapped, 4)[0] if len(mapped) >= 8 else 0
+    if mapped[:4] != _MAGIC or version not in _VERSIONS:
+        return [
+            GGUFTensor(t.name, t.tensor_type, tuple(t.shape.tolist()), t.data)
+            for t in GGUFReader(path).tensors
+        ]
+    try:
+        tensors = _tensors(mapped)
+    except struct.error:
+        raise ValueError(f"{path} ends inside its header") from None
+    if len({t.name for t in tensors}) != len(tensors):
+        raise ValueError(f"{path}: a tensor name appears twice")
+    return tensors
+
+
+def _tensors(mapped: mmap.mmap) -> list[GGUFTensor]:
+    tensor_count, kv_count = struct.unpack_from("<QQ", mapped, 8)
+    offset, alignment = _skip_metadata(mapped, 24, kv_count)
+    infos = []
+    for _ in range(tensor_count):
+        raw_name, offset = _string(mapped, offset)
+        (dims,) = struct.unpack_from("<I", mapped, offset)
+        shape = struct.unpack_from(f"<{dims}Q", mapped, offset + 4)
+        kind, data_offset = struct.unpack_from("<IQ", mapped, offset + 4 + 8 * dims)
+        offset += 4 + 8 * dims + 12
+        infos.append((raw_name.decode(), GGMLQuantizationType(kind), shape, data_offset))
+    start = -(-offset // alignment) * alignment
+    tensors = []
+    for name, kind, shape, data_offset in infos:
+        dims = tuple(reversed(shape))
+        dtype = _ELEMENT_DTYPES.get(kind)
+        if dtype is None:
+            dtype, dims = np.uint8, quant_shape_to_byte_shape(dims, kind)
+        block_size, type_size = GGML_QUANT_SIZES[kind]
+        nbytes = int(np.prod(shape)) * type_size // block_size
+        if start + data_offset + nbytes > len(mapped):
+            raise ValueError(f"the data of tensor {name} runs past the end of the file")
+        count = nbytes // np.dtype(dtype).itemsize
+        data = np.frombuffer(mapped, dtype, count, start + data_offset).reshape(dims)
+        tensors.append(GGUFTensor(name, kind, shape, data))
+    return tensors
+
+
+def _string(mapped: mmap.mmap, offset: int) -> tuple[bytes, int]:
+    (length,) = struct.unpack_from("<Q", mapped, offset)
+    return mapped[offset + 8 : offset + 8 + length], offset + 8 + length
+
+
+def _skip_metadata(mapped: mmap.mmap, offset: int, count: int) -> tuple[int, int]:
+    """The offset past `count` metadata pairs from `offset`, and the data's alignment (the
+    `general.alignment` value, if any)."""
+    alignment = _DEFAULT_ALIGNMENT
+    for _ in range(count):
+        key, offset = _string(mapped, offset)
+        (kind,) = struct.unpack_from("<I", mapped, offset)
+        if key == _ALIGNMENT_KEY:
+            if kind != GGUFValueType.UINT32:
+                raise ValueError("GGUF's general.alignment is not a uint32")
+            (alignment,) = struct.unpack_from("<I", mapped, offset + 4)
+            if alignment == 0 or alignment & (alignment - 1):
+                raise ValueError(f"GGUF alignment {alignment} is not a power of two")
+        offset = _skip_value(mapped, offset + 4, kind)
+    return offset, alignment
+
+
+def _skip_value(mapped: mmap.mmap, offset: int, kind: int) -> int:
+    """The offset past one metadata value of type `kind` at `offset` (ValueError for a type
+    GGUF does not have)."""
+    size = _VALUE_BYTES.get(GGUFValueType(kind))
+    if size is not None:
+        return offset + size
+    if kind == GGUFValueType.STRING:
+        return offset + 8 + struct.unpack_from("<Q", mapped, offset)[0]
+    item, count = struct.unpack_from("<IQ", mapped, offset)
+    offset += 12
+    size = _VALUE_BYTES.get(GGUFValueType(item))
+    if size is not None:
+        return offset + size * count
+    if item == GGUFValueType.STRING:
+        unpack = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            offset += 8 + unpack(mapped, offset)[0]
+        return offset
+    for _ in range(count):
+        offset = _skip_value(mapped, offset, item)
+    return offset
