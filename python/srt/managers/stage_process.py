@@ -28,6 +28,7 @@ from typing import Any
 
 from srt.ipc.rings import RingNames
 from srt.logs import configure_logging
+from srt.startup import Stages, log_process_start
 
 READY = b"ready"
 _PR_SET_PDEATHSIG = 1
@@ -72,7 +73,10 @@ def run_stage(
     name_process(f"srt-{name}")
     try:
         die_with_parent(parent_pid)
+        log_process_start()
+        stages = Stages()
         stage = build()
+        stages.done(f"{name} built")
         _run(_serve(stage, parent_pid, ready))
     except BaseException as e:
         if not (isinstance(e, SystemExit) and e.code in (None, 0)):

@@ -39,6 +39,7 @@ from srt.model_executor.worker_batch import (
 )
 from srt.models.registry import model_class_for
 from srt.server_args import ServerArgs
+from srt.startup import Stages
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class ModelRunner:
     def __init__(self, server_args: ServerArgs, model_path: str) -> None:
         # The device defaults are resolved here, before any weight is loaded (a backend that
         # cannot run on the device is refused at once); everything else reads `server_args`.
+        # Each stage of the start logs its seconds.
+        stages = Stages()
         self.server_args = server_args = resolve_device_defaults(server_args)
         self.device = torch.device(server_args.device)
         # One rank of `--tp-size` (srt.distributed, joined by the scheduler process), or alone.
@@ -59,8 +62,10 @@ class ModelRunner:
             server_args.trust_remote_code,
             server_args.quantization,
         )
-        self.init_model()
+        stages.done("model config")
+        self.init_model(stages)
         self.init_memory_pool()
+        stages.done("KV cache")
         backend = server_args.attention_backend
         assert backend is not None, "resolved above"
         self.attn_backend = create_attention_backend(
@@ -79,6 +84,7 @@ class ModelRunner:
         self.sampling = SamplingStates(self.grammars, config.vocab_size, sync)
         if server_args.random_seed is not None:
             torch.manual_seed(server_args.random_seed)
+        stages.done("attention, CUDA graphs, sampling")
 
     @property
     def limits(self) -> RunnerLimits:
@@ -91,7 +97,7 @@ class ModelRunner:
             max_running_requests=self.max_running_requests,
         )
 
-    def init_model(self) -> None:
+    def init_model(self, stages: Stages) -> None:
         config = self.model_config
         model_cls = model_class_for(config.hf_config)
         with torch.device(self.device):
@@ -101,6 +107,7 @@ class ModelRunner:
                 self.model = model_cls(config.hf_config)
             finally:
                 torch.set_default_dtype(default_dtype)
+        stages.done("model built")
         if self.server_args.load_format != "dummy":  # dummy keeps the random initialization
             # Tensor-parallel ranks read only their shards of a safetensors checkpoint.
             read = iterate_weight_slices if self.tp.size > 1 else iterate_weights
@@ -109,9 +116,11 @@ class ModelRunner:
             )
         if config.quantization == "int8":
             quantize_int8(self.model)
+        stages.done("weights read")
         # Serving never trains: without gradients the CPU kernels read parameters directly.
         self.model.eval().requires_grad_(False)
         prepare_for_device(self.model)
+        stages.done("weights packed")
         # Products on GGUF blocks may round activations to int8 (`quant_kernels`).
         self.offer_int8_activations = (
             config.quantization == "gguf" and not self.server_args.disable_int8_activations

@@ -39,6 +39,7 @@ from srt.managers.generate_req_input import GenerateReqInput
 from srt.managers.tokenizer_manager import TokenizerManager
 from srt.server_args import ServerArgs, check_local_model_path
 from srt.server_cli import parse_args
+from srt.startup import Stages, log_process_start, process_age
 from srt.testing.smollm2 import INSTALL_HINT, smollm2_gguf_in_cache
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ class Server:
             return 1
         assert self.stage_death is not None
         self.context.phase = Phase.READY
+        log_process_start("ready, since srt-serve started")
         logger.info("serving %s on http://%s:%d", self.context.model_name, *self.address())
         await asyncio.wait([self.stage_death, stop], return_when=asyncio.FIRST_COMPLETED)
         if self.stage_death.done():
@@ -150,13 +152,17 @@ class Server:
 
     async def start(self) -> None:
         """Starts the stages and the TokenizerManager, then runs a warm-up generation."""
+        stages = Stages()
         self.channels = await asyncio.to_thread(self.launcher.start)
+        stages.done("stages started")
         self.stage_death = asyncio.ensure_future(self.launcher.watch())
         self.manager = await asyncio.to_thread(TokenizerManager, self.args, *self.channels)
         self.manager.start(stage_exit=self.stage_exit())
         self.context.manager = self.manager
+        stages.done("tokenizer manager")
         if not self.args.skip_server_warmup:
             await self.warm_up(self.manager)
+            stages.done("warm-up generation")
 
     async def stage_exit(self) -> str:
         assert self.stage_death is not None
@@ -227,9 +233,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(argv)
     configure_logging("main", args.log_level)
+    # Logged once the model is found (a missing one is the only line), without the time it took
+    # (the first use of the default model prepares it).
+    imported = process_age()
+    args = with_model(args)
+    log_process_start(age=imported)
     if args.node_rank > 0:  # only node 0 serves: this machine runs its ranks
-        return uvloop.run(serve_ranks(with_model(args)))
-    return uvloop.run(serve(with_model(args)))
+        return uvloop.run(serve_ranks(args))
+    return uvloop.run(serve(args))
 
 
 if __name__ == "__main__":

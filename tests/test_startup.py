@@ -1,0 +1,72 @@
+"""What a start costs, said in the log (`srt.startup`)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from bench_startup import stages
+
+from srt.startup import Stages, log_process_start
+from srt.testing.server_process import ServerProcess
+
+STAGE_LINE = re.compile(r"\[\S+ \S+ ([\w-]+)\] INFO start-up: (.+?): ([0-9.]+) s")
+
+
+def test_each_stage_is_logged_with_its_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="srt.startup"):
+        timer = Stages()
+        time.sleep(0.02)
+        timer.done("first")
+        timer.done("second", "a detail")
+        log_process_start()
+    first, second, started = (r.getMessage() for r in caplog.records)
+    seconds = float(re.fullmatch(r"start-up: first: ([0-9.]+) s", first).group(1))  # type: ignore[union-attr]
+    assert 0.02 <= seconds < 5
+    assert re.fullmatch(r"start-up: second: 0\.0\d s \(a detail\)", second)
+    assert started.startswith("start-up: launch and imports: ")
+
+
+def test_the_process_age_is_the_time_since_the_process_began() -> None:
+    """A child's age, as it reads it, within the time between its parent starting it and
+    reading the answer (less a clock tick: Linux counts a start in ticks)."""
+    started = time.monotonic()
+    child = subprocess.run(
+        [sys.executable, "-c", "from srt.startup import process_age; print(process_age())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    elapsed = time.monotonic() - started
+    age = float(child.stdout)
+    assert 0 < age <= elapsed + 0.02
+
+
+def test_a_servers_log_says_what_each_stage_of_its_start_cost(
+    tiny_server: ServerProcess,
+) -> None:
+    logged = {(proc, name) for proc, name, _ in STAGE_LINE.findall(tiny_server.output())}
+    for proc in ("main", "scheduler", "detokenizer"):
+        assert (proc, "launch and imports") in logged
+    for name in ("model config", "model built", "weights read", "weights packed", "KV cache"):
+        assert ("scheduler", name) in logged
+    for name in ("stages started", "warm-up generation", "ready, since srt-serve started"):
+        assert ("main", name) in logged
+
+
+def test_the_startup_bench_reads_the_stages_from_the_log() -> None:
+    log = (
+        "[2026-12-03 12:01:02 scheduler] INFO start-up: weights read: 0.38 s\n"
+        "[2026-12-03 12:01:03 scheduler] INFO start-up: kernel plans: 0.01 s (5 read; cache /c)\n"
+        "[2026-12-03 12:01:03 scheduler-tp1] INFO start-up: KV cache: 1.50 s\n"
+        "[2026-12-03 12:01:03 main] INFO weights: 93.7 MB (bfloat16, quantization gguf)\n"
+    )
+    assert stages(log) == {
+        "scheduler: weights read": 0.38,
+        "scheduler: kernel plans": 0.01,
+        "scheduler-tp1: KV cache": 1.5,
+    }
