@@ -37,9 +37,10 @@ dense path (which dequantizes for each call).
 Which path takes which row counts is measured, not assumed: at the first call per (format,
 shape, dtype), every path is timed at a few row counts (`_measure_plan`: 0.05 to 1 s for each of
 SmolLM2's projections on a busy 2-core machine, several for its 49152-row lm_head) and the plan
-(`_plan_from`: from which row count each path takes over) is kept for the process; a model can
-call `plan()` while it warms up. So a row's result can depend on how many rows share its call
-(which path its call takes); each path alone is batch invariant.
+(`_plan_from`: from which row count each path takes over) is kept for the process, and on disk
+for later starts on the same machine (`plan_cache`); the model runner plans every weight as it
+loads. So a row's result can depend on how many rows share its call (which path its call
+takes); each path alone is batch invariant.
 """
 
 from __future__ import annotations
@@ -49,14 +50,16 @@ import contextvars
 import functools
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from srt import _rust
-from srt.layers import cpu_kernels
+from srt.layers import cpu_kernels, plan_cache
 from srt.tensor_views import numpy_view
 
 BLOCK_SIZE = 32
@@ -77,6 +80,9 @@ KERNEL, PREFILL, DENSE = "_kernel", "_prefill", "_dense"
 Plan = tuple[tuple[int, str], ...]
 # (fmt, out_features, in_features, activations' dtype, packed, int8 offered) -> the measured plan.
 _plans: dict[tuple[str, int, int, torch.dtype, bool, bool], Plan] = {}
+# How many of those plans this process read from the plan cache ("read") or measured
+# ("measured"): the start-up log says which.
+plan_sources: Counter[str] = Counter()
 # Whether products may round activations to int8 now (`int8_activations`).
 _int8_offered: contextvars.ContextVar[bool] = contextvars.ContextVar("int8_offered", default=False)
 
@@ -388,10 +394,41 @@ def _plan_from(timings: list[dict[str, float]]) -> Plan:
 
 
 def _measure_plan(weight: QuantizedWeight, dtype: torch.dtype, int8_offered: bool) -> Plan:
-    """The plan measured on this machine (see `_plan_from`)."""
+    """The plan measured on this machine (see `_plan_from`): at an earlier start, read from
+    the plan cache, or now, and then kept there."""
+    key = {
+        "fmt": weight.fmt,
+        "shape": [weight.out_features, weight.in_features],
+        "dtype": str(dtype),
+        "packed": weight.packed,
+        "int8_offered": int8_offered,
+        "probe_rows": list(_PROBE_ROWS),
+        "int8_min_rows": INT8_ACTIVATION_MIN_ROWS,
+    }
+    plan = plan_cache.load(key, functools.partial(_parse_plan, int8_offered=int8_offered))
+    if plan is not None:
+        plan_sources["read"] += 1
+        return plan
     generator = torch.Generator().manual_seed(0)
     timings = [_probe(weight, rows, dtype, int8_offered, generator) for rows in _PROBE_ROWS]
-    return _plan_from(timings)
+    plan = _plan_from(timings)
+    plan_sources["measured"] += 1
+    plan_cache.store(key, [list(step) for step in plan])
+    return plan
+
+
+def _parse_plan(kept: Any, int8_offered: bool) -> Plan:
+    """A plan as the plan cache keeps it (JSON: [[fewest rows, path], ...]), checked as
+    `_plan_from` makes them: from (0, KERNEL), rows rising, known paths, each unlike the one
+    before, the prefill kernel only where offered. ValueError where it is not one."""
+    plan = tuple((int(rows), str(path)) for rows, path in kept)
+    paths = {KERNEL, PREFILL, DENSE} if int8_offered else {KERNEL, DENSE}
+    if not plan or plan[0] != (0, KERNEL):
+        raise ValueError("a plan starts with the few-row kernel at 0 rows")
+    for (rows, path), (before, previous) in zip(plan[1:], plan, strict=False):
+        if path not in paths or path == previous or rows <= before:
+            raise ValueError(f"{plan} is not a plan")
+    return plan
 
 
 def _bias(bias: torch.Tensor | None) -> np.ndarray | None:

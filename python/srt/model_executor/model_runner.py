@@ -18,9 +18,10 @@ from srt import envs
 from srt.constrained.xgrammar_backend import GrammarBackend
 from srt.distributed import get_tp_group, kv_heads_per_rank
 from srt.forward_mode import ForwardMode
+from srt.layers import plan_cache
 from srt.layers.attention.registry import create_attention_backend
 from srt.layers.forward_batch import ForwardBatch
-from srt.layers.linear import prepare_for_device
+from srt.layers.linear import plan_products, prepare_for_device
 from srt.layers.quant_kernels import int8_activations
 from srt.layers.quantization import quantize_int8, weight_bytes
 from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -125,6 +126,15 @@ class ModelRunner:
         self.offer_int8_activations = (
             config.quantization == "gguf" and not self.server_args.disable_int8_activations
         )
+        plans = plan_products(self.model, config.dtype, self.offer_int8_activations)
+        if plans:
+            counts = ", ".join(f"{n} {source}" for source, n in sorted(plans.items()))
+            cache = (
+                f"cache {plan_cache.directory()}"
+                if plan_cache.enabled()
+                else "cache off: SRT_DISABLE_KERNEL_PLAN_CACHE=1"
+            )
+            stages.done("kernel plans", f"{counts}; {cache}")
         self.weight_bytes = weight_bytes(self.model)
         logger.info(
             "weights: %.1f MB (%s, quantization %s)",
