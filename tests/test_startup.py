@@ -1,4 +1,6 @@
-"""What a start costs, said in the log (`srt.startup`)."""
+"""What a start costs, said in the log (`srt.startup`), and the start's own shortcuts: layers made
+without their random initialization when a checkpoint fills them, a CPU KV cache in pages zeroed
+at first touch."""
 
 from __future__ import annotations
 
@@ -9,8 +11,13 @@ import sys
 import time
 
 import pytest
+import torch
 from bench_startup import stages
+from torch import nn
 
+from srt.layers.linear import Linear, initializing, uninitialized
+from srt.layers.vocab_embedding import VocabEmbedding
+from srt.mem_cache.memory_pool import KVPool
 from srt.startup import Stages, log_process_start
 from srt.testing.server_process import ServerProcess
 
@@ -70,3 +77,37 @@ def test_the_startup_bench_reads_the_stages_from_the_log() -> None:
         "scheduler: kernel plans": 0.01,
         "scheduler-tp1: KV cache": 1.5,
     }
+
+
+def test_layers_made_for_a_checkpoint_skip_the_random_initialization(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def initialized(*args: object, **kwargs: object) -> None:
+        raise AssertionError("initialized")
+
+    monkeypatch.setattr(nn.init, "kaiming_uniform_", initialized)
+    monkeypatch.setattr(nn.init, "normal_", initialized)
+    assert initializing()
+    with uninitialized():
+        assert not initializing()
+        Linear(64, 32)
+        VocabEmbedding(100, 32)
+    assert initializing()
+    with pytest.raises(AssertionError, match="initialized"):
+        Linear(64, 32)
+    with pytest.raises(AssertionError, match="initialized"):
+        VocabEmbedding(100, 32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cpu_kv_cache_is_zeros_each_buffer_its_own(dtype: torch.dtype) -> None:
+    pool = KVPool(1000, 2, 2, 32, dtype, torch.device("cpu"))
+    buffers = pool.k_buffers + pool.v_buffers
+    for buffer in buffers:
+        assert buffer.shape == (1001, 2, 32)
+        assert buffer.dtype == dtype
+        assert buffer.is_contiguous()
+        assert not buffer.any()
+    buffers[0][5] = 1.0
+    assert all(not b.any() for b in buffers[1:])
+    assert int(buffers[0].count_nonzero()) == 64

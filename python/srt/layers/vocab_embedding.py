@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from srt.distributed import get_tp_group
+from srt.layers.linear import initializing
 from srt.layers.parallel_linear import Loadable, shard_vocab, vocab_shard
 from srt.layers.quant_kernels import QuantizedWeight
 
@@ -21,6 +22,10 @@ class VocabEmbedding(nn.Embedding):
         self.quant: QuantizedWeight | None = None
         # The dtype lookups return: the model's, which the float table was made in.
         self.dtype = self.weight.dtype
+
+    def reset_parameters(self) -> None:
+        if initializing():
+            super().reset_parameters()
 
     def set_quantized(self, quant: QuantizedWeight) -> None:
         """Holds the table as `quant` from now on and drops the float parameter."""

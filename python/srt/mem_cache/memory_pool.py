@@ -8,6 +8,9 @@ runner owns these tensors and is their one writer.
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 
 from srt.mem_cache.row_scatter import RowScatter, scatter_min_rows, scatter_takes
@@ -64,8 +67,8 @@ class KVPool:
     ) -> None:
         self.num_slots = num_slots
         shape = (num_slots + 1, num_kv_heads, head_dim)  # + the padding slot 0
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
         # The row scatter of each layer's K and V buffers, where it takes them.
         self._scatters: list[tuple[RowScatter, RowScatter]] | None = None
         if scatter_takes(self.k_buffers[0]):
@@ -108,6 +111,18 @@ class KVPool:
         """The K and V rows of `slots` (int64), each [len(slots), kv_heads, head_dim]."""
         keys = gather_rows(self.k_buffers[layer_id], slots)
         return keys, gather_rows(self.v_buffers[layer_id], slots)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`torch.zeros(shape, dtype=dtype, device=device)`; on the CPU, in anonymous pages that the
+    kernel maps zeroed at their first touch rather than written now. Why: the CPU default KV
+    cache (2 GiB) took a second of a 2-core start to write, and was all resident from then on,
+    where a server touches only the slots its requests fill."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = math.prod(shape)
+    pages = mmap.mmap(-1, count * torch.empty((), dtype=dtype).element_size())
+    return torch.frombuffer(pages, dtype=dtype, count=count).view(shape)
 
 
 def gather_rows(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ are free: the scheduler allocates them and passes them in with each batch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from array import array
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from srt.forward_mode import ForwardMode
 from srt.layers import plan_cache
 from srt.layers.attention.registry import create_attention_backend
 from srt.layers.forward_batch import ForwardBatch
-from srt.layers.linear import plan_products, prepare_for_device
+from srt.layers.linear import plan_products, prepare_for_device, uninitialized
 from srt.layers.quant_kernels import int8_activations
 from srt.layers.quantization import quantize_int8, weight_bytes
 from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -101,7 +102,9 @@ class ModelRunner:
     def init_model(self, stages: Stages) -> None:
         config = self.model_config
         model_cls = model_class_for(config.hf_config)
-        with torch.device(self.device):
+        # Dummy weights are the random initialization; others are all read from the checkpoint.
+        dummy = self.server_args.load_format == "dummy"
+        with torch.device(self.device), contextlib.nullcontext() if dummy else uninitialized():
             default_dtype = torch.get_default_dtype()
             torch.set_default_dtype(config.dtype)
             try:
@@ -109,7 +112,7 @@ class ModelRunner:
             finally:
                 torch.set_default_dtype(default_dtype)
         stages.done("model built")
-        if self.server_args.load_format != "dummy":  # dummy keeps the random initialization
+        if not dummy:
             # Tensor-parallel ranks read only their shards of a safetensors checkpoint.
             read = iterate_weight_slices if self.tp.size > 1 else iterate_weights
             self.model.load_weights(  # type: ignore[operator]
