@@ -15,6 +15,9 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 
+step "rust: the tests on emulated CPUs (x86-64 without AVX-512, without AVX; aarch64)"
+bash scripts/emulated_cpus.sh
+
 step "python: ruff, mypy"
 python3 -m ruff check .
 python3 -m ruff format --check .
