@@ -268,17 +268,18 @@ def llama_cpp_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
     )
 
 
-def test_a_gguf_file_keeps_its_blocks_unpermuted_and_dequantizes_other_types(
-    tiny_model_factory: Callable[[str], Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    path = tiny_model_factory("llama")
+def write_gguf(
+    path: Path, out: Path, name_of: Callable[[str], tuple[str, str | None]] = gguf_name
+) -> dict[str, torch.Tensor]:
+    """Writes the tiny llama model at `path` as GGUF file `out`, each tensor under the name and in
+    the type (None: float32) that `name_of` gives, q/k rows permuted as llama.cpp's conversion
+    does; returns what each tensor holds once read back, by Hugging Face name."""
     hf_config = AutoConfig.from_pretrained(path)
-    floats = dict(iterate_weights(str(path), None, hf_config))
-    writer = GGUFWriter(tmp_path / "tiny.gguf", "llama")
-    expected: dict[str, torch.Tensor] = {}  # what each tensor holds once read back
-    for name, tensor in floats.items():
+    writer = GGUFWriter(out, "llama")
+    expected: dict[str, torch.Tensor] = {}
+    for name, tensor in iterate_weights(str(path), None, hf_config):
         assert isinstance(tensor, torch.Tensor)
-        target, fmt = gguf_name(name)
+        target, fmt = name_of(name)
         stored = tensor
         if name.endswith("q_proj.weight"):
             stored = llama_cpp_permute(tensor, hf_config.num_attention_heads)
@@ -299,6 +300,15 @@ def test_a_gguf_file_keeps_its_blocks_unpermuted_and_dequantizes_other_types(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return expected
+
+
+def test_a_gguf_file_keeps_its_blocks_unpermuted_and_dequantizes_other_types(
+    tiny_model_factory: Callable[[str], Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tiny_model_factory("llama")
+    hf_config = AutoConfig.from_pretrained(path)
+    expected = write_gguf(path, tmp_path / "tiny.gguf")
 
     with caplog.at_level(logging.INFO, logger="srt.model_executor.weight_loader"):
         loaded = dict(iterate_weights(str(tmp_path), "tiny.gguf", hf_config, "gguf"))
