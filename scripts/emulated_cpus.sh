@@ -6,6 +6,10 @@
 # calls this; it installs what is missing (Debian packages, the rustup target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "$(uname -m)" != x86_64 ]; then
+    echo "emulated CPUs: skipped, this script emulates from an x86-64 machine"
+    exit 0
+fi
 
 missing=()
 need() { [ -e "$1" ] || missing+=("$2"); }
