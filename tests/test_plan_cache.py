@@ -145,7 +145,12 @@ def test_a_plan_is_kept_per_machine_and_shape(
         lambda: plan_of(square, torch.bfloat16),  # another dtype of activations
     ]
     fixed = plan_cache._fixed_machine_key()
-    for key, value in (("cpu_flags", fixed["cpu_flags"] + " newflag"), ("cpu", "another CPU")):
+    for key, value in (
+        ("cpu_flags", fixed["cpu_flags"] + " newflag"),
+        ("cpu", "another CPU"),
+        ("torch_cpu", "capped"),
+        ("onednn_isa", "AVX2"),
+    ):
         changed = {**fixed, key: value}
         changes.append(functools.partial(_with_fixed_key, monkeypatch, changed, square))
     best = cpu_kernels.isa()[1]

@@ -10,11 +10,13 @@ Where: one JSON file per plan under `<cache dir>/kernel-plans/` (`SRT_CACHE_DIR`
 `~/.cache/srt`), named by a hash of its whole key, which the file also holds: the plan's own key
 (the weight's format and shape, the activations' dtype, ...) and the machine's (`machine_key`:
 the CPU's model and every feature flag it reports, the instruction set srt's kernels run within
-`SRT_CPU_ISA`, the versions of srt, its Rust extension's bytes and PyTorch, and the compute
-threads). A change of any of them is another file: the plan is measured again. Files are written
-to a temporary name and renamed into place, so that processes starting together (tensor-parallel
-ranks, router replicas) read a whole file or none; one that does not hold a valid plan of its key
-(corrupt, truncated, edited) is ignored with a log line, measured again and written over.
+`SRT_CPU_ISA`, PyTorch's and oneDNN's vector instruction sets (which `ATEN_CPU_CAPABILITY` and
+`ONEDNN_MAX_CPU_ISA` may cap), the versions of srt, its Rust extension's bytes and PyTorch, and
+the compute threads). A change of any of them is another file: the plan is measured again.
+Files are written to a temporary name and renamed into place, so that processes starting
+together (tensor-parallel ranks, router replicas) read a whole file or none; one that does not
+hold a valid plan of its key (corrupt, truncated, edited) is ignored with a log line, measured
+again and written over.
 `SRT_DISABLE_KERNEL_PLAN_CACHE=1` neither reads nor writes: every start measures (delete the
 directory to have the next start measure afresh and keep what it measures).
 """
@@ -60,6 +62,10 @@ def _fixed_machine_key() -> dict[str, Any]:
         "srt": _distribution_version(),
         "srt_rust": _file_digest(_rust.__file__),
         "torch": torch.__version__,
+        # The dense path's speed: PyTorch's vector kernels and oneDNN's, each of which an
+        # environment variable may cap below the CPU's best.
+        "torch_cpu": torch.backends.cpu.get_cpu_capability(),
+        "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"),
     }
 
 
