@@ -216,6 +216,7 @@ pub(crate) struct Scratch {
     sums: Vec<f32>,
     inverses: Vec<f32>,
     /// The weights as bf16 bits, each head's row padded to an even length (`grouped.rs`).
+    #[cfg(target_arch = "x86_64")]
     pairs: Vec<u16>,
 }
 
@@ -364,6 +365,7 @@ enum Level {
     First,
     /// The second level: rows read further ahead, which would crowd the first level's few
     /// outstanding misses.
+    #[cfg(target_arch = "x86_64")]
     Second,
 }
 

@@ -68,7 +68,8 @@ pub fn pack_weight(weight: &[f32], n: usize, k: usize, packed: &mut [f32]) -> Re
 }
 
 /// One product, shared read-only by the threads; each writes only the output columns of the
-/// panels it claims.
+/// panels it claims. Only the x86-64 kernel reads it.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Job {
     x: *const f32,
     packed: *const f32,

@@ -13,9 +13,12 @@
 //! The price is the scalar tier on an x86 CPU without FMA, where `mul_add` is a library call
 //! (tens of ns a value): that tier is the reference and a fallback, not a fast path.
 
+#[cfg(target_arch = "x86_64")]
 use std::any::TypeId;
 
-use crate::element::{Bf16, Element};
+#[cfg(target_arch = "x86_64")]
+use crate::element::Bf16;
+use crate::element::Element;
 use crate::isa::Isa;
 #[cfg(target_arch = "x86_64")]
 use crate::isa::{Avx2, Avx512};
@@ -118,6 +121,7 @@ pub(super) fn silu_and_mul_rows<T: Element>(isa: Isa, gate_up: &[T], dim: usize,
 
 /// Runs `step` on each row's `N`-wide chunks of gate, up and output, and on its tail copied
 /// into zero-padded chunks (silu(0) · 0 is 0, nothing traps).
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn for_chunks<T: Copy + Default, const N: usize>(
     gate_up: &[T],
@@ -160,6 +164,7 @@ fn prefetch(address: *const i8) {
 }
 
 /// `values` as `U`'s when `T` is `U`.
+#[cfg(target_arch = "x86_64")]
 fn cast<T: 'static, U: 'static>(values: &[T]) -> Option<&[U]> {
     // SAFETY: `T` and `U` are one type, so the memory holds `values.len()` valid `U`s.
     (TypeId::of::<T>() == TypeId::of::<U>())
@@ -167,6 +172,7 @@ fn cast<T: 'static, U: 'static>(values: &[T]) -> Option<&[U]> {
 }
 
 /// [`cast`] for a mutable slice.
+#[cfg(target_arch = "x86_64")]
 fn cast_mut<T: 'static, U: 'static>(values: &mut [T]) -> Option<&mut [U]> {
     // SAFETY: as in `cast`; the borrow of `values` moves to the result.
     (TypeId::of::<T>() == TypeId::of::<U>()).then(|| unsafe {
