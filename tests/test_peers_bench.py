@@ -13,16 +13,8 @@ from typing import Any
 
 import peers.install
 import pytest
-from peers.bench import (
-    WORKLOADS,
-    Paths,
-    all_engines,
-    replace_options,
-    schedule,
-    select_engines,
-    server_command,
-    vllm_default_dtype,
-)
+from peers.bench import WORKLOADS, Paths, schedule, server_command
+from peers.engines import all_engines, replace_options, select_engines, vllm_default_dtype
 from peers.install import (
     CONVERTER_MODULES,
     TOOLS_PACKAGES,

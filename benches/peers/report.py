@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from peers.bench import Engine
+    from peers.engines import Engine
 
 
 @dataclass(frozen=True)
