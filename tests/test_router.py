@@ -97,17 +97,26 @@ def test_openai_client_through_the_router(replicas: list[ServerProcess]) -> None
 
 
 def test_native_generate_and_its_stream_through_the_router(replicas: list[ServerProcess]) -> None:
+    """A stream comes through the router as a stream. The tokenizer manager sends what has
+    come since the client last read, so a short stream may arrive as one event when a replica
+    is descheduled for a moment (the tiny model decodes a token in about a millisecond): the
+    stream is long enough that no stall on a loaded machine could fold it into one."""
+    tokens = 128
     with running_router([s.url for s in replicas], "cache_aware") as router:
-        direct = generate(replicas[0].url, "The quick brown fox", 6)
-        routed = generate(router.url, "The quick brown fox", 6)
+        direct = generate(replicas[0].url, "The quick brown fox", tokens)
+        routed = generate(router.url, "The quick brown fox", tokens)
         assert routed["text"] == direct["text"]  # greedy, and the replicas hold the same model
-        assert routed["meta_info"]["completion_tokens"] == 6
+        assert routed["meta_info"]["completion_tokens"] == tokens
 
         async def stream() -> list[Any]:
             body = {
                 "text": "The quick brown fox",
                 "stream": True,
-                "sampling_params": {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True},
+                "sampling_params": {
+                    "max_new_tokens": tokens,
+                    "temperature": 0.0,
+                    "ignore_eos": True,
+                },
             }
             events = []
             async with (
