@@ -24,19 +24,20 @@ from srt.models.fused_decode import FusedDecode
 ACTIVE_ISA = cpu_kernels.isa()[0]
 
 
-@pytest.fixture(params=["tiles", "avx2 tiles", "blocks"])
+@pytest.fixture(params=["tiles", "avx2 tiles", "avx2_vnni tiles", "blocks"])
 def form(request: pytest.FixtureRequest) -> Iterator[str]:
     """How quantized weights are held: in tiles for this CPU's best integer kernel, in tiles for
-    the AVX2 one (the kernels capped at AVX2, as on a CPU without AVX-512 VNNI), or in blocks
-    (capped below AVX2, where the float kernel runs)."""
-    cap = {"tiles": ACTIVE_ISA, "avx2 tiles": "avx2", "blocks": "scalar"}[request.param]
+    the AVX2 one (the kernels capped at AVX2, as on a CPU without AVX-512 VNNI; with AVX-VNNI's
+    products, as on Alder Lake), or in blocks (capped below AVX2, where the float kernel runs)."""
+    caps = {"tiles": ACTIVE_ISA, "avx2 tiles": "avx2", "avx2_vnni tiles": "avx2_vnni"}
+    cap = caps.get(request.param, "scalar")
     cpu_kernels.set_isa(cap)
     kernel = cpu_kernels.quant_packed_kernel()
     try:
         if request.param == "tiles" and kernel is None:
             pytest.skip("tiles need an integer kernel (AVX2 or AVX-512 VNNI)")
-        if request.param == "avx2 tiles" and kernel != "avx2":
-            pytest.skip("the CPU has no AVX2 integer kernel")
+        if request.param != "tiles" and cap != "scalar" and kernel != cap:
+            pytest.skip(f"the CPU has no {cap} integer kernel")
         yield request.param
     finally:
         cpu_kernels.set_isa(ACTIVE_ISA)

@@ -111,7 +111,9 @@ def cpu_info() -> CpuInfo:
         elif key.strip() == "flags" and not flags:
             flags = set(value.split())
     relevant = sorted(
-        f for f in flags if f in {"avx2", "fma", "f16c"} or f.startswith(("avx512", "amx"))
+        f
+        for f in flags
+        if f in {"avx2", "avx_vnni", "fma", "f16c"} or f.startswith(("avx512", "amx"))
     )
     return CpuInfo(model, relevant, os.cpu_count() or 1, sorted(os.sched_getaffinity(0)))
 

@@ -41,12 +41,12 @@ def check_invariants() -> bool:
 
 def cpu_isa() -> str | None:
     """The highest instruction set srt's CPU kernels may use (`SRT_CPU_ISA`: `scalar`, `avx2`,
-    `avx512`, `avx512_vnni` or `avx512_bf16`; unset: the best the CPU has). Lowering it runs the
-    slower paths on a faster machine, to test their results (not that they avoid the faster
-    instructions: the emulated-CPU tests prove that); below `avx512_bf16`, `--dtype auto` also
-    picks float32, as on a CPU without native bf16 products, below `avx512_vnni` quantized
-    weights take the AVX2 integer kernels, and below `avx2` the linear layers take PyTorch's
-    product."""
+    `avx2_vnni` (AVX2 with AVX-VNNI), `avx512`, `avx512_vnni` or `avx512_bf16`; unset: the best
+    the CPU has). Lowering it runs the slower paths on a faster machine, to test their results
+    (not that they avoid the faster instructions: the emulated-CPU tests prove that); below
+    `avx512_bf16`, `--dtype auto` also picks float32, as on a CPU without native bf16 products,
+    below `avx512_vnni` quantized weights take the AVX2 integer kernels (with AVX-VNNI's products
+    under `avx2_vnni`), and below `avx2` the linear layers take PyTorch's product."""
     return os.environ.get("SRT_CPU_ISA") or None
 
 

@@ -45,7 +45,9 @@ def isa() -> tuple[str, str]:
 
 
 def set_isa(name: str) -> None:
-    """Caps the kernels' instruction set at `name` (`avx512_bf16`: no cap on any CPU today)."""
+    """Caps the kernels' instruction set at `name`: one of `isa`'s names, or `avx2_vnni` (the
+    AVX2 tier with AVX-VNNI, as on Alder Lake; `avx2` leaves AVX-VNNI out). `avx512_bf16`: no
+    cap on any CPU today."""
     _rust.set_cpu_isa(name)
 
 
@@ -56,8 +58,9 @@ def native_bf16_matmul() -> bool:
 
 
 def quant_packed_kernel() -> str | None:
-    """The integer kernel of quantized weights (`quant_kernels`: "avx512_vnni", "avx2") within the
-    `SRT_CPU_ISA` cap, or None where the float kernel runs instead."""
+    """The integer kernel of quantized weights (`quant_kernels`: "avx512_vnni", "avx2_vnni" with
+    AVX-VNNI, "avx2") within the `SRT_CPU_ISA` cap, or None where the float kernel runs
+    instead."""
     return _rust.quant_packed_kernel()
 
 

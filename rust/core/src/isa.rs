@@ -6,6 +6,12 @@
 //! (`SRT_CPU_ISA`, set once through the binding) caps the tier the kernels run, so that the
 //! slower paths of every kernel can be run and tested on a machine that has the faster ones.
 //!
+//! AVX-VNNI (`vpdpbusd` on 256-bit vectors: Intel from Alder Lake and Sapphire Rapids on, AMD
+//! from Zen 5) is detected beside the tiers, not as one: CPUs with AVX-512 may lack it (Skylake-X
+//! to Ice Lake, Zen 4). The ceiling counts it in where its name says a CPU that has it
+//! (`avx2_vnni`, as on Alder Lake, and `avx512_vnni` and above), and out below them, so that
+//! `avx2` and `avx512` cap a CPU that has it to one that does not.
+//!
 //! Each tier above `Scalar` has a token: a zero-sized value that only this module makes, and
 //! only when detection proved the tier's features. Every function compiled with
 //! `#[target_feature]` takes the token of a tier whose features include the ones it enables
@@ -92,6 +98,8 @@ impl Isa {
 /// What detection found, once per process.
 struct Cpu {
     tier: Isa,
+    /// AVX-VNNI, on a CPU of the AVX2 tier or above.
+    avx_vnni: bool,
     /// AMX tiles with bf16 products, their state saved by the OS. Not a kernel tier (srt runs
     /// no AMX code: PyTorch's oneDNN does); it tells whether bf16 matrix products run natively.
     amx_bf16: bool,
@@ -99,9 +107,13 @@ struct Cpu {
 
 fn cpu() -> &'static Cpu {
     static CPU: OnceLock<Cpu> = OnceLock::new();
-    CPU.get_or_init(|| Cpu {
-        tier: detect_tier(),
-        amx_bf16: detect_amx_bf16(),
+    CPU.get_or_init(|| {
+        let tier = detect_tier();
+        Cpu {
+            tier,
+            avx_vnni: tier >= Isa::Avx2 && detect_avx_vnni(),
+            amx_bf16: detect_amx_bf16(),
+        }
     })
 }
 
@@ -129,6 +141,16 @@ fn detect_tier() -> Isa {
 #[cfg(not(target_arch = "x86_64"))]
 fn detect_tier() -> Isa {
     Isa::Scalar
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_avx_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avxvnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_avx_vnni() -> bool {
+    false
 }
 
 /// CPUID leaf 7 EDX bit 22 and XCR0 bits 17 and 18. Read from CPUID directly because
@@ -161,17 +183,76 @@ unsafe fn xcr0() -> u64 {
     std::arch::x86_64::_xgetbv(0)
 }
 
-static CEILING: AtomicU8 = AtomicU8::new(Isa::Avx512Bf16 as u8);
+/// What the kernels may use: a tier, and whether AVX-VNNI counts within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ceiling {
+    /// The highest tier.
+    pub tier: Isa,
+    /// Whether AVX-VNNI may run (where the CPU has it).
+    pub avx_vnni: bool,
+}
 
-/// Caps the tier the kernels run at `ceiling` (for tests and to compare paths; the default
-/// is no cap). Calls running concurrently may still use the previous tier.
-pub fn set_ceiling(ceiling: Isa) {
-    CEILING.store(ceiling as u8, Ordering::Relaxed);
+impl Ceiling {
+    /// Every ceiling's name, as `SRT_CPU_ISA` spells it, lowest first: the tiers' and
+    /// `avx2_vnni` (the AVX2 tier with AVX-VNNI).
+    pub const NAMES: [&'static str; 6] = [
+        "scalar",
+        "avx2",
+        "avx2_vnni",
+        "avx512",
+        "avx512_vnni",
+        "avx512_bf16",
+    ];
+
+    /// The ceiling named `name` (one of [`Ceiling::NAMES`]): a tier's name caps at that tier,
+    /// with AVX-VNNI from `avx512_vnni` up; `avx2_vnni` is the AVX2 tier with AVX-VNNI.
+    pub fn parse(name: &str) -> Result<Ceiling> {
+        if name == "avx2_vnni" {
+            return Ok(Ceiling {
+                tier: Isa::Avx2,
+                avx_vnni: true,
+            });
+        }
+        let tier = Isa::parse(name).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "unknown CPU instruction set {name:?} (known: {})",
+                Ceiling::NAMES.join(", ")
+            ))
+        })?;
+        Ok(Ceiling {
+            tier,
+            avx_vnni: tier >= Isa::Avx512Vnni,
+        })
+    }
+}
+
+/// The ceiling's tier, with `AVX_VNNI_ALLOWED` set when AVX-VNNI counts within it.
+static CEILING: AtomicU8 = AtomicU8::new(Isa::Avx512Bf16 as u8 | AVX_VNNI_ALLOWED);
+const AVX_VNNI_ALLOWED: u8 = 0x80;
+
+/// Caps what the kernels run at `ceiling` (for tests and to compare paths; the default is no
+/// cap). Calls running concurrently may still use the previous one.
+pub fn set_ceiling(ceiling: Ceiling) {
+    let flag = if ceiling.avx_vnni {
+        AVX_VNNI_ALLOWED
+    } else {
+        0
+    };
+    CEILING.store(ceiling.tier as u8 | flag, Ordering::Relaxed);
+}
+
+/// The ceiling now.
+pub fn ceiling() -> Ceiling {
+    let code = CEILING.load(Ordering::Relaxed);
+    Ceiling {
+        tier: Isa::from_u8(code & !AVX_VNNI_ALLOWED),
+        avx_vnni: code & AVX_VNNI_ALLOWED != 0,
+    }
 }
 
 /// The tier the kernels run now: the detected one, capped by the ceiling.
 pub fn active() -> Isa {
-    detected().min(Isa::from_u8(CEILING.load(Ordering::Relaxed)))
+    detected().min(ceiling().tier)
 }
 
 /// Whether the CPU has AMX tiles with bf16 products and the OS saves their state.
@@ -225,6 +306,38 @@ tokens! {
     Avx512Vnni = Avx512Vnni, "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vnni";
     /// Proof that the CPU runs AVX-512 BF16 (and so every `Avx512Vnni` feature).
     Avx512Bf16 = Avx512Bf16, "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512bf16";
+}
+
+/// Proof that the CPU runs AVX-VNNI beside AVX2, FMA and F16C (see the module: not a tier).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AvxVnni(());
+
+impl AvxVnni {
+    /// The target features a function taking this token may enable.
+    pub const FEATURES: &'static str = "avx,avx2,fma,f16c,avxvnni";
+
+    /// The token, if the CPU has AVX-VNNI and `ceiling` counts it in.
+    pub fn within(ceiling: Ceiling) -> Option<AvxVnni> {
+        (ceiling.avx_vnni && ceiling.tier >= Isa::Avx2)
+            .then(AvxVnni::detected)
+            .flatten()
+    }
+
+    /// The token within the ceiling (`SRT_CPU_ISA`): what the kernels run.
+    pub fn active() -> Option<AvxVnni> {
+        AvxVnni::within(ceiling())
+    }
+
+    /// The token whatever the ceiling: for tests that compare every kernel the CPU has.
+    pub fn detected() -> Option<AvxVnni> {
+        cpu().avx_vnni.then_some(AvxVnni(()))
+    }
+}
+
+impl From<AvxVnni> for Avx2 {
+    fn from(_: AvxVnni) -> Avx2 {
+        Avx2(())
+    }
 }
 
 /// A higher tier's token proves every lower tier.

@@ -10,7 +10,7 @@ use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use srt_core::element::Element;
-use srt_core::isa::{self, Isa};
+use srt_core::isa::{self, Ceiling};
 use srt_core::ops;
 
 use crate::boundary::{bf16_bits, contiguous, overlap};
@@ -202,11 +202,11 @@ fn cpu_isa() -> (&'static str, &'static str) {
     (isa::active().name(), isa::detected().name())
 }
 
-/// Caps the CPU kernels' tier at `name` (one of `cpu_isa`'s names; a cap above the CPU's tier
-/// changes nothing).
+/// Caps the CPU kernels' tier at `name` (one of `cpu_isa`'s names, or "avx2_vnni": the AVX2
+/// tier with AVX-VNNI; a cap above what the CPU has changes nothing).
 #[pyfunction]
 fn set_cpu_isa(name: &str) -> PyResult<()> {
-    isa::set_ceiling(Isa::parse(name).map_err(to_py_err)?);
+    isa::set_ceiling(Ceiling::parse(name).map_err(to_py_err)?);
     Ok(())
 }
 

@@ -15,6 +15,50 @@ fn names_round_trip_and_unknown_names_are_refused() {
 }
 
 #[test]
+fn ceilings_name_a_tier_and_whether_avx_vnni_counts_within_it() {
+    let parsed: Vec<(Isa, bool)> = Ceiling::NAMES
+        .iter()
+        .map(|name| {
+            let ceiling = Ceiling::parse(name).unwrap();
+            (ceiling.tier, ceiling.avx_vnni)
+        })
+        .collect();
+    assert_eq!(
+        parsed,
+        [
+            (Isa::Scalar, false),
+            (Isa::Avx2, false),
+            (Isa::Avx2, true),
+            (Isa::Avx512, false),
+            (Isa::Avx512Vnni, true),
+            (Isa::Avx512Bf16, true),
+        ]
+    );
+    let Err(Error::InvalidArgument(message)) = Ceiling::parse("avx1024") else {
+        panic!("an unknown name was taken");
+    };
+    assert!(message.contains("avx2_vnni"), "{message}");
+}
+
+#[test]
+fn the_avx_vnni_token_needs_the_cpu_and_a_ceiling_that_counts_it() {
+    let has = AvxVnni::detected().is_some();
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(
+        has,
+        std::arch::is_x86_feature_detected!("avxvnni") && detected() >= Isa::Avx2
+    );
+    for name in Ceiling::NAMES {
+        let capped = Ceiling::parse(name).unwrap();
+        assert_eq!(
+            AvxVnni::within(capped).is_some(),
+            has && capped.avx_vnni && capped.tier >= Isa::Avx2,
+            "{name}"
+        );
+    }
+}
+
+#[test]
 fn tiers_are_ordered_and_the_active_one_never_exceeds_the_cpu() {
     assert!(Isa::ALL.windows(2).all(|pair| pair[0] < pair[1]));
     assert!(active() <= detected());
@@ -113,8 +157,9 @@ fn tier_functions(dir: &Path, found: &mut Vec<TierFunction>) {
 
 /// The token type a parameter list takes (`name: Token`), if any.
 fn token_of(parameters: &str) -> Option<&'static str> {
-    const TOKENS: [(&str, &str); 4] = [
+    const TOKENS: [(&str, &str); 5] = [
         ("Avx2", Avx2::FEATURES),
+        ("AvxVnni", AvxVnni::FEATURES),
         ("Avx512", Avx512::FEATURES),
         ("Avx512Vnni", Avx512Vnni::FEATURES),
         ("Avx512Bf16", Avx512Bf16::FEATURES),

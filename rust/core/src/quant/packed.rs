@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::{block, Format, BLOCK};
 use crate::element::Element;
 use crate::error::{check_len, elements};
-use crate::isa::{Avx2, Avx512Vnni};
+use crate::isa::{Avx2, Avx512Vnni, AvxVnni};
 use crate::parallel;
 use crate::Result;
 
@@ -87,6 +87,8 @@ pub enum PackedKernel {
     Portable,
     /// x86-64 with AVX2, FMA and F16C (`vpmaddubsw`, see `avx2.rs`).
     Avx2(Avx2),
+    /// The AVX2 kernel's loops with AVX-VNNI's 256-bit `vpdpbusd` (see `avx2.rs`).
+    AvxVnni(AvxVnni),
     /// x86-64 with AVX-512 F, BW and VNNI.
     Avx512Vnni(Avx512Vnni),
 }
@@ -97,6 +99,7 @@ impl PackedKernel {
     pub fn best() -> Option<Self> {
         Avx512Vnni::active()
             .map(PackedKernel::Avx512Vnni)
+            .or_else(|| AvxVnni::active().map(PackedKernel::AvxVnni))
             .or_else(|| Avx2::active().map(PackedKernel::Avx2))
     }
 
@@ -104,18 +107,21 @@ impl PackedKernel {
     /// that compare them.
     pub fn detected() -> Vec<Self> {
         let avx2 = Avx2::detected().map(PackedKernel::Avx2);
+        let avx_vnni = AvxVnni::detected().map(PackedKernel::AvxVnni);
         let vnni = Avx512Vnni::detected().map(PackedKernel::Avx512Vnni);
         std::iter::once(PackedKernel::Portable)
             .chain(avx2)
+            .chain(avx_vnni)
             .chain(vnni)
             .collect()
     }
 
-    /// The kernel's name: `"portable"`, `"avx2"`, `"avx512_vnni"`.
+    /// The kernel's name: `"portable"`, `"avx2"`, `"avx2_vnni"`, `"avx512_vnni"`.
     pub fn name(self) -> &'static str {
         match self {
             PackedKernel::Portable => "portable",
             PackedKernel::Avx2(_) => "avx2",
+            PackedKernel::AvxVnni(_) => "avx2_vnni",
             PackedKernel::Avx512Vnni(_) => "avx512_vnni",
         }
     }
@@ -164,6 +170,11 @@ impl QuantizedRows {
                 #[cfg(target_arch = "x86_64")]
                 PackedKernel::Avx2(cpu) => unsafe {
                     avx2_rounding::split_block(cpu, block, high, low)
+                },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                PackedKernel::AvxVnni(cpu) => unsafe {
+                    avx2_rounding::split_block(cpu.into(), block, high, low)
                 },
                 _ => split_block(block, high, low),
             };
@@ -307,9 +318,11 @@ unsafe fn run_kernel<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: Rang
             #[cfg(target_arch = "x86_64")]
             PackedKernel::Avx2(cpu) => avx2::run(cpu, job, tiles),
             #[cfg(target_arch = "x86_64")]
+            PackedKernel::AvxVnni(cpu) => avx2::run_vnni(cpu, job, tiles),
+            #[cfg(target_arch = "x86_64")]
             PackedKernel::Avx512Vnni(cpu) => vnni::run(cpu, job, tiles),
             #[cfg(not(target_arch = "x86_64"))]
-            PackedKernel::Avx2(_) | PackedKernel::Avx512Vnni(_) => {
+            PackedKernel::Avx2(_) | PackedKernel::AvxVnni(_) | PackedKernel::Avx512Vnni(_) => {
                 unreachable!("detection makes no x86 token off x86-64")
             }
         }

@@ -1,5 +1,6 @@
 //! The AVX2 kernels of `linear_packed` (two int8 parts) and `linear_packed_prefill` (one int8),
-//! for CPUs without AVX-512 VNNI: the same tiles, read 8 columns (half a tile) at a time.
+//! for CPUs without AVX-512 VNNI: the same tiles, read 8 columns (half a tile) at a time. Where
+//! the CPU has AVX-VNNI, the same loops take its 256-bit `vpdpbusd` instead (see `Dot`).
 //!
 //! AVX2 has no `vpdpbusd`: `vpmaddubsw` multiplies unsigned weight bytes by signed activation
 //! bytes and adds adjacent pairs into 16-bit lanes, and `vpmaddwd` by ones adds those pairs
@@ -19,7 +20,7 @@ use std::ops::Range;
 use super::prefill::Job as PrefillJob;
 use super::{tile_block_bytes, values_bytes, zero_point, Job, BLOCK, TILE};
 use crate::element::Element;
-use crate::isa::Avx2;
+use crate::isa::{Avx2, AvxVnni};
 use crate::quant::Format;
 
 /// Columns of a half tile (the 8 int32 lanes of an AVX2 vector).
@@ -106,6 +107,40 @@ impl Values for Bytes {
             let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
             _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
         }
+    }
+
+    #[inline(always)]
+    unsafe fn widen(sum: __m256i) -> __m256i {
+        sum
+    }
+}
+
+/// With AVX-VNNI, for every format: `vpdpbusd` multiplies unsigned weight bytes by signed
+/// activation bytes and adds each column's four products into its 32-bit lane, in one
+/// instruction where AVX2 takes two or four. Q8_0's stored values (weight plus 128) are such
+/// bytes as they are, their zero point taken off afterwards as Q4_0's is. `NIBBLES`: Q4_0 and
+/// Q4_1, else Q8_0.
+struct Dot<const NIBBLES: bool>;
+
+impl<const NIBBLES: bool> Values for Dot<NIBBLES> {
+    const SIGNED: bool = false;
+
+    #[inline(always)]
+    unsafe fn groups(at: *const u8, h: usize, half: usize) -> [__m256i; 2] {
+        // SAFETY: the caller's promise, as for `Nibbles` and `Bytes`.
+        unsafe {
+            if NIBBLES {
+                return Nibbles::groups(at, h, half);
+            }
+            let stored = |g: usize| _mm256_loadu_si256(at.add(64 * g + 32 * half).cast());
+            [stored(h), stored(h + 4)]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
+        // SAFETY: a register-only AVX-VNNI operation; the caller runs with AVX-VNNI enabled.
+        unsafe { _mm256_dpbusd_avx_epi32(sum, w, a) }
     }
 
     #[inline(always)]
@@ -397,6 +432,21 @@ pub(super) unsafe fn run<T: Element>(_: Avx2, job: &Job<T>, tiles: Range<usize>)
     }
 }
 
+/// `run` with AVX-VNNI's products.
+///
+/// # Safety
+/// As `run`.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn run_vnni<T: Element>(_: AvxVnni, job: &Job<T>, tiles: Range<usize>) {
+    // SAFETY: forwarded; each format's values match `job.format`.
+    unsafe {
+        match job.format {
+            Format::Q8_0 => each_half_tile::<Dot<false>, _>(job, 0..job.m, tiles),
+            Format::Q4_0 | Format::Q4_1 => each_half_tile::<Dot<true>, _>(job, 0..job.m, tiles),
+        }
+    }
+}
+
 /// `linear_packed_prefill`'s rows `rows` × tiles `tiles` of `job`.
 ///
 /// # Safety
@@ -413,6 +463,26 @@ pub(super) unsafe fn run_prefill<T: Element>(
         match job.format {
             Format::Q8_0 => each_half_tile::<Bytes, _>(job, rows, tiles),
             Format::Q4_0 | Format::Q4_1 => each_half_tile::<Nibbles, _>(job, rows, tiles),
+        }
+    }
+}
+
+/// `run_prefill` with AVX-VNNI's products.
+///
+/// # Safety
+/// As `run_prefill`.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn run_prefill_vnni<T: Element>(
+    _: AvxVnni,
+    job: &PrefillJob<T>,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+) {
+    // SAFETY: forwarded; each format's values match `job.format`.
+    unsafe {
+        match job.format {
+            Format::Q8_0 => each_half_tile::<Dot<false>, _>(job, rows, tiles),
+            Format::Q4_0 | Format::Q4_1 => each_half_tile::<Dot<true>, _>(job, rows, tiles),
         }
     }
 }

@@ -112,6 +112,16 @@ impl Int8Rows {
                         cpu, x, blocks, values, units, totals, sums,
                     ),
                     #[cfg(target_arch = "x86_64")]
+                    PackedKernel::AvxVnni(cpu) => super::avx2_rounding::round_blocks(
+                        cpu.into(),
+                        x,
+                        blocks,
+                        values,
+                        units,
+                        totals,
+                        sums,
+                    ),
+                    #[cfg(target_arch = "x86_64")]
                     PackedKernel::Avx512Vnni(cpu) => super::vnni_prefill::round_blocks(
                         cpu.into(),
                         x,
@@ -293,9 +303,13 @@ pub fn linear_packed_prefill<T: Element>(
                 #[cfg(target_arch = "x86_64")]
                 PackedKernel::Avx2(cpu) => super::avx2::run_prefill(cpu, &job, rows, claimed),
                 #[cfg(target_arch = "x86_64")]
+                PackedKernel::AvxVnni(cpu) => {
+                    super::avx2::run_prefill_vnni(cpu, &job, rows, claimed)
+                }
+                #[cfg(target_arch = "x86_64")]
                 PackedKernel::Avx512Vnni(cpu) => super::vnni_prefill::run(cpu, &job, rows, claimed),
                 #[cfg(not(target_arch = "x86_64"))]
-                PackedKernel::Avx2(_) | PackedKernel::Avx512Vnni(_) => {
+                PackedKernel::Avx2(_) | PackedKernel::AvxVnni(_) | PackedKernel::Avx512Vnni(_) => {
                     unreachable!("detection makes no x86 token off x86-64")
                 }
             }
