@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -190,12 +191,12 @@ def test_batches_at_a_crossover_and_float_weights_take_the_layers(
     assert counted == [False] * 5  # float weights: no quantized projection
 
 
-def stack_args(dtype: torch.dtype) -> tuple[list[tuple[object, ...]], torch.Tensor, torch.Tensor]:
-    """One layer (hidden 32, 2 heads of 16 sharing one KV head, intermediate 32) with q8_0
-    weights in blocks; its K and V caches of 8 slots."""
+def stack_args(dtype: torch.dtype) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    """One layer's `LayerSpec` fields (hidden 32, 2 heads of 16 sharing one KV head,
+    intermediate 32) with q8_0 weights in blocks; its K and V caches of 8 slots."""
     generator = torch.Generator().manual_seed(0)
 
-    def projection(n: int, k: int) -> tuple[object, ...]:
+    def projection(n: int, k: int) -> _rust.ProjectionSpec:
         weight = QuantizedWeight(
             torch.randint(0, 256, (n, k // 32 * 34), dtype=torch.uint8, generator=generator),
             "q8_0",
@@ -205,22 +206,30 @@ def stack_args(dtype: torch.dtype) -> tuple[list[tuple[object, ...]], torch.Tens
         weight._unpacked_blocks().view(n, -1, 34)[:, :, :2] = torch.tensor(
             [0x1F, 0x21], dtype=torch.uint8
         )
-        return ("q8_0", False, weight.held, n, k, None, None)
+        return _rust.ProjectionSpec(
+            format="q8_0",
+            packed=False,
+            weight=weight.held,
+            out_features=n,
+            in_features=k,
+            bias=None,
+            one_int8_from=None,
+        )
 
     k_cache, v_cache = (torch.randn(8, 1, 16, generator=generator).to(dtype) for _ in range(2))
     norm = torch.ones(32, dtype=dtype)
     view = cpu_kernels._view
-    layer = (
-        view(norm),
-        projection(64, 32),
-        projection(32, 32),
-        view(norm.clone()),
-        projection(64, 32),
-        projection(32, 32),
-        view(k_cache),
-        view(v_cache),
-    )
-    return [layer], k_cache, v_cache
+    layer = {
+        "input_norm": view(norm),
+        "qkv": projection(64, 32),
+        "o": projection(32, 32),
+        "post_norm": view(norm.clone()),
+        "gate_up": projection(64, 32),
+        "down": projection(32, 32),
+        "k_cache": view(k_cache),
+        "v_cache": view(v_cache),
+    }
+    return layer, k_cache, v_cache
 
 
 def step_inputs(dtype: torch.dtype, out_slot: int) -> list[np.ndarray]:
@@ -241,8 +250,8 @@ def step_inputs(dtype: torch.dtype, out_slot: int) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_binding_refuses_bad_steps_and_changes_nothing(dtype: torch.dtype) -> None:
-    layers, k_cache, v_cache = stack_args(dtype)
-    stack = _rust.DecoderStack(2, 1, 16, 1e-5, 0.25, layers)
+    layer, k_cache, v_cache = stack_args(dtype)
+    stack = _rust.DecoderStack(2, 1, 16, 1e-5, 0.25, [_rust.LayerSpec(**layer)])
     assert len(stack) == 1
     before = v_cache.clone()
     stack.decode(*step_inputs(dtype, 7))
@@ -263,12 +272,22 @@ def test_the_binding_refuses_bad_steps_and_changes_nothing(dtype: torch.dtype) -
 
 
 def test_the_binding_refuses_caches_that_overlap() -> None:
-    layers, k_cache, _ = stack_args(torch.float32)
-    shared = list(layers[0])
-    shared[7] = cpu_kernels._view(k_cache)  # V is K
+    layer, k_cache, _ = stack_args(torch.float32)
+    shared = _rust.LayerSpec(**{**layer, "v_cache": cpu_kernels._view(k_cache)})  # V is K
     with pytest.raises(ValueError, match="overlaps"):
-        _rust.DecoderStack(2, 1, 16, 1e-5, 0.25, [tuple(shared)])
-    mixed = list(layers[0])
-    mixed[6] = cpu_kernels._view(k_cache.to(torch.bfloat16))
+        _rust.DecoderStack(2, 1, 16, 1e-5, 0.25, [shared])
+    mixed = _rust.LayerSpec(**{**layer, "k_cache": cpu_kernels._view(k_cache.to(torch.bfloat16))})
     with pytest.raises(ValueError, match="all be float32 or all int16"):
-        _rust.DecoderStack(2, 1, 16, 1e-5, 0.25, [tuple(mixed)])
+        _rust.DecoderStack(2, 1, 16, 1e-5, 0.25, [mixed])
+    with pytest.raises(TypeError):
+        _rust.LayerSpec(**{**layer, "qkv": layer["input_norm"]})  # not a ProjectionSpec
+    with pytest.raises(ValueError, match="q9_9"):
+        _rust.ProjectionSpec(
+            format="q9_9",
+            packed=False,
+            weight=np.zeros(34, dtype=np.uint8),
+            out_features=1,
+            in_features=32,
+            bias=None,
+            one_int8_from=None,
+        )

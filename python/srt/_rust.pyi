@@ -73,7 +73,7 @@ class IncrementalDetokenizer:
     def finish(self, rid: str) -> str: ...
     def free(self, rid: str) -> None: ...
     def __len__(self) -> int: ...
-    def __contains__(self, rid: str) -> bool: ...
+    def __contains__(self, key: str) -> bool: ...
 
 # --- shared-memory rings (rust/python/src/ring.rs) ---
 
@@ -377,6 +377,40 @@ def quant_packed_dequantize_transposed(
 
 _LayerFloats = _Floats | NDArray[np.int16]
 
+class ProjectionSpec:
+    """A quantized projection of a decoder layer: its GGUF block format, its tiles (`packed`)
+    or blocks, its shape, an optional float32 bias, and the rows from which its product rounds
+    activations to one int8 (None: never). The buffers are held."""
+
+    def __init__(
+        self,
+        *,
+        format: str,
+        packed: bool,
+        weight: _Bytes,
+        out_features: int,
+        in_features: int,
+        bias: _Floats | None,
+        one_int8_from: int | None,
+    ) -> None: ...
+
+class LayerSpec:
+    """A decoder layer's norm weights, projections and K/V caches; the norms and caches float32
+    or bfloat16 bits (int16), of one type for the whole stack."""
+
+    def __init__(
+        self,
+        *,
+        input_norm: _LayerFloats,
+        qkv: ProjectionSpec,
+        o: ProjectionSpec,
+        post_norm: _LayerFloats,
+        gate_up: ProjectionSpec,
+        down: ProjectionSpec,
+        k_cache: _LayerFloats,
+        v_cache: _LayerFloats,
+    ) -> None: ...
+
 class DecoderStack:
     """Llama-style decoder layers with packed projections, run one decode step per call (the
     kernels the layers call one by one, in the same order: the same bits)."""
@@ -388,12 +422,10 @@ class DecoderStack:
         head_dim: int,
         eps: float,
         scale: float,
-        layers: list[tuple[object, ...]],
+        layers: list[LayerSpec],
     ) -> None:
-        """Per layer `(input_norm, qkv, o, post_norm, gate_up, down, k_cache, v_cache)`, each
-        projection `(format, packed, tiles or blocks, out_features, in_features, float32 bias
-        or None)`, the
-        norms and caches all float32 or all bfloat16 bits (int16); the buffers are held."""
+        """Every layer's spec, the norms and caches all float32 or all bfloat16 bits (int16);
+        the buffers are held."""
 
     def __len__(self) -> int: ...
     def decode(

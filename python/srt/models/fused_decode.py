@@ -20,7 +20,7 @@ step's rows). Elsewhere, or with `SRT_FUSED_DECODE=0`, the layers run one by one
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -57,7 +57,7 @@ class FusedDecode:
         self.enabled = envs.fused_decode() and get_tp_group().size == 1
         # What the stack was built for: the pool, and whether int8 activations were offered.
         self._built_for: tuple[KVPool, bool] | None = None
-        self._stack: Any = None
+        self._stack: _rust.DecoderStack | None = None
         # Steps of at least this many sequences take the layers' path.
         self._max_batch = 0
 
@@ -75,13 +75,12 @@ class FusedDecode:
         ):
             return False
         metadata = backend.in_place_decode()
-        if metadata is None or not self._ready(forward_batch.kv_pool, hidden.dtype):
-            return False
-        if forward_batch.batch_size >= self._max_batch:
+        stack = None if metadata is None else self._ready(forward_batch.kv_pool, hidden.dtype)
+        if metadata is None or stack is None or forward_batch.batch_size >= self._max_batch:
             return False
         rows, seq_lens = metadata
         cos, sin = rope
-        self._stack.decode(
+        stack.decode(
             _view(hidden),
             _view(residual),
             _view(cos),
@@ -92,23 +91,23 @@ class FusedDecode:
         )
         return True
 
-    def _ready(self, pool: KVPool, dtype: torch.dtype) -> bool:
-        """Whether a stack serves `pool` in `dtype`, building it if the model qualifies."""
+    def _ready(self, pool: KVPool, dtype: torch.dtype) -> _rust.DecoderStack | None:
+        """The stack that serves `pool` in `dtype`, built if the model qualifies (else None)."""
         built_for = (pool, int8_offered())
         if self._built_for == built_for:
-            return self._stack is not None
+            return self._stack
         self._built_for, self._stack = built_for, None
         layers = cast("list[LlamaDecoderLayer]", list(self.model.layers))
         if not layers or pool.k_buffers[0].dtype != dtype or pool.k_buffers[0].device.type != "cpu":
-            return False
+            return None
         attention = layers[0].self_attn
         if attention.qk_norm:
-            return False
+            return None
         specs, ends = [], []
         for layer in layers:
             spec = self._layer_spec(layer, pool, dtype, built_for[1])
             if spec is None:
-                return False
+                return None
             specs.append(spec[0])
             ends.extend(spec[1])
         self._stack = _rust.DecoderStack(
@@ -120,12 +119,12 @@ class FusedDecode:
             specs,
         )
         self._max_batch = min(ends)
-        return True
+        return self._stack
 
     def _layer_spec(
         self, layer: LlamaDecoderLayer, pool: KVPool, dtype: torch.dtype, offered: bool
-    ) -> tuple[tuple[Any, ...], list[int]] | None:
-        """A layer's tuple for `DecoderStack` and, per projection, the fewest rows that leave
+    ) -> tuple[_rust.LayerSpec, list[int]] | None:
+        """A layer's spec for `DecoderStack` and, per projection, the fewest rows that leave
         the stack's kernels; None when a projection is not quantized or a norm is not of
         `dtype`."""
         attention, mlp = layer.self_attn, layer.mlp
@@ -140,14 +139,14 @@ class FusedDecode:
             # The stack holds the numpy view, which holds the float32 copy.
             bias = None if linear.bias is None else linear.bias.detach().to(torch.float32)
             projections.append(
-                (
-                    weight.fmt,
-                    weight.packed,
-                    weight.held,
-                    weight.out_features,
-                    weight.in_features,
-                    None if bias is None else bias.contiguous().numpy(),
-                    one_int8_from,
+                _rust.ProjectionSpec(
+                    format=weight.fmt,
+                    packed=weight.packed,
+                    weight=weight.held,
+                    out_features=weight.out_features,
+                    in_features=weight.in_features,
+                    bias=None if bias is None else bias.contiguous().numpy(),
+                    one_int8_from=one_int8_from,
                 )
             )
         norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
@@ -155,14 +154,14 @@ class FusedDecode:
             return None
         index = attention.attn.layer_id
         qkv, o, gate_up, down = projections
-        spec = (
-            _view(norms[0].detach()),
-            qkv,
-            o,
-            _view(norms[1].detach()),
-            gate_up,
-            down,
-            _view(pool.k_buffers[index]),
-            _view(pool.v_buffers[index]),
+        spec = _rust.LayerSpec(
+            input_norm=_view(norms[0].detach()),
+            qkv=qkv,
+            o=o,
+            post_norm=_view(norms[1].detach()),
+            gate_up=gate_up,
+            down=down,
+            k_cache=_view(pool.k_buffers[index]),
+            v_cache=_view(pool.v_buffers[index]),
         )
         return spec, ends

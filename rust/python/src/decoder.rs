@@ -1,6 +1,8 @@
 //! `srt._rust.DecoderStack`: the binding of `srt_core::decoder`. A stack holds the buffers of
 //! every layer (norm weights, quantized projections and their float32 biases, the layer's K/V
-//! caches), acquired once when it is made, so that a decode step passes only its own tensors:
+//! caches), described by typed specs (`LayerSpec`, `ProjectionSpec`: keyword fields, which the
+//! stub in `_rust.pyi` names and a test holds to the binding's) and acquired once when it is
+//! made, so that a decode step passes only its own tensors:
 //! the hidden state, the residual stream, the rotary tables, the output slots, the sequences'
 //! slots and lengths. Float32 buffers, or bfloat16 bits as int16, all of one type. The core
 //! checks every size and slot before anything is written; writability and overlap are checked
@@ -11,7 +13,6 @@ use std::ptr::NonNull;
 use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 use srt_core::decoder::{self, DecoderLayer, Heads, Projection, Tokens, Weight};
 use srt_core::element::{Bf16, Element};
 use srt_core::quant::{Format, PackedKernel, PackedMatrix, QuantMatrix};
@@ -19,9 +20,11 @@ use srt_core::quant::{Format, PackedKernel, PackedMatrix, QuantMatrix};
 use crate::boundary::{contiguous, overlap};
 use crate::to_py_err;
 
-/// A projection's buffers: its format, its tiles (`packed`) or blocks, its shape, optional
-/// float32 bias, and the rows from which its product rounds activations to one int8.
-struct ProjectionBuffers {
+/// A quantized projection of a decoder layer (`decoder::Projection`'s fields): its format, its
+/// tiles (`packed`) or blocks, its shape, optional float32 bias, and the rows from which its
+/// product rounds activations to one int8. The buffers are held from here on.
+#[pyclass(frozen, module = "srt._rust")]
+struct ProjectionSpec {
     format: Format,
     packed: bool,
     bytes: PyBuffer<u8>,
@@ -30,29 +33,91 @@ struct ProjectionBuffers {
     one_int8_from: Option<usize>,
 }
 
+#[pymethods]
+impl ProjectionSpec {
+    #[new]
+    #[pyo3(signature = (*, format, packed, weight, out_features, in_features, bias, one_int8_from))]
+    fn new(
+        format: &str,
+        packed: bool,
+        weight: PyBuffer<u8>,
+        out_features: usize,
+        in_features: usize,
+        bias: Option<PyBuffer<f32>>,
+        one_int8_from: Option<usize>,
+    ) -> PyResult<Self> {
+        Ok(ProjectionSpec {
+            format: Format::parse(format).map_err(to_py_err)?,
+            packed,
+            bytes: weight,
+            shape: (out_features, in_features),
+            bias,
+            one_int8_from,
+        })
+    }
+}
+
+/// A decoder layer's buffers (`decoder::DecoderLayer`'s): its two norm weights, four
+/// projections and K/V caches. The norms and caches are float32, or bfloat16 bits as int16, of
+/// one type for the whole stack: `DecoderStack` reads them as that type.
+#[pyclass(frozen, module = "srt._rust")]
+struct LayerSpec {
+    input_norm: Py<PyAny>,
+    qkv: Py<ProjectionSpec>,
+    o: Py<ProjectionSpec>,
+    post_norm: Py<PyAny>,
+    gate_up: Py<ProjectionSpec>,
+    down: Py<ProjectionSpec>,
+    k_cache: Py<PyAny>,
+    v_cache: Py<PyAny>,
+}
+
+#[pymethods]
+impl LayerSpec {
+    #[new]
+    #[pyo3(signature = (*, input_norm, qkv, o, post_norm, gate_up, down, k_cache, v_cache))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        input_norm: Py<PyAny>,
+        qkv: Py<ProjectionSpec>,
+        o: Py<ProjectionSpec>,
+        post_norm: Py<PyAny>,
+        gate_up: Py<ProjectionSpec>,
+        down: Py<ProjectionSpec>,
+        k_cache: Py<PyAny>,
+        v_cache: Py<PyAny>,
+    ) -> Self {
+        LayerSpec {
+            input_norm,
+            qkv,
+            o,
+            post_norm,
+            gate_up,
+            down,
+            k_cache,
+            v_cache,
+        }
+    }
+}
+
 /// One layer's buffers, norms and caches of element `P` (f32, or i16 holding bf16 bits).
 struct LayerBuffers<P> {
     input_norm: PyBuffer<P>,
-    qkv: ProjectionBuffers,
-    o: ProjectionBuffers,
+    qkv: Py<ProjectionSpec>,
+    o: Py<ProjectionSpec>,
     post_norm: PyBuffer<P>,
-    gate_up: ProjectionBuffers,
-    down: ProjectionBuffers,
+    gate_up: Py<ProjectionSpec>,
+    down: Py<ProjectionSpec>,
     k_cache: PyBuffer<P>,
     v_cache: PyBuffer<P>,
 }
 
-/// `(format, packed, tiles or blocks, out_features, in_features, bias or None, one_int8_from
-/// or None)`.
-type ProjectionTuple = (
-    String,
-    bool,
-    PyBuffer<u8>,
-    usize,
-    usize,
-    Option<PyBuffer<f32>>,
-    Option<usize>,
-);
+impl<P> LayerBuffers<P> {
+    /// The four projections, in the order the layer runs them.
+    fn projections(&self) -> [&ProjectionSpec; 4] {
+        [&self.qkv, &self.o, &self.gate_up, &self.down].map(|p| p.get())
+    }
+}
 
 enum Layers {
     F32(Vec<LayerBuffers<f32>>),
@@ -68,19 +133,18 @@ struct DecoderStack {
 
 #[pymethods]
 impl DecoderStack {
-    /// `layers`: per layer, the tuple `(input_norm, qkv, o, post_norm, gate_up, down, k_cache,
-    /// v_cache)`, each projection a tuple `(format, packed, tiles or blocks, out_features,
-    /// in_features, bias or None, one_int8_from or None)` (`decoder::Projection`'s fields);
-    /// the norms and caches all float32 or all bfloat16 bits (int16).
+    /// `layers`: every layer's `LayerSpec`, the norms and caches all float32 or all bfloat16
+    /// bits (int16).
     #[new]
     #[pyo3(signature = (heads, kv_heads, head_dim, eps, scale, layers))]
     fn new(
+        py: Python<'_>,
         heads: usize,
         kv_heads: usize,
         head_dim: usize,
         eps: f32,
         scale: f32,
-        layers: Vec<Bound<'_, PyTuple>>,
+        layers: Vec<Py<LayerSpec>>,
     ) -> PyResult<Self> {
         let heads = Heads {
             heads,
@@ -90,13 +154,13 @@ impl DecoderStack {
             scale,
         };
         let float32 = match layers.first() {
-            Some(first) => PyBuffer::<f32>::get(&first.get_item(0)?).is_ok(),
+            Some(first) => PyBuffer::<f32>::get(first.get().input_norm.bind(py)).is_ok(),
             None => true,
         };
         let layers = if float32 {
-            Layers::F32(collect(&layers)?)
+            Layers::F32(collect(py, &layers)?)
         } else {
-            Layers::Bf16(collect(&layers)?)
+            Layers::Bf16(collect(py, &layers)?)
         };
         let stack = DecoderStack { heads, layers };
         match &stack.layers {
@@ -148,39 +212,30 @@ fn bf16_cast(buffer: NonNull<[i16]>) -> NonNull<[Bf16]> {
     crate::boundary::bf16_bits(buffer)
 }
 
-fn collect<P: BufferElement>(layers: &[Bound<'_, PyTuple>]) -> PyResult<Vec<LayerBuffers<P>>> {
+fn collect<P: BufferElement>(
+    py: Python<'_>,
+    layers: &[Py<LayerSpec>],
+) -> PyResult<Vec<LayerBuffers<P>>> {
     layers
         .iter()
         .map(|layer| {
-            let floats = |i: usize| -> PyResult<PyBuffer<P>> {
-                PyBuffer::get(&layer.get_item(i)?).map_err(|_| {
+            let layer = layer.get();
+            let floats = |buffer: &Py<PyAny>| -> PyResult<PyBuffer<P>> {
+                PyBuffer::get(buffer.bind(py)).map_err(|_| {
                     PyValueError::new_err(
                         "the norms and caches must all be float32 or all int16 (bfloat16 bits)",
                     )
                 })
             };
-            let projection = |i: usize| -> PyResult<ProjectionBuffers> {
-                let projection = layer.get_item(i)?;
-                let (fmt, packed, bytes, n, k, bias, one_int8_from): ProjectionTuple =
-                    projection.extract()?;
-                Ok(ProjectionBuffers {
-                    format: Format::parse(&fmt).map_err(to_py_err)?,
-                    packed,
-                    bytes,
-                    shape: (n, k),
-                    bias,
-                    one_int8_from,
-                })
-            };
             Ok(LayerBuffers {
-                input_norm: floats(0)?,
-                qkv: projection(1)?,
-                o: projection(2)?,
-                post_norm: floats(3)?,
-                gate_up: projection(4)?,
-                down: projection(5)?,
-                k_cache: floats(6)?,
-                v_cache: floats(7)?,
+                input_norm: floats(&layer.input_norm)?,
+                qkv: layer.qkv.clone_ref(py),
+                o: layer.o.clone_ref(py),
+                post_norm: floats(&layer.post_norm)?,
+                gate_up: layer.gate_up.clone_ref(py),
+                down: layer.down.clone_ref(py),
+                k_cache: floats(&layer.k_cache)?,
+                v_cache: floats(&layer.v_cache)?,
             })
         })
         .collect()
@@ -190,7 +245,7 @@ fn collect<P: BufferElement>(layers: &[Bound<'_, PyTuple>]) -> PyResult<Vec<Laye
 fn read_only<P: BufferElement>(layer: &LayerBuffers<P>) -> PyResult<Vec<NonNull<[u8]>>> {
     let mut buffers = vec![bytes(contiguous("a norm", &layer.input_norm, false)?)];
     buffers.push(bytes(contiguous("a norm", &layer.post_norm, false)?));
-    for projection in [&layer.qkv, &layer.o, &layer.gate_up, &layer.down] {
+    for projection in layer.projections() {
         buffers.push(contiguous("a projection", &projection.bytes, false)?);
         if let Some(bias) = &projection.bias {
             buffers.push(bytes(contiguous("a bias", bias, false)?));
@@ -205,7 +260,7 @@ fn bytes<T>(buffer: NonNull<[T]>) -> NonNull<[u8]> {
 }
 
 /// A projection's weight over its held buffer, its length checked against its shape.
-fn weight(projection: &ProjectionBuffers) -> PyResult<Weight<'_>> {
+fn weight(projection: &ProjectionSpec) -> PyResult<Weight<'_>> {
     let bytes = contiguous("a projection", &projection.bytes, false)?;
     let (format, (n, k)) = (projection.format, projection.shape);
     // SAFETY: the buffer is held by the stack, which outlives the returned borrow; nothing
@@ -220,7 +275,7 @@ fn weight(projection: &ProjectionBuffers) -> PyResult<Weight<'_>> {
 }
 
 /// A projection over its held buffers.
-fn projection(buffers: &ProjectionBuffers) -> PyResult<Projection<'_>> {
+fn projection(buffers: &ProjectionSpec) -> PyResult<Projection<'_>> {
     let bias = buffers
         .bias
         .as_ref()
@@ -248,7 +303,7 @@ fn check_caches<P: BufferElement, T: Element>(
             caches.push(bytes(cast(contiguous("a K/V cache", cache, true)?)));
         }
         weights.extend(read_only(layer)?);
-        for projection in [&layer.qkv, &layer.o, &layer.gate_up, &layer.down] {
+        for projection in layer.projections() {
             weight(projection)?;
         }
     }
@@ -342,13 +397,14 @@ fn step<P: BufferElement, T: Element>(
         // SAFETY: the caches are writable, held by the stack, and overlap no other buffer of
         // the step, so each mutable slice is the only reference to its memory.
         let (k_cache, v_cache) = unsafe { (&mut *cache[0].as_ptr(), &mut *cache[1].as_ptr()) };
+        let [qkv, o, gate_up, down] = layer.projections();
         core.push(DecoderLayer {
             input_norm: norm(&layer.input_norm)?,
-            qkv: projection(&layer.qkv)?,
-            o: projection(&layer.o)?,
+            qkv: projection(qkv)?,
+            o: projection(o)?,
             post_norm: norm(&layer.post_norm)?,
-            gate_up: projection(&layer.gate_up)?,
-            down: projection(&layer.down)?,
+            gate_up: projection(gate_up)?,
+            down: projection(down)?,
             k_cache,
             v_cache,
         });
@@ -374,5 +430,7 @@ fn step<P: BufferElement, T: Element>(
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ProjectionSpec>()?;
+    m.add_class::<LayerSpec>()?;
     m.add_class::<DecoderStack>()
 }
