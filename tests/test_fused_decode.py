@@ -5,6 +5,7 @@ them; and the binding's refusals."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ def quantized_runner(
         ("llama", every_matrix("q4_1"), "bfloat16"),
         ("qwen2", mixed_formats, "float32"),  # q/k/v biases
         ("mistral", every_matrix("q8_0"), "bfloat16"),
+        ("qwen3", every_matrix("q4_0"), "float32"),  # per-head q/k norms
     ],
 )
 def test_a_fused_step_gives_the_layers_bits(
@@ -177,6 +179,7 @@ def test_batches_at_a_crossover_and_float_weights_take_the_layers(
     tiny_model_factory: Callable[[str], Path],
     monkeypatch: pytest.MonkeyPatch,
     counted: list[bool],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # As if measured: products of 3 rows and more go dense, in the layers and so in the stack.
     monkeypatch.setattr(quant_kernels, "_plans", {})
@@ -187,8 +190,14 @@ def test_batches_at_a_crossover_and_float_weights_take_the_layers(
     runner_extend_and_decode_logits(runner)  # decode steps of 3 sequences
     assert counted == [False] * 5
     counted.clear()
-    runner_extend_and_decode_logits(make_runner(tiny_model_factory("llama")))
+    with caplog.at_level(logging.INFO, logger="srt.models.fused_decode"):
+        runner_extend_and_decode_logits(make_runner(tiny_model_factory("llama")))
     assert counted == [False] * 5  # float weights: no quantized projection
+    said = [r.getMessage() for r in caplog.records if r.name == "srt.models.fused_decode"]
+    assert said == [
+        "decode steps run layer by layer, not in one Rust call: qkv_proj is not a"
+        " GGUF-quantized weight"
+    ]
 
 
 def stack_args(dtype: torch.dtype) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:

@@ -395,8 +395,9 @@ class ProjectionSpec:
     ) -> None: ...
 
 class LayerSpec:
-    """A decoder layer's norm weights, projections and K/V caches; the norms and caches float32
-    or bfloat16 bits (int16), of one type for the whole stack."""
+    """A decoder layer's norm weights (per-head `q_norm` and `k_norm` too, both or neither, as
+    Qwen3 has them), projections and K/V caches; the norms and caches float32 or bfloat16 bits
+    (int16), of one type for the whole stack."""
 
     def __init__(
         self,
@@ -409,6 +410,8 @@ class LayerSpec:
         down: ProjectionSpec,
         k_cache: _LayerFloats,
         v_cache: _LayerFloats,
+        q_norm: _LayerFloats | None = None,
+        k_norm: _LayerFloats | None = None,
     ) -> None: ...
 
 class DecoderStack:

@@ -10,7 +10,7 @@ kernels' arithmetic: `benches/profile_decode_step.py` measured 4.1 ms of integer
 gives the same bits either way; only the Python goes.
 
 When it runs: decode steps on the CPU, float32 or bf16, whose attention can read the KV cache in
-place (`TorchNativeAttnBackend.in_place_decode`), in models without per-head q/k norms, on one
+place (`TorchNativeAttnBackend.in_place_decode`), with Qwen3's per-head q/k norms or without, on one
 tensor-parallel rank (the stack has no all-reduce between a layer's shards), with fewer
 sequences than any projection's plan gives to a path other than the kernels the stack runs
 (`QuantizedWeight.stack_rows`: the few-row kernel, and on tiles the prefill kernel from the row
@@ -20,6 +20,7 @@ step's rows). Elsewhere, or with `SRT_FUSED_DECODE=0`, the layers run one by one
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from srt.layers.forward_batch import ForwardBatch
     from srt.mem_cache.memory_pool import KVPool
     from srt.models.llama import LlamaDecoderLayer, LlamaModel, Rope
+
+logger = logging.getLogger(__name__)
 
 
 def _quantized(linear: Linear) -> QuantizedWeight | None:
@@ -60,6 +63,8 @@ class FusedDecode:
         self._stack: _rust.DecoderStack | None = None
         # Steps of at least this many sequences take the layers' path.
         self._max_batch = 0
+        # The reasons already logged for not building a stack.
+        self._said: set[str] = set()
 
     def run(
         self, rope: Rope, hidden: torch.Tensor, residual: torch.Tensor, forward_batch: ForwardBatch
@@ -101,12 +106,11 @@ class FusedDecode:
         if not layers or pool.k_buffers[0].dtype != dtype or pool.k_buffers[0].device.type != "cpu":
             return None
         attention = layers[0].self_attn
-        if attention.qk_norm:
-            return None
         specs, ends = [], []
         for layer in layers:
             spec = self._layer_spec(layer, pool, dtype, built_for[1])
-            if spec is None:
+            if isinstance(spec, str):
+                self._say_unfit(spec)
                 return None
             specs.append(spec[0])
             ends.extend(spec[1])
@@ -121,18 +125,30 @@ class FusedDecode:
         self._max_batch = min(ends)
         return self._stack
 
+    def _say_unfit(self, reason: str) -> None:
+        """Logs, once per reason, why the decode steps take the layers one by one."""
+        if reason not in self._said:
+            self._said.add(reason)
+            logger.info("decode steps run layer by layer, not in one Rust call: %s", reason)
+
     def _layer_spec(
         self, layer: LlamaDecoderLayer, pool: KVPool, dtype: torch.dtype, offered: bool
-    ) -> tuple[_rust.LayerSpec, list[int]] | None:
+    ) -> tuple[_rust.LayerSpec, list[int]] | str:
         """A layer's spec for `DecoderStack` and, per projection, the fewest rows that leave
-        the stack's kernels; None when a projection is not quantized or a norm is not of
-        `dtype`."""
+        the stack's kernels; else why the stack cannot run it (a projection not quantized, a
+        norm not of `dtype` or of another epsilon)."""
         attention, mlp = layer.self_attn, layer.mlp
         projections, ends = [], []
-        for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
+        named = {
+            "qkv_proj": attention.qkv_proj,
+            "o_proj": attention.o_proj,
+            "gate_up_proj": mlp.gate_up_proj,
+            "down_proj": mlp.down_proj,
+        }
+        for name, linear in named.items():
             weight = _quantized(linear)
             if weight is None:
-                return None
+                return f"{name} is not a GGUF-quantized weight"
             # First: measuring the plan packs the weight where it will be packed.
             one_int8_from, end = weight.stack_rows(dtype, offered)
             ends.append(end)
@@ -149,19 +165,25 @@ class FusedDecode:
                     one_int8_from=one_int8_from,
                 )
             )
-        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-        if any(norm.dtype != dtype for norm in norms):
-            return None
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        if attention.qk_norm:
+            norms += [attention.q_norm, attention.k_norm]
+        # The stack normalizes with the first norm's epsilon.
+        if any(n.weight.dtype != dtype or n.eps != norms[0].eps for n in norms):
+            return f"the norms of a layer are not all {dtype} with one epsilon"
+        weights = [_view(n.weight.detach()) for n in norms]
+        qk_norms = {"q_norm": weights[2], "k_norm": weights[3]} if attention.qk_norm else {}
         index = attention.attn.layer_id
         qkv, o, gate_up, down = projections
         spec = _rust.LayerSpec(
-            input_norm=_view(norms[0].detach()),
+            input_norm=weights[0],
             qkv=qkv,
             o=o,
-            post_norm=_view(norms[1].detach()),
+            post_norm=weights[1],
             gate_up=gate_up,
             down=down,
             k_cache=_view(pool.k_buffers[index]),
             v_cache=_view(pool.v_buffers[index]),
+            **qk_norms,
         )
         return spec, ends

@@ -11,7 +11,8 @@
 //!
 //! Per layer, `h` the layer's input and `r` the residual stream (`r` starts at zero):
 //! - `r += h`; `x = rms_norm(r) · input_norm`;
-//! - `[q | k | v] = x · qkvᵀ + bias`; `q` and `k` rotated; `k` and `v` written to the K/V caches
+//! - `[q | k | v] = x · qkvᵀ + bias`; with per-head norms (Qwen3), each head of `q` and `k`
+//!   `rms_norm`ed by `q_norm` and `k_norm`; `q` and `k` rotated; `k` and `v` written to the K/V caches
 //!   at the tokens' slots; `a` = attention of `q` over each sequence's slots; `h = a · oᵀ + bias`;
 //! - `r += h`; `x = rms_norm(r) · post_norm`; `h = (silu(gate) · up)(x · gate_upᵀ) · downᵀ`.
 //!
@@ -66,6 +67,8 @@ pub struct DecoderLayer<'a, T> {
     /// `[heads + 2 · kv_heads] · head_dim` outputs: q, then k, then v.
     pub qkv: Projection<'a>,
     pub o: Projection<'a>,
+    /// Per-head RMSNorm weights of q and k (`head_dim` each), where the model has them.
+    pub qk_norms: Option<(&'a [T], &'a [T])>,
     pub post_norm: &'a [T],
     /// `2 · intermediate` outputs: gate, then up.
     pub gate_up: Projection<'a>,
@@ -143,6 +146,13 @@ pub fn decode_layers<T: Element>(
         ) {
             q.copy_from_slice(&row[..q_width]);
             k.copy_from_slice(&row[q_width..q_width + kv_width]);
+        }
+        if let Some((q_norm, k_norm)) = layer.qk_norms {
+            // Normalized into the rotation's buffers, then swapped in: no more allocations.
+            ops::rms_norm(&q, None, q_norm, heads.eps, &mut q_rotated)?;
+            ops::rms_norm(&k, None, k_norm, heads.eps, &mut k_rotated)?;
+            std::mem::swap(&mut q, &mut q_rotated);
+            std::mem::swap(&mut k, &mut k_rotated);
         }
         ops::rotary(&q, tokens.cos, tokens.sin, heads.head_dim, &mut q_rotated)?;
         ops::rotary(&k, tokens.cos, tokens.sin, heads.head_dim, &mut k_rotated)?;
@@ -247,7 +257,7 @@ fn check<T: Element>(
     }
     let mut pool_slots = None;
     for (index, layer) in layers.iter().enumerate() {
-        let layer_slots = check_layer(layer, dim, q_width, kv_width)
+        let layer_slots = check_layer(layer, dim, (q_width, kv_width, head_dim))
             .map_err(|e| invalid(format!("layer {index}: {e}")))?;
         if pool_slots.is_some_and(|slots| slots != layer_slots) {
             return Err(invalid(format!(
@@ -286,14 +296,18 @@ fn check<T: Element>(
     Ok(shape)
 }
 
-/// Checks one layer against the hidden size `dim` and the attention widths; its caches' slots.
+/// Checks one layer against the hidden size `dim`, the attention widths and the head size; its
+/// caches' slots.
 fn check_layer<T: Element>(
     layer: &DecoderLayer<'_, T>,
     dim: usize,
-    q_width: usize,
-    kv_width: usize,
+    (q_width, kv_width, head_dim): (usize, usize, usize),
 ) -> Result<usize> {
     check_len("the input norm", layer.input_norm.len(), dim)?;
+    if let Some((q_norm, k_norm)) = layer.qk_norms {
+        check_len("the q norm", q_norm.len(), head_dim)?;
+        check_len("the k norm", k_norm.len(), head_dim)?;
+    }
     check_len("the post-attention norm", layer.post_norm.len(), dim)?;
     let intermediate = layer.gate_up.weight.shape().0 / 2;
     let expected = [

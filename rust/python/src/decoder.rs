@@ -57,14 +57,17 @@ impl ProjectionSpec {
     }
 }
 
-/// A decoder layer's buffers (`decoder::DecoderLayer`'s): its two norm weights, four
-/// projections and K/V caches. The norms and caches are float32, or bfloat16 bits as int16, of
-/// one type for the whole stack: `DecoderStack` reads them as that type.
+/// A decoder layer's buffers (`decoder::DecoderLayer`'s): its norm weights (with per-head q
+/// and k norms where the model has them, as Qwen3 does), four projections and K/V caches. The
+/// norms and caches are float32, or bfloat16 bits as int16, of one type for the whole stack:
+/// `DecoderStack` reads them as that type.
 #[pyclass(frozen, module = "srt._rust")]
 struct LayerSpec {
     input_norm: Py<PyAny>,
     qkv: Py<ProjectionSpec>,
     o: Py<ProjectionSpec>,
+    q_norm: Option<Py<PyAny>>,
+    k_norm: Option<Py<PyAny>>,
     post_norm: Py<PyAny>,
     gate_up: Py<ProjectionSpec>,
     down: Py<ProjectionSpec>,
@@ -75,7 +78,9 @@ struct LayerSpec {
 #[pymethods]
 impl LayerSpec {
     #[new]
-    #[pyo3(signature = (*, input_norm, qkv, o, post_norm, gate_up, down, k_cache, v_cache))]
+    #[pyo3(signature = (
+        *, input_norm, qkv, o, post_norm, gate_up, down, k_cache, v_cache, q_norm=None, k_norm=None
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         input_norm: Py<PyAny>,
@@ -86,17 +91,26 @@ impl LayerSpec {
         down: Py<ProjectionSpec>,
         k_cache: Py<PyAny>,
         v_cache: Py<PyAny>,
-    ) -> Self {
-        LayerSpec {
+        q_norm: Option<Py<PyAny>>,
+        k_norm: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        if q_norm.is_some() != k_norm.is_some() {
+            return Err(PyValueError::new_err(
+                "a layer has both per-head norms (q_norm and k_norm) or neither",
+            ));
+        }
+        Ok(LayerSpec {
             input_norm,
             qkv,
             o,
+            q_norm,
+            k_norm,
             post_norm,
             gate_up,
             down,
             k_cache,
             v_cache,
-        }
+        })
     }
 }
 
@@ -105,6 +119,7 @@ struct LayerBuffers<P> {
     input_norm: PyBuffer<P>,
     qkv: Py<ProjectionSpec>,
     o: Py<ProjectionSpec>,
+    qk_norms: Option<(PyBuffer<P>, PyBuffer<P>)>,
     post_norm: PyBuffer<P>,
     gate_up: Py<ProjectionSpec>,
     down: Py<ProjectionSpec>,
@@ -231,6 +246,10 @@ fn collect<P: BufferElement>(
                 input_norm: floats(&layer.input_norm)?,
                 qkv: layer.qkv.clone_ref(py),
                 o: layer.o.clone_ref(py),
+                qk_norms: match (&layer.q_norm, &layer.k_norm) {
+                    (Some(q), Some(k)) => Some((floats(q)?, floats(k)?)),
+                    _ => None,
+                },
                 post_norm: floats(&layer.post_norm)?,
                 gate_up: layer.gate_up.clone_ref(py),
                 down: layer.down.clone_ref(py),
@@ -245,6 +264,9 @@ fn collect<P: BufferElement>(
 fn read_only<P: BufferElement>(layer: &LayerBuffers<P>) -> PyResult<Vec<NonNull<[u8]>>> {
     let mut buffers = vec![bytes(contiguous("a norm", &layer.input_norm, false)?)];
     buffers.push(bytes(contiguous("a norm", &layer.post_norm, false)?));
+    for norm in layer.qk_norms.iter().flat_map(|(q, k)| [q, k]) {
+        buffers.push(bytes(contiguous("a norm", norm, false)?));
+    }
     for projection in layer.projections() {
         buffers.push(contiguous("a projection", &projection.bytes, false)?);
         if let Some(bias) = &projection.bias {
@@ -402,6 +424,10 @@ fn step<P: BufferElement, T: Element>(
             input_norm: norm(&layer.input_norm)?,
             qkv: projection(qkv)?,
             o: projection(o)?,
+            qk_norms: match &layer.qk_norms {
+                Some((q, k)) => Some((norm(q)?, norm(k)?)),
+                None => None,
+            },
             post_norm: norm(&layer.post_norm)?,
             gate_up: projection(gate_up)?,
             down: projection(down)?,

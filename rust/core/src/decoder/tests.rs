@@ -95,6 +95,8 @@ const TWO_PARTS: Products = Products::Tiles {
 
 struct Layer {
     input_norm: Vec<f32>,
+    /// Per-head q and k norms (the second layer's: Qwen3's shape beside Llama's).
+    qk_norms: Option<(Vec<f32>, Vec<f32>)>,
     post_norm: Vec<f32>,
     qkv: Random,
     o: Random,
@@ -110,6 +112,15 @@ fn layers() -> Vec<Layer> {
     (0..LAYERS as u64)
         .map(|i| Layer {
             input_norm: values(DIM, 10 * i + 1).iter().map(|v| 1.0 + v).collect(),
+            qk_norms: (i == 1).then(|| {
+                let norm = |seed| {
+                    values(HEADS.head_dim, seed)
+                        .iter()
+                        .map(|v| 1.0 + v)
+                        .collect()
+                };
+                (norm(10 * i + 7), norm(10 * i + 8))
+            }),
             post_norm: values(DIM, 10 * i + 2).iter().map(|v| 1.0 + v).collect(),
             qkv: Random::new(q + 2 * kv, DIM, 10 * i + 3, true),
             o: Random::new(DIM, q, 10 * i + 4, false),
@@ -186,6 +197,7 @@ fn run(
             input_norm: &layer.input_norm,
             qkv: layer.qkv.projection(products),
             o: layer.o.projection(products),
+            qk_norms: layer.qk_norms.as_ref().map(|(q, k)| (&q[..], &k[..])),
             post_norm: &layer.post_norm,
             gate_up: layer.gate_up.projection(products),
             down: layer.down.projection(products),
@@ -258,9 +270,15 @@ fn reference(
         let qkv = layer.qkv.apply(&rms_norm(&r, &layer.input_norm));
         let mut attended = Vec::new();
         for (t, row) in qkv.chunks_exact(q_width + 2 * kv_width).enumerate() {
-            let q = rotate(&row[..q_width], batch, t);
+            let (mut q, mut k) = (
+                row[..q_width].to_vec(),
+                row[q_width..q_width + kv_width].to_vec(),
+            );
+            if let Some((q_norm, k_norm)) = &layer.qk_norms {
+                (q, k) = (rms_norm(&q, q_norm), rms_norm(&k, k_norm));
+            }
+            let (q, k) = (rotate(&q, batch, t), rotate(&k, batch, t));
             let slot = batch.out_slots[t] as usize;
-            let k = rotate(&row[q_width..q_width + kv_width], batch, t);
             k_cache[slot * kv_width..][..kv_width].copy_from_slice(&k);
             v_cache[slot * kv_width..][..kv_width].copy_from_slice(&row[q_width + kv_width..]);
             let slots = &batch.slots[t * WIDTH..][..batch.seq_lens[t] as usize];
@@ -415,6 +433,7 @@ fn blocks_refuse_one_int8_activations() {
         input_norm: &layer.input_norm,
         qkv: layer.qkv.projection(Products::Blocks),
         o: layer.o.projection(Products::Blocks),
+        qk_norms: None,
         post_norm: &layer.post_norm,
         gate_up: layer.gate_up.projection(Products::Blocks),
         down,
@@ -425,6 +444,15 @@ fn blocks_refuse_one_int8_activations() {
         HEADS.heads * HEADS.head_dim,
         HEADS.kv_heads * HEADS.head_dim,
     );
-    let refused = check_layer(&stacked, DIM, q_width, kv_width);
+    let widths = (q_width, kv_width, HEADS.head_dim);
+    let refused = check_layer(&stacked, DIM, widths);
     assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("down")));
+    let short = vec![1.0; HEADS.head_dim - 1];
+    let stacked = DecoderLayer {
+        down: layer.down.projection(Products::Blocks),
+        qk_norms: Some((&layer.input_norm[..HEADS.head_dim], &short)),
+        ..stacked
+    };
+    let refused = check_layer(&stacked, DIM, widths);
+    assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("k norm")));
 }
