@@ -392,8 +392,9 @@ class DecoderStack:
     ) -> None:
         """Per layer `(input_norm, qkv, o, post_norm, gate_up, down, k_cache, v_cache)`, each
         projection `(format, packed, tiles or blocks, out_features, in_features, float32 bias
-        or None)`, the
-        norms and caches all float32 or all bfloat16 bits (int16); the buffers are held."""
+        or None, one_int8_from or None)` (from `one_int8_from` rows on, its product rounds
+        activations to one int8 per value), the norms and caches all float32 or all bfloat16
+        bits (int16); the buffers are held."""
 
     def __len__(self) -> int: ...
     def decode(
