@@ -1,4 +1,4 @@
-"""Which way imports run (DESIGN §8): from the top floor down, never back up.
+"""Which way imports run (docs/design.md §7): from the top floor down, never back up.
 
     entrypoints → managers → model_executor → models → layers → kernels
 

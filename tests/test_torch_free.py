@@ -1,4 +1,4 @@
-"""The main and detokenizer processes never load torch or the model stack (DESIGN §1).
+"""The main and detokenizer processes never load torch or the model stack (docs/design.md §7).
 
 Two views of it: a running server's processes, whose memory maps show whether torch's shared
 libraries are loaded (the scheduler's do: the check can see them); and a fresh interpreter whose

@@ -1,7 +1,6 @@
 """Type stubs of the private Rust extension `srt._rust` (see rust/python/src/lib.rs).
 
-Only the facades in `srt.mem_cache`, `srt.managers`, `srt.ipc` and `srt.layers.cpu_kernels`
-import this module.
+Only srt's facades over the extension import this module (docs/design.md §8 lists them).
 """
 
 from array import array

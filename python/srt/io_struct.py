@@ -1,4 +1,5 @@
-"""Every message that crosses a process boundary (DESIGN §1-2), one section per receiving ring.
+"""Every message that crosses a process boundary (docs/design.md §1-2), one section per
+receiving ring.
 
 Each message is a frozen, slotted record of ints, floats, bools, strings and tuples of them (no
 tensors, no Python objects), so `srt.ipc.codec` can encode it without pickle. Every message

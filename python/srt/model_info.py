@@ -1,8 +1,8 @@
 """What the main and detokenizer processes need to know about a model, read from plain files.
 
-Those two processes never import torch or transformers' model code (DESIGN §1), so they read the
-model the cheap way: `config.json` and `generation_config.json` for the context length, the
-vocabulary size and the EOS ids; `tokenizer.json`, `tokenizer_config.json` and
+Those two processes never import torch or transformers' model code (docs/design.md §7), so they
+read the model the cheap way: `config.json` and `generation_config.json` for the context length,
+the vocabulary size and the EOS ids; `tokenizer.json`, `tokenizer_config.json` and
 `chat_template.jinja` for the tokenizer (`managers/hf_tokenizer.py`).
 
 A local Hugging Face directory holding a `tokenizer.json` is read in place, and so is a GGUF file

@@ -7,7 +7,7 @@ Two process groups over the same ranks: the device group (NCCL on CUDA, gloo on 
 the layers' all-reduces and all-gathers; the CPU group (always gloo) carries the scheduler's
 per-iteration broadcast of the messages rank 0 received and the sampled token ids, small byte
 strings that need no device. Every rank issues the same collectives in the same order on each
-group: that is what keeps them in step (DESIGN §9).
+group: that is what keeps them in step (docs/design.md §10).
 """
 
 from __future__ import annotations

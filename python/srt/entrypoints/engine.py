@@ -1,5 +1,5 @@
-"""The offline Engine (DESIGN §7): `srt-serve`'s scheduler and detokenizer processes, driven from
-Python without HTTP.
+"""The offline Engine (docs/design.md §6): `srt-serve`'s scheduler and detokenizer processes,
+driven from Python without HTTP.
 
     with Engine(model_path="path/to/model") as engine:
         out = engine.generate("The capital of France is", {"max_new_tokens": 16})

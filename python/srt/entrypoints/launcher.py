@@ -1,5 +1,5 @@
 """The launcher: creates a server's rings, starts its scheduler and detokenizer processes with
-`spawn`, waits until both are ready, watches them, and stops everything (DESIGN §1).
+`spawn`, waits until both are ready, watches them, and stops everything (docs/design.md §1).
 
 Guarantees, whatever way the server ends:
 

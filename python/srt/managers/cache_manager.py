@@ -1,5 +1,5 @@
-"""The scheduler's KV memory bookkeeping (DESIGN §4): which KV slots a request holds, and how
-they pass to the radix cache.
+"""The scheduler's KV memory bookkeeping (docs/design.md §3): which KV slots a request holds,
+and how they pass to the radix cache.
 
 Every KV slot is free (allocator), in the radix cache (evictable, or locked by the requests whose
 prefix it is), or held by a request that runs. `CacheManager.check_invariants` verifies

@@ -1,4 +1,4 @@
-"""The detokenizer stage (DESIGN §1): token ids in, text out, cut where the scheduler says.
+"""The detokenizer stage (docs/design.md §1): token ids in, text out, cut where the scheduler says.
 
 Each `BatchTokenIDOut` from the scheduler carries, per request, the ids produced since its
 previous message. A request enters the Rust incremental detokenizer with its first message

@@ -1,7 +1,7 @@
 """The scheduler's records: `Req`, one request's mutable state, and `ScheduleBatch`, the requests
 of one forward pass.
 
-Data flow through the scheduler (DESIGN §3-4):
+Data flow through the scheduler (docs/design.md §3-4):
 
     TokenizedGenerateReq ─▶ Req ─▶ waiting queue ─(policy order, PrefillAdder)─▶ extend batch
         extend batch ─▶ ModelWorkerBatch ─▶ ModelRunner (forward + sample) ─▶ next ids

@@ -1,4 +1,4 @@
-"""The scheduler (DESIGN §3-4): continuous batching over one model runner.
+"""The scheduler (docs/design.md §3-4): continuous batching over one model runner.
 
 `Scheduler` is the synchronous core: requests come in through `add_request`/`abort`, each `step`
 runs one forward pass (an extend batch if any waiting request or prompt chunk can be admitted,

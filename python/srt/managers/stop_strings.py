@@ -1,7 +1,7 @@
-"""Stop strings, decided in one place (DESIGN §1): the scheduler ends a request when its output
-text completes one of its stop strings, once `min_new_tokens` are out, and its finish reason
-carries the string and where it starts in the output text; the detokenizer cuts the text there
-and never looks for a match itself. It only holds back text that could still begin a stop
+"""Stop strings, decided in one place (docs/design.md §1): the scheduler ends a request when its
+output text completes one of its stop strings, once `min_new_tokens` are out, and its finish
+reason carries the string and where it starts in the output text; the detokenizer cuts the text
+there and never looks for a match itself. It only holds back text that could still begin a stop
 string (`held_back`), so that a stream never shows what the cut would remove.
 
 Stop strings are literal. Of the matches that complete with the same token, the one that ends

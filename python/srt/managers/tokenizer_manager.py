@@ -1,4 +1,4 @@
-"""The TokenizerManager (DESIGN §1-2), in the main process: requests in, results out.
+"""The TokenizerManager (docs/design.md §1-2), in the main process: requests in, results out.
 
 It validates, chat-templates and tokenizes each request (`request_tokenizer`), sends a
 `TokenizedGenerateReq` on ring "scheduler", and keeps one `ReqState` (`req_state`) per request id

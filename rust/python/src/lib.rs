@@ -1,7 +1,8 @@
 //! The binding layer: exposes `srt-core` to Python as the private module `srt._rust`.
-//! Only ints, int32 buffers of ids (`array('i')`), bytes and strings cross this boundary; the
-//! Python facades in `srt` are its only importers. Each core structure has one binding file
-//! that registers its classes.
+//! What crosses this boundary: ints, floats and bools, bytes and strings, runs of ids as int32
+//! buffers (`array('i')`, numpy int32), and the CPU kernels' tensors as buffers of their memory
+//! (numpy views, shared, never copied; see `boundary.rs`). The Python facades in `srt` are its
+//! only importers. Each core structure has one binding file that registers its classes.
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};

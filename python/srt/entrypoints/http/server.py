@@ -1,4 +1,5 @@
-"""`srt-serve`: the HTTP server in the main process, and the life of a server (DESIGN §1, §7).
+"""`srt-serve`: the HTTP server in the main process, and the life of a server
+(docs/design.md §1, §6).
 
     listen (503) → start the stages → TokenizerManager → warm-up → ready (200)
                  → SIGTERM: stop admitting (503), drain or abort, stop the stages → exit 0
