@@ -116,6 +116,16 @@ impl PackedKernel {
             .collect()
     }
 
+    /// The AVX2 token of the AVX2 kernels, with AVX-VNNI's products or without: both round
+    /// activations with AVX2's instructions.
+    pub(crate) fn rounds_with_avx2(self) -> Option<Avx2> {
+        match self {
+            PackedKernel::Avx2(cpu) => Some(cpu),
+            PackedKernel::AvxVnni(cpu) => Some(cpu.into()),
+            PackedKernel::Portable | PackedKernel::Avx512Vnni(_) => None,
+        }
+    }
+
     /// The kernel's name: `"portable"`, `"avx2"`, `"avx2_vnni"`, `"avx512_vnni"`.
     pub fn name(self) -> &'static str {
         match self {
@@ -159,23 +169,16 @@ impl QuantizedRows {
             .zip(rows.low.chunks_exact_mut(BLOCK))
             .enumerate()
         {
-            let split = match kernel {
+            let split = match (kernel, kernel.rounds_with_avx2()) {
                 // SAFETY: the token proves the CPU's features; the three slices hold 32
                 // elements each.
                 #[cfg(target_arch = "x86_64")]
-                PackedKernel::Avx512Vnni(cpu) => unsafe {
+                (PackedKernel::Avx512Vnni(cpu), _) => unsafe {
                     vnni::split_block(cpu.into(), block, high, low)
                 },
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
-                PackedKernel::Avx2(cpu) => unsafe {
-                    avx2_rounding::split_block(cpu, block, high, low)
-                },
-                // SAFETY: as above.
-                #[cfg(target_arch = "x86_64")]
-                PackedKernel::AvxVnni(cpu) => unsafe {
-                    avx2_rounding::split_block(cpu.into(), block, high, low)
-                },
+                (_, Some(cpu)) => unsafe { avx2_rounding::split_block(cpu, block, high, low) },
                 _ => split_block(block, high, low),
             };
             let (unit, total) = split.unwrap_or((f32::NAN, 0));

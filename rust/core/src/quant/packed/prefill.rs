@@ -106,23 +106,13 @@ impl Int8Rows {
             // `blocks` belongs to this thread alone (the blocks are split into disjoint ranges
             // by thread) and lies inside the buffers, sized above.
             unsafe {
-                match kernel {
+                match (kernel, kernel.rounds_with_avx2()) {
                     #[cfg(target_arch = "x86_64")]
-                    PackedKernel::Avx2(cpu) => super::avx2_rounding::round_blocks(
+                    (_, Some(cpu)) => super::avx2_rounding::round_blocks(
                         cpu, x, blocks, values, units, totals, sums,
                     ),
                     #[cfg(target_arch = "x86_64")]
-                    PackedKernel::AvxVnni(cpu) => super::avx2_rounding::round_blocks(
-                        cpu.into(),
-                        x,
-                        blocks,
-                        values,
-                        units,
-                        totals,
-                        sums,
-                    ),
-                    #[cfg(target_arch = "x86_64")]
-                    PackedKernel::Avx512Vnni(cpu) => super::vnni_prefill::round_blocks(
+                    (PackedKernel::Avx512Vnni(cpu), _) => super::vnni_prefill::round_blocks(
                         cpu.into(),
                         x,
                         blocks,
