@@ -5,7 +5,8 @@ A decoded character c is written raw (any code point but U+0000-U+001F, `"` and 
 short escape (`\\" \\\\ \\/ \\b \\f \\n \\r \\t`), or as `\\uXXXX` (hex digits of either case);
 a code point past U+FFFF as the escaped surrogate pair. Each spelling is one character of the
 decoded value, which is what JSON Schema's `minLength`/`maxLength` count. A lone surrogate
-escape is never written: strict parsers (serde_json among them) refuse it.
+escape is never written: strict parsers (serde_json among them) refuse it; nor is a surrogate's
+three UTF-8 bytes raw (xgrammar's classes take them), which decode to three U+FFFD.
 
 The rules this module's expressions use (`SHARED_RULES`) are named `srt_json_*`: xgrammar names
 the rules it builds from a schema `root*`, `basic_*` and `defs_*`.
@@ -39,7 +40,7 @@ SHORT_ESCAPES = {
 }
 
 SHARED_RULES = r"""srt_json_hex ::= [0-9a-fA-F]
-srt_json_char ::= [^\x00-\x1f"\\] | "\\" srt_json_escape
+srt_json_char ::= [^\x00-\x1f"\\\ud800-\udfff] | "\\" srt_json_escape
 srt_json_escape ::= ["\\/bfnrt] | "u" srt_json_unicode
 srt_json_unicode ::= [0-9a-cA-CefEF] srt_json_hex{3} | [dD] [0-7] srt_json_hex{2}
     | [dD] [89abAB] srt_json_hex{2} "\\u" [dD] [c-fC-F] srt_json_hex{2}

@@ -20,14 +20,18 @@ _OWN_RULE = re.compile(r"^srt_", re.MULTILINE)
 
 
 def schema_grammar(text: str, any_whitespace: bool) -> xgr.Grammar | None:
-    """The grammar of JSON Schema `text`, or None where xgrammar's own is right (no bounded
-    strings); SchemaError (a ValueError) for a schema srt refuses."""
-    marked = rewrite(json.loads(text))
-    if not marked.rules:
+    """The grammar of JSON Schema `text`, or None where xgrammar's own is right (the schema
+    bounds no string); SchemaError (a ValueError) for a schema srt refuses."""
+    schema = json.loads(text)
+    marked = rewrite(schema)
+    if marked.schema == schema:
         return None
-    ebnf = str(
-        xgr.Grammar.from_json_schema(json.dumps(marked.schema), any_whitespace=any_whitespace)
+    converted = xgr.Grammar.from_json_schema(
+        json.dumps(marked.schema), any_whitespace=any_whitespace
     )
+    if not marked.rules:  # only enums filtered by their strings' bounds
+        return converted
+    ebnf = str(converted)
     if _OWN_RULE.search(ebnf):
         raise RuntimeError("xgrammar named a rule of its own srt_*")
     rules = []
