@@ -190,7 +190,7 @@ def test_a_pattern_no_grammar_holds_exactly_is_refused_naming_the_construct(
 
 
 def test_a_pattern_whose_length_cannot_be_cut_is_refused() -> None:
-    with pytest.raises(SchemaError, match="pattern at / .*minLength/maxLength"):
+    with pytest.raises(SchemaError, match=r"pattern at / .*minLength/maxLength"):
         rewrite({"type": "string", "pattern": "^a+b+$", "maxLength": 4})
     with pytest.raises(SchemaError, match="no string of the allowed lengths"):
         rewrite({"type": "string", "pattern": "^abc[0-9]*$", "maxLength": 2})

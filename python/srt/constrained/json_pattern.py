@@ -177,10 +177,11 @@ class _Parser:
             if self.peek() not in ("", "|"):
                 raise self.fail("an anchor inside the expression" if end else "an unmatched )")
             items = body.items if isinstance(body, Seq) else (body,)
+            # Unanchored, any text may come first or last: a starred class there is part of it.
             if not start:
-                items = (ANY_STRING, *items)
-            if not end and items[-1:] != (ANY_STRING,):
-                items = (*items, ANY_STRING)
+                items = (ANY_STRING, *items[_starred(items[:1]) :])
+            if not end:
+                items = (*items[: len(items) - _starred(items[-1:])], ANY_STRING)
             branches.append(Seq(items))
             if not self.peek():
                 return branches[0] if len(branches) == 1 else Alt(tuple(branches))
@@ -376,6 +377,13 @@ def bounded(node: Node, min_length: int, max_length: int | None) -> Node:
     if new_high is not None and new_high < new_low:
         raise PatternError("no string of the allowed lengths matches it")
     return Seq((*items[:at], Repeat(repeat.node, new_low, new_high), *items[at + 1 :]))
+
+
+def _starred(items: tuple[Node, ...]) -> bool:
+    """Whether `items` is one starred character class (`.*`, `[a-z]*`)."""
+    if len(items) != 1 or not isinstance(items[0], Repeat):
+        return False
+    return _repeats_chars(items[0]) and (items[0].low, items[0].high) == (0, None)
 
 
 def _repeats_chars(node: Node) -> bool:
