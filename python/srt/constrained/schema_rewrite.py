@@ -13,6 +13,7 @@ Pure Python, no xgrammar: the main process runs it too, to refuse a schema befor
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -80,6 +81,19 @@ def rewrite(schema: Any) -> Rewrite:
     result = Rewrite(schema=None, root=schema, nonce=nonce)
     result.schema = _walk(schema, "", result)
     return result
+
+
+@functools.lru_cache(maxsize=256)
+def refusal(text: str) -> SchemaError | None:
+    """Why srt refuses the JSON Schema of JSON text `text`, or None (cached by text: the main
+    process asks for every request)."""
+    try:
+        rewrite(json.loads(text))
+    except SchemaError as e:
+        return e
+    except RecursionError:
+        return SchemaError("schema", "", "is nested too deeply")
+    return None
 
 
 def _walk(node: Any, path: str, out: Rewrite) -> Any:

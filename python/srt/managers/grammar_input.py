@@ -19,7 +19,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from srt.constrained.schema_rewrite import SchemaError, rewrite
+from srt.constrained.schema_rewrite import refusal
 from srt.request_limits import RequestError
 
 # An EBNF grammar's start rule, at the start of a line (xgrammar's default root rule name).
@@ -42,11 +42,11 @@ def to_json_schema(name: str, value: Any) -> str:
         schema = value
     if not isinstance(schema, Mapping | bool):
         _fail(name, f"must be a JSON Schema (an object or a boolean), got {schema!r:.80}")
-    try:
-        rewrite(schema)
-    except SchemaError as e:
-        _fail(name, f"is refused: {e}")
-    return value if isinstance(value, str) else json.dumps(schema)
+    text = value if isinstance(value, str) else json.dumps(schema)
+    refused = refusal(text)
+    if refused is not None:
+        _fail(name, f"is refused: {refused}")
+    return text
 
 
 def to_regex(name: str, value: Any) -> str:
