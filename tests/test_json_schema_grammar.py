@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from srt.constrained import json_pattern
+from srt.constrained import regex_classes
 from srt.constrained.json_chars import MUST_ESCAPE, SHORT_ESCAPES, contains
 from srt.constrained.schema_rewrite import SchemaError, rewrite
 from srt.constrained.xgrammar_backend import GrammarBackend
@@ -198,7 +198,7 @@ def test_a_pattern_whose_length_cannot_be_cut_is_refused() -> None:
 
 def test_the_whitespace_class_is_pythons() -> None:
     python = {c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and chr(c).isspace()}
-    assert {c for lo, hi in json_pattern.PYTHON_SPACE for c in range(lo, hi + 1)} == python
+    assert {c for lo, hi in regex_classes.PYTHON_SPACE for c in range(lo, hi + 1)} == python
 
 
 def test_a_schema_without_bounded_strings_is_xgrammars_alone() -> None:

@@ -14,21 +14,11 @@ literal `"` in a pattern is written `\\"` and `a` may be written `\\u0061`.
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
-from srt.constrained.json_chars import (
-    ANY,
-    MAX_CODE_POINT,
-    SURROGATES,
-    Ranges,
-    char_expr,
-    complement,
-    difference,
-    intersect,
-    normalize,
-)
+from srt.constrained.json_chars import ANY, Ranges, char_expr, complement, difference, normalize
+from srt.constrained.regex_classes import class_escape
 
 
 class PatternError(ValueError):
@@ -62,37 +52,6 @@ Node = Chars | Seq | Alt | Repeat
 LINE_TERMINATORS = normalize([(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)])
 DOT = difference(ANY, LINE_TERMINATORS)
 ANY_STRING = Repeat(Chars(ANY), 0, None)
-_ECMA_SPACE = normalize(
-    [
-        (0x09, 0x0D),
-        (0x20, 0x20),
-        (0xA0, 0xA0),
-        (0x1680, 0x1680),
-        (0x2000, 0x200A),
-        (0x2028, 0x2029),
-        (0x202F, 0x202F),
-        (0x205F, 0x205F),
-        (0x3000, 0x3000),
-        (0xFEFF, 0xFEFF),
-    ]
-)
-_ECMA_DIGIT = normalize([(0x30, 0x39)])
-# What Python's `re` matches with \\s in a str pattern (`str.isspace`).
-PYTHON_SPACE = normalize(
-    [
-        (0x09, 0x0D),
-        (0x1C, 0x20),
-        (0x85, 0x85),
-        (0xA0, 0xA0),
-        (0x1680, 0x1680),
-        (0x2000, 0x200A),
-        (0x2028, 0x2029),
-        (0x202F, 0x202F),
-        (0x205F, 0x205F),
-        (0x3000, 0x3000),
-    ]
-)
-_ASCII_WORD = normalize([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
 _SIMPLE_ESCAPES = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B}
 _REFUSED_ESCAPES = {
     "b": "the word boundary \\b",
@@ -109,41 +68,6 @@ _REFUSED_ESCAPES = {
     "0": "the octal escape \\0",
 }
 _QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
-
-
-@functools.cache
-def _python_set(escape: str) -> Ranges:
-    """The code points Python's `re` matches with class escape `escape` (`\\d`, `\\w`, `\\s`),
-    found in one pass over every code point (0.1 s, once per process)."""
-    gap = SURROGATES[1] - SURROGATES[0] + 1
-    text = "".join(map(chr, range(SURROGATES[0]))) + "".join(
-        map(chr, range(SURROGATES[1] + 1, MAX_CODE_POINT + 1))
-    )
-    ranges = []
-    for match in re.finditer(escape + "+", text):
-        lo, hi = match.start(), match.end() - 1
-        shift = [0 if c < SURROGATES[0] else gap for c in (lo, hi)]
-        ranges.append((lo + shift[0], hi + shift[1]))
-    return normalize(ranges)
-
-
-def _class_escape(letter: str, negated_class: bool) -> tuple[Ranges, Ranges] | None:
-    """(the characters both dialects match, the characters either matches) of `\\d`, `\\D`,
-    `\\w`, `\\W`, `\\s`, `\\S`; None for another letter. The second is only needed (and only
-    right) for an uppercase letter or inside a negated class: Python's `\\d` and `\\w` are
-    found by a scan of every code point, made only then."""
-    kind = letter.lower()
-    if kind not in "dws":
-        return None
-    ecma = {"d": _ECMA_DIGIT, "w": _ASCII_WORD, "s": _ECMA_SPACE}[kind]
-    both = intersect(ecma, PYTHON_SPACE) if kind == "s" else ecma  # ECMA's \\d, \\w: ASCII
-    either = both
-    if letter.isupper() or negated_class:
-        python = PYTHON_SPACE if kind == "s" else _python_set("\\" + kind)
-        either = normalize(ecma + python)
-    if letter.isupper():
-        return complement(either), complement(both)
-    return both, either
 
 
 class _Parser:
@@ -298,7 +222,7 @@ class _Parser:
         """(the characters both dialects match, those either matches) of the escape after a
         backslash."""
         char = self.take()
-        sets = _class_escape(char, negated_class)
+        sets = class_escape(char, negated_class)
         if sets is not None:
             return sets
         code: int | None = None

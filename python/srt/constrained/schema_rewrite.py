@@ -51,27 +51,28 @@ class SchemaError(ValueError):
 
 @dataclass
 class Rewrite:
-    """The schema for xgrammar (`schema`), and for each marker it holds as a `const`, the EBNF
-    rule of the string it stands for (`rules`, named `srt_string_<i>`)."""
+    """The schema for xgrammar (`schema`) made from `root`, and for each marker it holds as a
+    `const`, the EBNF rule of the string it stands for (`rules`, named `srt_string_<i>`);
+    markers are `srtstring<nonce>x<i>x`, the nonce one the schema's text does not hold."""
 
     schema: Any
     root: Any
+    nonce: str
     rules: dict[str, str] = field(default_factory=dict)
-    nonce: str = ""
 
     def marker(self, min_length: int, max_length: int | None, pattern: str | None) -> str:
+        """A new marker for a string of `min_length` to `max_length` characters matching
+        `pattern`, its rule kept; PatternError for a pattern no rule can hold."""
         index = len(self.rules)
         name = f"srt_string_{index}"
         if pattern is None:
-            self.rules[f"srtstring{self.nonce}x{index}x"] = string_rule(
-                name, min_length, max_length
-            )
+            rule = string_rule(name, min_length, max_length)
         else:
             node = json_pattern.bounded(json_pattern.parse(pattern), min_length, max_length)
-            self.rules[f"srtstring{self.nonce}x{index}x"] = (
-                f'{name} ::= "\\"" {json_pattern.to_ebnf(node)} "\\""'
-            )
-        return f"srtstring{self.nonce}x{index}x"
+            rule = f'{name} ::= "\\"" {json_pattern.to_ebnf(node)} "\\""'
+        marker = f"srtstring{self.nonce}x{index}x"
+        self.rules[marker] = rule
+        return marker
 
 
 def rewrite(schema: Any) -> Rewrite:
