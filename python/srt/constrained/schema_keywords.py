@@ -26,8 +26,10 @@ ENFORCED: dict[str, str] = {
     "unevaluatedItems": "",
     "minItems": "",
     "maxItems": "",
-    "enum": "string values also filtered by the node's minLength, maxLength and pattern",
-    "const": "",
+    "enum": "xgrammar writes its values, ignoring what is beside it: they are filtered by "
+    "type, minLength, maxLength, pattern, the numeric bounds and multipleOf there; any other "
+    "keyword beside it is refused",
+    "const": "as enum",
     "anyOf": "without sibling keywords other than annotations",
     "oneOf": "only where its branches cannot both match (distinct types or const values)",
     "allOf": "one subschema, without sibling keywords other than annotations",
@@ -100,3 +102,12 @@ FORMATS = frozenset(
 )
 # Keywords that only a string's value is checked against: srt's own grammar writes those strings.
 STRING_BOUNDS = ("minLength", "maxLength", "pattern")
+
+
+class SchemaError(ValueError):
+    """A schema srt refuses: `keyword` at `path` (a JSON Pointer) is the reason."""
+
+    def __init__(self, keyword: str, path: str, why: str) -> None:
+        super().__init__(f"{keyword} at {path or '/'} {why}")
+        self.keyword = keyword
+        self.path = path

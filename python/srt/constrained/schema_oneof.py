@@ -50,7 +50,8 @@ def _resolve(node: Any, root: Any) -> Any:
     return None
 
 
-def _canonical(value: Any) -> str:
+def canonical(value: Any) -> str:
+    """`value` as JSON text that equal JSON values share (1.0 is 1, keys sorted)."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return json.dumps(value, sort_keys=True)
@@ -93,8 +94,8 @@ def _describe(node: Any, root: Any) -> _Branch:
             tag = _resolve(properties.get(name), root) if isinstance(name, str) else None
             tag_values = _values(tag) if isinstance(tag, Mapping) else None
             if tag_values is not None:
-                tags[name] = frozenset(_canonical(v) for v in tag_values)
-    canonical = None if values is None else frozenset(_canonical(v) for v in values)
+                tags[name] = frozenset(canonical(v) for v in tag_values)
+    canonical = None if values is None else frozenset(canonical(v) for v in values)
     return _Branch(types, canonical, tags)
 
 

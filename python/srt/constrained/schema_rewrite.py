@@ -24,8 +24,15 @@ from typing import Any
 from srt.constrained import json_pattern
 from srt.constrained.json_chars import string_rule
 from srt.constrained.json_pattern import PatternError
-from srt.constrained.schema_keywords import ANNOTATIONS, FORMATS, REFUSED, STRING_BOUNDS
+from srt.constrained.schema_keywords import (
+    ANNOTATIONS,
+    FORMATS,
+    REFUSED,
+    STRING_BOUNDS,
+    SchemaError,
+)
 from srt.constrained.schema_oneof import disjoint
+from srt.constrained.schema_values import allowed_values
 
 _SINGLE = (
     "additionalProperties",
@@ -38,15 +45,6 @@ _MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
 # What may sit beside $ref, anyOf, oneOf and allOf: xgrammar ignores every other keyword there.
 _QUIET = frozenset(ANNOTATIONS) | {"$defs", "definitions"}
-
-
-class SchemaError(ValueError):
-    """A schema srt refuses: `keyword` at `path` (a JSON Pointer) is the reason."""
-
-    def __init__(self, keyword: str, path: str, why: str) -> None:
-        super().__init__(f"{keyword} at {path or '/'} {why}")
-        self.keyword = keyword
-        self.path = path
 
 
 @dataclass
@@ -103,6 +101,12 @@ def _walk(node: Any, path: str, out: Rewrite) -> Any:
     if not isinstance(node, Mapping):
         raise SchemaError("schema", path, f"must be an object or a boolean, got {node!r:.60}")
     _check(node, path, out)
+    if "enum" in node or "const" in node:
+        values = node["enum"] if "enum" in node else [node["const"]]
+        kept = allowed_values(node, path, _QUIET)
+        if kept == values:
+            return dict(node)  # what xgrammar writes already satisfies the rest
+        return {**{k: v for k, v in node.items() if k in ANNOTATIONS}, "enum": kept}
     if any(k in node for k in STRING_BOUNDS):
         return _bounded_string(node, path, out)
     new: dict[str, Any] = {}
@@ -149,8 +153,8 @@ def _check(node: Mapping[str, Any], path: str, out: Rewrite) -> None:
 
 
 def _bounded_string(node: Mapping[str, Any], path: str, out: Rewrite) -> Any:
-    """A string node with minLength, maxLength or pattern: its enum or const filtered, or a
-    marker (anyOf the node's other types, where its type lists more)."""
+    """A string node with minLength, maxLength or pattern (and no enum or const): a marker
+    (anyOf the node's other types, where its type lists more)."""
     low = _length(node, "minLength", path) or 0
     high = _length(node, "maxLength", path)
     pattern = node.get("pattern")
@@ -161,16 +165,6 @@ def _bounded_string(node: Mapping[str, Any], path: str, out: Rewrite) -> Any:
             re.compile(pattern)
         except re.error as e:
             raise SchemaError("pattern", path, f"is not a valid regular expression: {e}") from e
-    bounds = [k for k in STRING_BOUNDS if k in node]
-    if "enum" in node or "const" in node:
-        values = node["enum"] if "enum" in node else [node["const"]]
-        if not isinstance(values, list):
-            raise SchemaError("enum", path, "must be an array")
-        kept = [v for v in values if not isinstance(v, str) or _fits(v, low, high, pattern)]
-        if not kept:
-            raise SchemaError(bounds[0], path, "leaves no value of its enum or const")
-        rest = {k: v for k, v in node.items() if k not in (*STRING_BOUNDS, "const")}
-        return _walk({**rest, "enum": kept}, path, out)
     types = node.get("type", "string")
     types = [types] if isinstance(types, str) else types
     if not isinstance(types, list) or "string" not in types:
@@ -193,14 +187,6 @@ def _length(node: Mapping[str, Any], key: str, path: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise SchemaError(key, path, f"must be a non-negative integer, got {value!r:.40}")
     return value
-
-
-def _fits(value: str, low: int, high: int | None, pattern: str | None) -> bool:
-    return (
-        low <= len(value)
-        and (high is None or len(value) <= high)
-        and (pattern is None or re.search(pattern, value) is not None)
-    )
 
 
 def _escape(key: str) -> str:
