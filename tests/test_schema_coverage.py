@@ -38,6 +38,12 @@ ENFORCED_PROBES: dict[str, tuple[dict[str, Any], list[str], list[str]]] = {
         ['{"b": 1}', '{"a": 1, "b": 2}'],
         ["{}", '{"a": 1}'],
     ),
+    # xgrammar writes only listed properties: srt lists a required one its properties lack.
+    "required beyond properties": (
+        {"type": "object", "properties": {"a": INT}, "required": ["b"]},
+        ['{"b": [true]}', '{"a": 1, "b": null}'],
+        ["{}", '{"a": 1}'],
+    ),
     "additionalProperties": (
         {"type": "object", "properties": {"a": INT}, "additionalProperties": {"type": "boolean"}},
         ['{"a": 1, "b": true}'],
@@ -156,6 +162,8 @@ CONDITIONAL_REFUSALS: list[tuple[str, dict[str, Any]]] = [
     ("pattern", {"type": "string", "pattern": "(a"}),
     ("required", {"type": "object", "enum": [{"b": 1}], "required": ["a"]}),
     ("const", {"type": "integer", "const": "a"}),
+    ("required", {"type": "object", "required": ["a"], "additionalProperties": False}),
+    ("minLength", {"type": "string", "minLength": 3, "maxLength": 2}),
 ]
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 ENFORCED: dict[str, str] = {
     "type": "one type or a list of types",
     "properties": "",
-    "required": "",
+    "required": "a name properties lack is listed there under additionalProperties' schema "
+    "(xgrammar left it out)",
     "additionalProperties": "absent means false: only the listed properties are written",
     "patternProperties": "keys matched whole (written without escapes)",
     "propertyNames": "",

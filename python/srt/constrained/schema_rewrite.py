@@ -109,6 +109,8 @@ def _walk(node: Any, path: str, out: Rewrite) -> Any:
         return {**{k: v for k, v in node.items() if k in ANNOTATIONS}, "enum": kept}
     if any(k in node for k in STRING_BOUNDS):
         return _bounded_string(node, path, out)
+    if isinstance(node.get("required"), list):
+        node = _with_required_properties(node, path)
     new: dict[str, Any] = {}
     for key, value in node.items():
         where = f"{path}/{_escape(key)}"
@@ -123,6 +125,24 @@ def _walk(node: Any, path: str, out: Rewrite) -> Any:
         else:
             new[key] = value
     return new
+
+
+def _with_required_properties(node: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+    """`node` with each required name its `properties` lack listed there, under the schema
+    `additionalProperties` gives it: xgrammar writes only listed properties (and none beside
+    them unless asked), so it left a required one out."""
+    properties = node.get("properties", {})
+    missing = [n for n in node["required"] if isinstance(n, str) and n not in properties]
+    if not missing or not isinstance(properties, Mapping):
+        return node
+    extra = node.get("additionalProperties", True)
+    if extra is False or "patternProperties" in node:
+        why = "names properties that additionalProperties false forbids"
+        if extra is not False:
+            why = "names properties beside patternProperties, which are refused"
+        raise SchemaError("required", path, f"{why}: {', '.join(missing)}")
+    listed = {name: {} if extra is True else extra for name in missing}
+    return {**node, "properties": {**properties, **listed}}
 
 
 def _check(node: Mapping[str, Any], path: str, out: Rewrite) -> None:
@@ -157,6 +177,8 @@ def _bounded_string(node: Mapping[str, Any], path: str, out: Rewrite) -> Any:
     (anyOf the node's other types, where its type lists more)."""
     low = _length(node, "minLength", path) or 0
     high = _length(node, "maxLength", path)
+    if high is not None and low > high:
+        raise SchemaError("minLength", path, f"is greater than maxLength ({low} > {high})")
     pattern = node.get("pattern")
     if pattern is not None:
         if not isinstance(pattern, str):
