@@ -1,9 +1,10 @@
 """Every JSON Schema answer that ends with `stop` is strict JSON and valid: random schemas (the
 keywords real schemas use: nested objects, arrays with minItems/maxItems, enum, const, anyOf,
-$ref/$defs, format, bounded numbers, strings with minLength, maxLength and pattern), some as a
-tool's parameters under a required `tool_choice`, answered by the tiny random model at
-temperature 1 under several seeds, with and without a `logit_bias` toward every token that
-holds a control character, a quotation mark or a reverse solidus. Each answer that stops must
+$ref/$defs, format, bounded numbers, strings with minLength, maxLength and pattern, a required
+property beyond the listed ones), some as a tool's parameters under a required or named
+`tool_choice`, answered by the tiny random model at temperature 1 under several seeds, with and
+without a `logit_bias` toward every token that holds a control character, a quotation mark or a
+reverse solidus. Each answer that stops must
 pass `json.loads` (strict: no raw control character) and `jsonschema.validate`.
 
 In-process through the real scheduler and runner; the OpenAI-shaped HTTP API (response_format
@@ -100,14 +101,13 @@ LEAVES = st.one_of(
 
 
 def nested(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
-    def obj(props: dict[str, dict[str, Any]], required: list[bool]) -> dict[str, Any]:
+    def obj(props: dict[str, dict[str, Any]], required: list[bool], closed: bool) -> dict[str, Any]:
+        """Closed: no property beside `props`; open: one more required, any value."""
         names = [n for n, r in zip(props, required, strict=False) if r]
-        return {
-            "type": "object",
-            "properties": props,
-            "required": names,
-            "additionalProperties": False,
-        }
+        schema = {"type": "object", "properties": props, "required": names}
+        if closed:
+            return {**schema, "additionalProperties": False}
+        return {**schema, "required": [*names, "more"]}
 
     def array(items: dict[str, Any], low: int, extra: int) -> dict[str, Any]:
         return {"type": "array", "items": items, "minItems": low, "maxItems": low + extra}
@@ -118,6 +118,7 @@ def nested(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dic
             obj,
             st.dictionaries(keys, children, min_size=1, max_size=3),
             st.lists(st.booleans(), min_size=3, max_size=3),
+            st.booleans(),
         ),
         st.builds(array, children, st.integers(0, 1), st.integers(0, 2)),
         st.lists(children, min_size=2, max_size=3).map(lambda b: {"anyOf": b}),
