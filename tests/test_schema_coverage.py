@@ -225,7 +225,8 @@ def test_refusals_are_openai_400s_naming_the_field_and_the_keyword(
     tiny_server: ServerProcess,
 ) -> None:
     client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0)
-    cases = [*REFUSED_PROBES.items(), *CONDITIONAL_REFUSALS[:2]]
+    lookahead = {"type": "string", "pattern": "^a(?=b)"}
+    cases = [*REFUSED_PROBES.items(), *CONDITIONAL_REFUSALS[:2], ("pattern", lookahead)]
     for keyword, schema in cases:
         response_format: Any = {
             "type": "json_schema",
@@ -242,6 +243,7 @@ def test_refusals_are_openai_400s_naming_the_field_and_the_keyword(
         assert isinstance(body, dict)
         assert (body["param"], body["type"]) == ("response_format", "invalid_request_error")
         assert keyword in body["message"], body
+        assert keyword != "pattern" or "lookaround" in body["message"]
     parameters = {"type": "object", "properties": {"a": REFUSED_PROBES["not"]}}
     tools: Any = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
     with pytest.raises(openai.BadRequestError) as info:
