@@ -55,7 +55,7 @@ ASCII_WORD = normalize([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
 @functools.cache
 def _python_set(escape: str) -> Ranges:
     """The code points Python's `re` matches with class escape `escape` (`\\d`, `\\w`, `\\s`),
-    found in one pass over every code point (0.1 s, once per process)."""
+    found in one pass over every code point (a few tenths of a second, once per process)."""
     gap = SURROGATES[1] - SURROGATES[0] + 1
     text = "".join(map(chr, range(SURROGATES[0]))) + "".join(
         map(chr, range(SURROGATES[1] + 1, MAX_CODE_POINT + 1))

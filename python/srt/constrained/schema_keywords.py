@@ -15,7 +15,7 @@ ENFORCED: dict[str, str] = {
     "type": "one type or a list of types",
     "properties": "",
     "required": "a name properties lack is listed there under additionalProperties' schema "
-    "(xgrammar left it out)",
+    "(xgrammar leaves it out)",
     "additionalProperties": "absent means false: only the listed properties are written",
     "patternProperties": "keys matched whole (written without escapes)",
     "propertyNames": "",
@@ -34,18 +34,20 @@ ENFORCED: dict[str, str] = {
     "anyOf": "without sibling keywords other than annotations",
     "oneOf": "only where its branches cannot both match (distinct types or const values)",
     "allOf": "one subschema, without sibling keywords other than annotations",
-    "$ref": "local references (#, #/$defs/..., #/definitions/...), no sibling keywords",
+    "$ref": "local references (#, #/$defs/..., #/definitions/...), without sibling keywords "
+    "other than annotations and $defs",
     "$defs": "",
     "definitions": "",
     "minimum": "",
     "maximum": "",
     "exclusiveMinimum": "",
     "exclusiveMaximum": "",
-    "multipleOf": "integers only",
+    "multipleOf": "on integers, by a positive integer; refused on other numbers",
     "minLength": "counts decoded characters; any escape counts one",
     "maxLength": "counts decoded characters; any escape counts one",
     "pattern": "matched anywhere in the decoded value; lookaround, backreferences, word "
-    "boundaries and inline flags are refused",
+    "boundaries, inline flags, possessive quantifiers and {,n} are refused, and so is "
+    "minLength/maxLength beside a pattern whose variable part is more than one repeated class",
     "format": "uuid, email, hostname, ipv6, uri, uri-reference, uri-template, duration; date, "
     "time, date-time and ipv4 by their shape (xgrammar's grammar lets Feb 30, a second 60 and "
     "leading zeros through); not together with minLength, maxLength or pattern",
