@@ -12,6 +12,9 @@ model runner, with the JSON Schema of a typical tool call:
   each row's token bitmask, apply it to the logits, advance each matcher by a token), walked
   along a valid tool call so that every mask is one a real step would compute;
   `mask_fraction_bs{B}` is it over the unconstrained step (the issue's target: <= 0.10);
+  `mask_bounded_s_bs{B}` the same with the call's string bounded by minLength/maxLength (its
+  grammar srt's), and `mask_bounded_xgrammar_s_bs{B}` with xgrammar's own grammar of that
+  schema (which lets control characters through), for comparison;
 - `ttft_cold_s` / `ttft_cached_s`: the median time from `add_request` to the first token of a
   request whose schema is new (compiled while it waits; the compiler itself is built before)
   or already compiled, and `ttft_unconstrained_s`, one request at a time;
@@ -29,6 +32,7 @@ model runner, with the JSON Schema of a typical tool call:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import random
 import statistics
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import xgrammar as xgr
 from bench_utils import emit
 from transformers import PreTrainedTokenizerFast
 
@@ -63,6 +68,12 @@ TOOL_CALL_SCHEMA: dict[str, Any] = {
         },
     },
     "required": ["name", "arguments"],
+}
+# The same with its strings bounded: their grammar is srt's (`constrained/schema_grammar.py`).
+BOUNDED_TOOL_CALL_SCHEMA: dict[str, Any] = copy.deepcopy(TOOL_CALL_SCHEMA)
+BOUNDED_TOOL_CALL_SCHEMA["properties"]["arguments"]["properties"]["location"] |= {
+    "minLength": 1,
+    "maxLength": 64,
 }
 # Long fixed keys around short values: most of the output is text the grammar forces.
 LONG_KEYS_SCHEMA: dict[str, Any] = {
@@ -124,17 +135,23 @@ def decode_step_s(scheduler: Scheduler, batch: int, steps: int) -> float:
     return statistics.median(times)
 
 
-def mask_s(scheduler: Scheduler, batch: int, token_ids: list[int]) -> float:
-    """The median time of one step's masking work for `batch` constrained rows, each row walking
-    `token_ids` (a valid output) one token per step."""
+def mask_s(
+    scheduler: Scheduler, batch: int, token_ids: list[int], schema: str, xgrammar_own: bool = False
+) -> float:
+    """The median time of one step's masking work for `batch` constrained rows under `schema`,
+    each row walking `token_ids` (a valid output) one token per step. With `xgrammar_own`, the
+    grammar xgrammar compiles from the schema itself, not the one srt serves."""
     grammars = scheduler.runner.grammars  # type: ignore[attr-defined]
-    schema = json.dumps(TOOL_CALL_SCHEMA)
     while not (status := grammars.status("json_schema", schema)).ready:
         assert status.error is None, status.error
         time.sleep(0.01)
+    if xgrammar_own:
+        compiled = grammars.compiler().compile_json_schema(schema, any_whitespace=False)
+        matchers = [xgr.GrammarMatcher(compiled) for _ in range(batch)]
+    else:
+        matchers = [grammars.matcher("json_schema", schema) for _ in range(batch)]
     vocab = scheduler.vocab_size
     masks = GrammarMasks(vocab)
-    matchers = [grammars.matcher("json_schema", schema) for _ in range(batch)]
     logits = torch.randn(batch, vocab)
     times = []
     for token in token_ids:
@@ -233,7 +250,12 @@ def main() -> None:
     )
     for batch in args.batch_sizes:
         step = decode_step_s(scheduler, batch, args.steps)
-        mask = mask_s(scheduler, batch, call_ids)
+        mask = mask_s(scheduler, batch, call_ids, schema)
+        bounded = json.dumps(BOUNDED_TOOL_CALL_SCHEMA)
+        results[f"mask_bounded_s_bs{batch}"] = mask_s(scheduler, batch, call_ids, bounded)
+        results[f"mask_bounded_xgrammar_s_bs{batch}"] = mask_s(
+            scheduler, batch, call_ids, bounded, xgrammar_own=True
+        )
         check = jump_check_s(scheduler, batch, call_ids)
         results[f"unconstrained_step_s_bs{batch}"] = step
         results[f"mask_s_bs{batch}"] = mask

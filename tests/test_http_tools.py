@@ -22,12 +22,14 @@ from srt.testing.server_process import ServerProcess, running_server
 pytestmark = pytest.mark.slow
 
 MODEL = TINY_SERVER_MODEL
-# Bounded parameters: every path ends well within MAX_TOKENS.
+# Bounded parameters: every path ends within MAX_TOKENS (a city of 8 characters, each escape
+# `\uXXXX` one of them, is at most 48 characters of output; the quotation marks around its
+# letters only escapes can write).
 PARAMETERS: dict[str, dict[str, Any]] = {
     "get_weather": {
         "type": "object",
         "properties": {
-            "city": {"type": "string", "pattern": "^[a-z]{1,10}$"},
+            "city": {"type": "string", "minLength": 1, "maxLength": 8, "pattern": '^"[a-z]+"$'},
             "unit": {"enum": ["c", "f"]},
         },
         "required": ["city", "unit"],
@@ -52,7 +54,7 @@ TOOLS: Any = [
     for name, p in PARAMETERS.items()
 ]
 MESSAGES: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
-MAX_TOKENS = 80
+MAX_TOKENS = 160
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +274,7 @@ def test_a_conversation_with_tool_results(client: openai.OpenAI) -> None:
 HERMES_EBNF = (
     'root ::= "Let me look. " call call?\n'
     'call ::= "<tool_call>{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"" '
-    '[a-z]{1,8} "\\", \\"unit\\": \\"c\\"}}</tool_call>"'
+    '"\\\\\\"" [a-z]{1,6} "\\\\\\"" "\\", \\"unit\\": \\"c\\"}}</tool_call>"'
 )
 
 

@@ -11,6 +11,10 @@ JSON Schemas compile without free whitespace unless `any_whitespace` asks for it
 the other way round): between JSON tokens only the separators `", "` and `": "` are allowed, or
 a random or weak model pads with whitespace until its tokens run out.
 
+A JSON Schema with strings bounded by `minLength`, `maxLength` or `pattern` compiles through
+`schema_grammar` (srt writes those strings' rules: xgrammar's let control characters through and
+leave escapes out); one with keywords xgrammar would not enforce is refused (`schema_rewrite`).
+
 The tokenizer the compiler indexes also tokenizes the text a grammar forces, for jump-forward
 decoding (`forced_tokenizer`).
 """
@@ -29,6 +33,7 @@ import xgrammar as xgr
 from transformers import PreTrainedTokenizerFast
 
 from srt.constrained.jump_forward import ForcedTokenizer
+from srt.constrained.schema_grammar import schema_grammar
 from srt.model_executor.worker_batch import GRAMMAR_COMPILING, GRAMMAR_READY, GrammarStatus
 from srt.model_info import local_files
 
@@ -107,6 +112,9 @@ class GrammarBackend:
     def _compile(self, kind: str, text: str) -> xgr.CompiledGrammar:
         compiler = self.compiler()
         if kind == "json_schema":
+            grammar = schema_grammar(text, self.any_whitespace)
+            if grammar is not None:
+                return compiler.compile_grammar(grammar)
             return compiler.compile_json_schema(text, any_whitespace=self.any_whitespace)
         if kind == "regex":
             return compiler.compile_regex(text)

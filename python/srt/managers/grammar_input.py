@@ -4,10 +4,11 @@ queued, what cannot be a grammar of its kind.
 
 The main process never imports torch, and xgrammar does, so these checks are the ones that need
 no compiler: a schema must be JSON text (or a JSON value, serialized here) holding an object or
-a boolean, a regex must compile with Python's `re` (whose syntax xgrammar's is close to), and an
-EBNF grammar must define the start rule `root`. The scheduler's compile is the final word: what
-passes here and still fails to compile is refused with a 400 naming the field there
-(`Scheduler.add_request`), before the request waits for memory.
+a boolean, whose keywords srt enforces (`constrained.schema_rewrite`, pure Python); a regex must
+compile with Python's `re` (whose syntax xgrammar's is close to), and an EBNF grammar must define
+the start rule `root`. The scheduler's compile is the final word: what passes here and still
+fails to compile is refused with a 400 naming the field there (`Scheduler.add_request`), before
+the request waits for memory.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from srt.constrained.schema_rewrite import refusal
 from srt.request_limits import RequestError
 
 # An EBNF grammar's start rule, at the start of a line (xgrammar's default root rule name).
@@ -40,7 +42,11 @@ def to_json_schema(name: str, value: Any) -> str:
         schema = value
     if not isinstance(schema, Mapping | bool):
         _fail(name, f"must be a JSON Schema (an object or a boolean), got {schema!r:.80}")
-    return value if isinstance(value, str) else json.dumps(schema)
+    text = value if isinstance(value, str) else json.dumps(schema)
+    refused = refusal(text)
+    if refused is not None:
+        _fail(name, f"is refused: {refused}")
+    return text
 
 
 def to_regex(name: str, value: Any) -> str:

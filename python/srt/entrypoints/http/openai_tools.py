@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from srt.constrained.schema_rewrite import refusal
 from srt.entrypoints.http.errors import bad_request
 from srt.function_call.base_parser import ToolCallParser
 from srt.function_call.constraint import named_schema, required_schema
@@ -134,6 +135,9 @@ def check_tool(tool: Any, where: str) -> Tool:
         raise bad_request(f"{field} must be a JSON Schema object", field)
     if params is not None and params.get("type", "object") != "object":
         raise bad_request(f"{field} must be the JSON Schema of an object", field)
+    refused = None if params is None else refusal(json.dumps(params))
+    if refused is not None:
+        raise bad_request(f"{field} is refused: {refused}", field)
     return Tool(name, params)
 
 
