@@ -12,7 +12,8 @@ Markdown, TOML, shell, and the CI entry point). A reference is one of:
   error (as a document the repository does not have, such as a design note kept elsewhere).
 
 Lower-case bare names (`peers.md`) are files that srt's tools write, not documents: unchecked.
-URLs are not references to the repository.
+URLs are not references to the repository, nor is a section of a published standard
+(`RFC 8259` then the sign and `7`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ _SECTIONS = rf"{SIGN}\s*{_NUMBERS}(?:\s*,\s*{SIGN}?\s*{_NUMBERS})*"
 # A Markdown path, optionally in backticks, then sections: `N`, `N-M`, `N, M`.
 CITED_SECTIONS = re.compile(rf"([\w./-]+\.md)`?\s*({_SECTIONS})")
 OWN_SECTIONS = re.compile(_SECTIONS)
+STANDARD_SECTIONS = re.compile(rf"RFC\s*\d+\s*({_SECTIONS})")
 PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]+\.md|docs/[\w./-]*\w)")
 BARE_DOC = re.compile(r"(?<![\w./-])([A-Z][A-Z0-9_-]*\.md)\b")
 URL = re.compile(r"\w+://\S+")
@@ -82,7 +84,7 @@ def problems_in(text: str, citer: Path, root: Path) -> list[str]:
     text = URL.sub(" ", text)
     where = citer.relative_to(root)
     problems = []
-    covered: list[tuple[int, int]] = []
+    covered = [match.span(1) for match in STANDARD_SECTIONS.finditer(text)]
     for match in CITED_SECTIONS.finditer(text):
         reference, cited = match.groups()
         covered.append(match.span(2))
@@ -141,6 +143,7 @@ def test_the_checker_finds_missing_documents_and_sections(tmp_path: Path) -> Non
         f"docs/design.md {SIGN}1, {SIGN}2",
         "see https://example.com/docs/other.md and DESIGN for the plan",
         "writes peers.md into the output folder",
+        f"the characters of a JSON string (RFC 8259 {SIGN}7)",
     ]
     for text in good:
         assert problems_in(text, citer, tmp_path) == [], text
