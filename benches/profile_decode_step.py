@@ -11,7 +11,7 @@ costs about a microsecond per call, counted in the step), and each total is repo
 step beside the whole step's. The integer or float kernel of quantized products is timed inside
 `QuantizedWeight.linear`, so `linear - kernel` is the Python around the products; what no row
 names (module calls, splits, views, logits) is the rest of the step. Where the layers run as
-one Rust call (`models/fused_decode.py`), that call is one row and the per-kernel rows count
+one Rust call (`model_executor/cpu_decode.py`), that call is one row and the per-kernel rows count
 only what runs outside it (the final norm, the lm_head); `SRT_FUSED_DECODE=0` times the layers
 kernel by kernel.
 """
@@ -32,9 +32,9 @@ from bench_utils import emit
 from srt import _rust, envs
 from srt.layers import cpu_kernels, quant_kernels
 from srt.mem_cache import memory_pool
+from srt.model_executor import cpu_decode
 from srt.model_executor.cpu_threads import bind_cpu_threads
 from srt.model_executor.model_runner import ModelRunner
-from srt.models import fused_decode
 from srt.server_args import ServerArgs
 from srt.testing.smollm2 import smollm2_gguf_in_cache
 
@@ -48,7 +48,7 @@ TIMED: tuple[tuple[Any, str, str], ...] = (
     (cpu_kernels, "rotary", "rotary"),
     (cpu_kernels, "silu_and_mul", "silu_and_mul"),
     (memory_pool.KVPool, "store", "KV store"),
-    (fused_decode.FusedDecode, "run", "fused layers (one call)"),
+    (cpu_decode.CpuDecodeExecutor, "run", "fused layers (one call)"),
 )
 WARMUP_STEPS = 5
 

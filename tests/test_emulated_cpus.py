@@ -151,7 +151,7 @@ def generate(gguf: Path) -> dict[str, Any]:
     from srt.layers import cpu_kernels, quant_kernels
     from srt.layers.quant_kernels import DENSE, INT8_ACTIVATION_MIN_ROWS, KERNEL, PREFILL
     from srt.layers.quant_kernels import QuantizedWeight as Weight
-    from srt.models.fused_decode import FusedDecode
+    from srt.model_executor.cpu_decode import CpuDecodeExecutor
 
     def plan(weight: Weight, dtype: torch.dtype, offered: bool) -> quant_kernels.Plan:
         one_int8 = ((INT8_ACTIVATION_MIN_ROWS, PREFILL),) if offered else ()
@@ -169,9 +169,9 @@ def generate(gguf: Path) -> dict[str, Any]:
 
         return path
 
-    run = FusedDecode.run
+    run = CpuDecodeExecutor.run
 
-    def counted_run(self: FusedDecode, *args: Any) -> bool:
+    def counted_run(self: CpuDecodeExecutor, *args: Any) -> bool:
         ran = run(self, *args)
         fused[str(args[-1].batch_size)] += ran
         return ran
@@ -180,7 +180,7 @@ def generate(gguf: Path) -> dict[str, Any]:
         patch.setattr(quant_kernels, "_measure_plan", plan)
         for name in (KERNEL, PREFILL, DENSE):
             patch.setattr(Weight, name, counted_path(name))
-        patch.setattr(FusedDecode, "run", counted_run)
+        patch.setattr(CpuDecodeExecutor, "run", counted_run)
         runner = make_runner(gguf, max_total_tokens=256, max_running_requests=16)
         vocab = runner.model_config.vocab_size
         prompts = [

@@ -1,4 +1,4 @@
-"""Decode steps of quantized layers in one Rust call (`srt.models.fused_decode`), on the
+"""Decode steps of quantized layers in one Rust call (`srt.model_executor.cpu_decode`), on the
 integer kernels' tiles (AVX-512 VNNI, AVX2) and on blocks (the float kernel, as on CPUs without
 AVX2): the same logits, bit for bit, as the layers called one by one; the steps it leaves to
 them; and the binding's refusals."""
@@ -20,8 +20,8 @@ from srt import _rust
 from srt.layers import cpu_kernels, quant_kernels
 from srt.layers.attention.torch_native import TorchNativeAttnBackend
 from srt.layers.quant_kernels import DENSE, KERNEL, PREFILL, QuantizedWeight
+from srt.model_executor.cpu_decode import CpuDecodeExecutor
 from srt.model_executor.model_runner import ModelRunner
-from srt.models.fused_decode import FusedDecode
 
 ACTIVE_ISA = cpu_kernels.isa()[0]
 
@@ -57,15 +57,15 @@ def mixed_formats(name: str) -> str | None:
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Every `FusedDecode.run`'s answer, in order."""
+    """Every `CpuDecodeExecutor.run`'s answer, in order."""
     answers: list[bool] = []
-    run = FusedDecode.run
+    run = CpuDecodeExecutor.run
 
-    def counting(self: FusedDecode, *args: object) -> bool:
+    def counting(self: CpuDecodeExecutor, *args: object) -> bool:
         answers.append(run(self, *args))  # type: ignore[arg-type]
         return answers[-1]
 
-    monkeypatch.setattr(FusedDecode, "run", counting)
+    monkeypatch.setattr(CpuDecodeExecutor, "run", counting)
     return answers
 
 
@@ -190,13 +190,12 @@ def test_batches_at_a_crossover_and_float_weights_take_the_layers(
     runner_extend_and_decode_logits(runner)  # decode steps of 3 sequences
     assert counted == [False] * 5
     counted.clear()
-    with caplog.at_level(logging.INFO, logger="srt.models.fused_decode"):
+    with caplog.at_level(logging.INFO, logger="srt.model_executor.cpu_decode"):
         runner_extend_and_decode_logits(make_runner(tiny_model_factory("llama")))
     assert counted == [False] * 5  # float weights: no quantized projection
-    said = [r.getMessage() for r in caplog.records if r.name == "srt.models.fused_decode"]
+    said = [r.getMessage() for r in caplog.records if r.name == "srt.model_executor.cpu_decode"]
     assert said == [
-        "decode steps run layer by layer, not in one Rust call: qkv_proj is not a"
-        " GGUF-quantized weight"
+        "decode steps run layer by layer, not in one Rust call: qkv is not a GGUF-quantized weight"
     ]
 
 

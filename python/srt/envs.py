@@ -52,8 +52,8 @@ def cpu_isa() -> str | None:
 
 def fused_decode() -> bool:
     """Whether decode steps of packed quantized layers run as one Rust call
-    (`models/fused_decode.py`; `SRT_FUSED_DECODE=0` runs the layers one by one, to compare: both
-    give the same bits)."""
+    (`model_executor/cpu_decode.py`; `SRT_FUSED_DECODE=0` runs the layers one by one, to
+    compare: both give the same bits)."""
     return os.environ.get("SRT_FUSED_DECODE", "1") != "0"
 
 

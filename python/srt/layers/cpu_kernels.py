@@ -1,7 +1,7 @@
 """srt's CPU kernels (the Rust core's `gemm`, `attention` and `ops`) as functions of tensors, and
 the instruction-set tier they run. The layers' other facades over `srt._rust` are
 `quant_kernels.py` (GGUF weights) and `plan_cache.py` (the extension's bytes in a plan's key);
-the models' fused decode step (`models/fused_decode.py`) calls the Rust decoder stack itself.
+the CPU decode executor (`model_executor/cpu_decode.py`) calls the Rust decoder stack itself.
 
 Why they exist: on the CPU a decode step is a few rows per operator, where PyTorch's kernels
 reach a fraction of the cores' throughput (its BLAS) or spend more in fixed costs and extra

@@ -17,6 +17,7 @@ from srt.forward_mode import ForwardMode
 
 if TYPE_CHECKING:
     from srt.layers.attention.base import AttentionBackend
+    from srt.layers.decoder_plan import LayersExecutor
     from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 
 
@@ -36,6 +37,9 @@ class ForwardBatch:
     # Extend only: how many of each sequence's last new tokens get logits (None: the last one
     # each); the rows before the last serve prompt logprobs.
     extend_logit_lens_cpu: list[int] | None = None
+    # What may run the model's decoder layers whole (`layers/decoder_plan.py`; None: they run
+    # one by one).
+    layers_executor: LayersExecutor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -217,9 +217,10 @@ class QuantizedWeight:
         return found
 
     def stack_rows(self, dtype: torch.dtype, int8_offered: bool) -> tuple[int | None, int]:
-        """For a decode stack that runs the few-row and prefill kernels alone (`fused_decode`):
-        from which row count of `dtype` the plan takes the prefill kernel (activations rounded
-        to one int8; None: never), and from which another path (`sys.maxsize`: none)."""
+        """For a decode stack that runs the few-row and prefill kernels alone
+        (`model_executor/cpu_decode.py`): from which row count of `dtype` the plan takes the
+        prefill kernel (activations rounded to one int8; None: never), and from which another
+        path (`sys.maxsize`: none)."""
         one_int8_from = None
         for start, path in self.plan(dtype, int8_offered)[1:]:
             if path != PREFILL or one_int8_from is not None:

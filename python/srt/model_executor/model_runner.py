@@ -26,6 +26,7 @@ from srt.layers.linear import plan_products, prepare_for_device, uninitialized
 from srt.layers.quant_kernels import int8_activations
 from srt.layers.quantization import quantize_int8, weight_bytes
 from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
+from srt.model_executor.cpu_decode import CpuDecodeExecutor
 from srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from srt.model_executor.model_config import ModelConfig
 from srt.model_executor.resolve import resolve_device_defaults
@@ -112,6 +113,10 @@ class ModelRunner:
             finally:
                 torch.set_default_dtype(default_dtype)
         stages.done("model built")
+        # Decode steps of the layers in one Rust call, for a model that states its layers.
+        plan = getattr(self.model, "decoder_plan", None)
+        cpu = self.device.type == "cpu"
+        self.layers_executor = CpuDecodeExecutor(plan()) if plan is not None and cpu else None
         if not dummy:
             # Tensor-parallel ranks read only their shards of a safetensors checkpoint.
             read = iterate_weight_slices if self.tp.size > 1 else iterate_weights
@@ -335,6 +340,7 @@ class ModelRunner:
             req_to_token_pool=self.req_to_token_pool,
             kv_pool=self.kv_pool,
             attn_backend=self.attn_backend,
+            layers_executor=self.layers_executor,
         )
 
     @torch.inference_mode()

@@ -8,20 +8,23 @@ float tensors by copying, GGUF blocks by concatenating their rows (models/loadin
 Under tensor parallelism (srt.distributed) each rank builds its share: its attention heads (and
 KV heads, replicated when fewer than the ranks), its share of the MLP's intermediate rows and of
 the vocabulary (layers/parallel_linear.py); `load_weights` cuts each checkpoint tensor to the
-rank's shard before it is copied, and the decode steps run layer by layer (the fused Rust step
-has no all-reduce).
+rank's shard before it is copied.
+
+The model states its layers (`decoder_plan`); an executor the model runner puts on the forward
+batch (`layers_executor`) may run them all at once, else they run one by one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from srt.distributed import get_tp_group
 from srt.layers.activation import SiluAndMul
+from srt.layers.decoder_plan import DecoderLayerPlan, DecoderPlan
 from srt.layers.forward_batch import ForwardBatch
 from srt.layers.layernorm import RMSNorm
 from srt.layers.lazy_tensor import LazyTensor
@@ -38,7 +41,6 @@ from srt.layers.quant_kernels import QuantizedWeight
 from srt.layers.radix_attention import RadixAttention
 from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary, rope_parameters
 from srt.layers.vocab_embedding import VocabParallelEmbedding
-from srt.models.fused_decode import FusedDecode
 from srt.models.loading import QuantizedShards, copy_checked, copy_shard
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos and signed sin, see RotaryEmbedding.forward
@@ -143,8 +145,6 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, i, attention_cls) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        # Decode steps of packed quantized layers in one Rust call (fused_decode.py).
-        self.fused_decode = FusedDecode(self)
         # One table for all layers; each forward pass takes its positions' rows once.
         self.rotary_emb = RotaryEmbedding(
             head_dim_of(config), config.max_position_embeddings, rope_parameters(config)
@@ -156,11 +156,40 @@ class LlamaModel(nn.Module):
         hidden = self.embed_tokens(input_ids)
         residual = torch.zeros_like(hidden)
         rope = self.rotary_emb(positions, hidden.dtype)
-        if not self.fused_decode.run(rope, hidden, residual, forward_batch):
+        executor = forward_batch.layers_executor
+        if executor is None or not executor.run(rope, hidden, residual, forward_batch):
             for layer in self.layers:
                 hidden, residual = layer(rope, hidden, residual, forward_batch)
         hidden, _ = self.norm.forward_with_residual(hidden, residual)
         return hidden
+
+    def decoder_plan(self) -> DecoderPlan:
+        """The layers as an executor runs them (this rank's heads)."""
+        decoder_layers = cast("list[LlamaDecoderLayer]", list(self.layers))
+        layers = []
+        for layer in decoder_layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            layers.append(
+                DecoderLayerPlan(
+                    layer_id=attention.attn.layer_id,
+                    input_norm=layer.input_layernorm,
+                    qkv=attention.qkv_proj,
+                    q_norm=attention.q_norm if attention.qk_norm else None,
+                    k_norm=attention.k_norm if attention.qk_norm else None,
+                    o=attention.o_proj,
+                    post_norm=layer.post_attention_layernorm,
+                    gate_up=mlp.gate_up_proj,
+                    down=mlp.down_proj,
+                )
+            )
+        first = decoder_layers[0].self_attn
+        return DecoderPlan(
+            heads=first.num_heads,
+            kv_heads=first.num_kv_heads,
+            head_dim=first.head_dim,
+            scale=first.attn.scaling,
+            layers=tuple(layers),
+        )
 
 
 class LlamaForCausalLM(nn.Module):
@@ -182,6 +211,10 @@ class LlamaForCausalLM(nn.Module):
         """[batch, vocab] float32 logits of each sequence's next token."""
         hidden = self.model(input_ids, positions, forward_batch)
         return compute_logits(hidden, self.lm_head, forward_batch)
+
+    def decoder_plan(self) -> DecoderPlan:
+        """The decoder layers, for an executor (`layers/decoder_plan.py`)."""
+        return self.model.decoder_plan()
 
     def load_weights(self, weights: Iterable[tuple[str, Loadable]]) -> None:
         """Copies checkpoint tensors (Hugging Face names) into the parameters; every parameter

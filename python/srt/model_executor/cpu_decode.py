@@ -1,5 +1,6 @@
-"""A CPU decode step of a Llama-family model's layers in one call to the Rust core
-(`srt._rust.DecoderStack`, rust/core/src/decoder.rs), where every projection is a quantized
+"""The CPU decode executor: a decode step of a model's decoder layers (its `DecoderPlan`,
+`layers/decoder_plan.py`) in one call to the Rust core (`srt._rust.DecoderStack`,
+rust/core/src/decoder.rs), where every projection is a quantized
 weight (`QuantizedWeight`: the default GGUF path), in the integer kernel's tiles on CPUs with
 AVX2 or AVX-512 VNNI, in its blocks through the float kernel elsewhere.
 
@@ -21,7 +22,7 @@ step's rows). Elsewhere, or with `SRT_FUSED_DECODE=0`, the layers run one by one
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,7 @@ from srt.distributed import get_tp_group
 from srt.forward_mode import ForwardMode
 from srt.layers import cpu_kernels
 from srt.layers.attention.torch_native import TorchNativeAttnBackend
+from srt.layers.decoder_plan import DecoderLayerPlan, DecoderPlan
 from srt.layers.linear import Linear
 from srt.layers.quant_kernels import QuantizedWeight, int8_offered
 from srt.tensor_views import numpy_view as _view
@@ -37,7 +39,6 @@ from srt.tensor_views import numpy_view as _view
 if TYPE_CHECKING:
     from srt.layers.forward_batch import ForwardBatch
     from srt.mem_cache.memory_pool import KVPool
-    from srt.models.llama import LlamaDecoderLayer, LlamaModel, Rope
 
 logger = logging.getLogger(__name__)
 
@@ -47,16 +48,16 @@ def _quantized(linear: Linear) -> QuantizedWeight | None:
     return quant if isinstance(quant, QuantizedWeight) else None
 
 
-class FusedDecode:
-    """The decode path of one `LlamaModel` through `DecoderStack`, built at its first use
+class CpuDecodeExecutor:
+    """The decode path of one model's layers through `DecoderStack`, built at its first use
     for the model's KV pool (and again for another pool). The stack holds the weights in the
     form the layers' products read (tiles where the CPU has the integer kernel, else blocks:
     `QuantizedWeight.pack` decides once, and measuring the plans calls it first), and each
     projection's row count for one int8 while products may round activations to int8
     (`quant_kernels.int8_activations`: built again when that changes)."""
 
-    def __init__(self, model: LlamaModel) -> None:
-        self.model = model
+    def __init__(self, plan: DecoderPlan) -> None:
+        self.plan = plan
         self.enabled = envs.fused_decode() and get_tp_group().size == 1
         # What the stack was built for: the pool, and whether int8 activations were offered.
         self._built_for: tuple[KVPool, bool] | None = None
@@ -67,7 +68,11 @@ class FusedDecode:
         self._said: set[str] = set()
 
     def run(
-        self, rope: Rope, hidden: torch.Tensor, residual: torch.Tensor, forward_batch: ForwardBatch
+        self,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        hidden: torch.Tensor,
+        residual: torch.Tensor,
+        forward_batch: ForwardBatch,
     ) -> bool:
         """Runs every layer on `hidden` (replaced in place by the last layer's output) and
         `residual` (updated in place) when this step qualifies; whether it did."""
@@ -102,12 +107,13 @@ class FusedDecode:
         if self._built_for == built_for:
             return self._stack
         self._built_for, self._stack = built_for, None
-        layers = cast("list[LlamaDecoderLayer]", list(self.model.layers))
-        if not layers or pool.k_buffers[0].dtype != dtype or pool.k_buffers[0].device.type != "cpu":
+        plan = self.plan
+        if not plan.layers or pool.k_buffers[0].dtype != dtype:
             return None
-        attention = layers[0].self_attn
+        if pool.k_buffers[0].device.type != "cpu":
+            return None
         specs, ends = [], []
-        for layer in layers:
+        for layer in plan.layers:
             spec = self._layer_spec(layer, pool, dtype, built_for[1])
             if isinstance(spec, str):
                 self._say_unfit(spec)
@@ -115,11 +121,11 @@ class FusedDecode:
             specs.append(spec[0])
             ends.extend(spec[1])
         self._stack = _rust.DecoderStack(
-            attention.num_heads,
-            attention.num_kv_heads,
-            attention.head_dim,
-            layers[0].input_layernorm.eps,
-            attention.attn.scaling,
+            plan.heads,
+            plan.kv_heads,
+            plan.head_dim,
+            plan.layers[0].input_norm.eps,
+            plan.scale,
             specs,
         )
         self._max_batch = min(ends)
@@ -132,19 +138,13 @@ class FusedDecode:
             logger.info("decode steps run layer by layer, not in one Rust call: %s", reason)
 
     def _layer_spec(
-        self, layer: LlamaDecoderLayer, pool: KVPool, dtype: torch.dtype, offered: bool
+        self, layer: DecoderLayerPlan, pool: KVPool, dtype: torch.dtype, offered: bool
     ) -> tuple[_rust.LayerSpec, list[int]] | str:
         """A layer's spec for `DecoderStack` and, per projection, the fewest rows that leave
         the stack's kernels; else why the stack cannot run it (a projection not quantized, a
         norm not of `dtype` or of another epsilon)."""
-        attention, mlp = layer.self_attn, layer.mlp
         projections, ends = [], []
-        named = {
-            "qkv_proj": attention.qkv_proj,
-            "o_proj": attention.o_proj,
-            "gate_up_proj": mlp.gate_up_proj,
-            "down_proj": mlp.down_proj,
-        }
+        named = {"qkv": layer.qkv, "o": layer.o, "gate_up": layer.gate_up, "down": layer.down}
         for name, linear in named.items():
             weight = _quantized(linear)
             if weight is None:
@@ -165,15 +165,15 @@ class FusedDecode:
                     one_int8_from=one_int8_from,
                 )
             )
-        norms = [layer.input_layernorm, layer.post_attention_layernorm]
-        if attention.qk_norm:
-            norms += [attention.q_norm, attention.k_norm]
+        norms = [layer.input_norm, layer.post_norm]
+        if layer.q_norm is not None and layer.k_norm is not None:
+            norms += [layer.q_norm, layer.k_norm]
         # The stack normalizes with the first norm's epsilon.
         if any(n.weight.dtype != dtype or n.eps != norms[0].eps for n in norms):
             return f"the norms of a layer are not all {dtype} with one epsilon"
         weights = [_view(n.weight.detach()) for n in norms]
-        qk_norms = {"q_norm": weights[2], "k_norm": weights[3]} if attention.qk_norm else {}
-        index = attention.attn.layer_id
+        qk_norms = {"q_norm": weights[2], "k_norm": weights[3]} if weights[2:] else {}
+        index = layer.layer_id
         qkv, o, gate_up, down = projections
         spec = _rust.LayerSpec(
             input_norm=weights[0],
