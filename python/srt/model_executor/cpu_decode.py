@@ -1,8 +1,8 @@
 """The CPU decode executor: a decode step of a model's decoder layers (its `DecoderPlan`,
 `layers/decoder_plan.py`) in one call to the Rust core (`srt._rust.DecoderStack`,
-rust/core/src/decoder.rs), where every projection is a quantized
-weight (`QuantizedWeight`: the default GGUF path), in the integer kernel's tiles on CPUs with
-AVX2 or AVX-512 VNNI, in its blocks through the float kernel elsewhere.
+rust/core/src/decoder.rs), where every projection is a quantized weight (`QuantizedWeight`:
+the default GGUF path), in the integer kernel's tiles on CPUs with AVX2 (with AVX-VNNI or
+without) or AVX-512 VNNI, in its blocks through the float kernel elsewhere.
 
 Why: at one sequence, a SmolLM2 decode step calls about 300 kernels, and the Python around
 each call (module calls, output tensors, numpy views of its arguments) cost more than the
@@ -10,9 +10,9 @@ kernels' arithmetic: `benches/profile_decode_step.py` measured 4.1 ms of integer
 10.8 ms step. The stack calls the same kernels in the same order on the same values, so a step
 gives the same bits either way; only the Python goes.
 
-When it runs: decode steps on the CPU, float32 or bf16, whose attention can read the KV cache in
-place (`TorchNativeAttnBackend.in_place_decode`), with Qwen3's per-head q/k norms or without, on one
-tensor-parallel rank (the stack has no all-reduce between a layer's shards), with fewer
+When it runs: decode steps on the CPU, float32 or bf16, whose attention can read the KV cache
+in place (`TorchNativeAttnBackend.in_place_decode`), with per-head q/k norms (Qwen3) or without,
+on one tensor-parallel rank (the stack has no all-reduce between a layer's shards), with fewer
 sequences than any projection's plan gives to a path other than the kernels the stack runs
 (`QuantizedWeight.stack_rows`: the few-row kernel, and on tiles the prefill kernel from the row
 count where the plan rounds activations to one int8, as each projection's plan gives for the
