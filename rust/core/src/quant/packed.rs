@@ -163,13 +163,14 @@ impl QuantizedRows {
             totals: vec![0; count],
             sums: vec![0.0; count],
         };
+        let avx2 = kernel.rounds_with_avx2();
         for (b, ((block, high), low)) in x
             .chunks_exact(BLOCK)
             .zip(rows.high.chunks_exact_mut(BLOCK))
             .zip(rows.low.chunks_exact_mut(BLOCK))
             .enumerate()
         {
-            let split = match (kernel, kernel.rounds_with_avx2()) {
+            let split = match (kernel, avx2) {
                 // SAFETY: the token proves the CPU's features; the three slices hold 32
                 // elements each.
                 #[cfg(target_arch = "x86_64")]
