@@ -5,6 +5,7 @@ only where sglang-router is not installed (it is in the `test` extra)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import urllib.request
@@ -100,13 +101,15 @@ def test_native_generate_and_its_stream_through_the_router(replicas: list[Server
     """A stream comes through the router as a stream. The tokenizer manager sends what has
     come since the client last read, so a short stream may arrive as one event when a replica
     is descheduled for a moment (the tiny model decodes a token in about a millisecond): the
-    stream is long enough that no stall on a loaded machine could fold it into one."""
+    stream is long enough that no stall on a loaded machine could fold it into one. (Its text
+    is not compared across replicas: over 128 greedy tokens of the random model, a near tie
+    may fall either way when a replica's measured kernel plans or cached prefix differ.)"""
     tokens = 128
     with running_router([s.url for s in replicas], "cache_aware") as router:
-        direct = generate(replicas[0].url, "The quick brown fox", tokens)
-        routed = generate(router.url, "The quick brown fox", tokens)
+        direct = generate(replicas[0].url, "The quick brown fox", 6)
+        routed = generate(router.url, "The quick brown fox", 6)
         assert routed["text"] == direct["text"]  # greedy, and the replicas hold the same model
-        assert routed["meta_info"]["completion_tokens"] == tokens
+        assert routed["meta_info"]["completion_tokens"] == 6
 
         async def stream() -> list[Any]:
             body = {
@@ -132,7 +135,10 @@ def test_native_generate_and_its_stream_through_the_router(replicas: list[Server
 
         events = asyncio.run(stream())
         assert len(events) > 1
-        assert events[-1]["text"] == direct["text"]
+        texts = [event["text"] for event in events]
+        assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(texts))
+        assert events[-1]["meta_info"]["completion_tokens"] == tokens
+        assert texts[-1].startswith(direct["text"])  # the first 6 greedy tokens, as above
 
 
 def test_load_is_reported_to_the_router(replicas: list[ServerProcess]) -> None:
