@@ -23,6 +23,7 @@ from peers.install import (
     converter_requirements,
     environment_site_dirs,
     link_site_dirs,
+    llama_cpu_options,
     missing_modules,
     venv_site_packages,
     vllm_requirements,
@@ -118,6 +119,26 @@ def test_table_takes_medians_of_successful_rounds_only() -> None:
     assert by_row[ROWS[2].label] == ["5.00", "n/a |"]
     assert table["srt"][ROWS[1].label] == {"median": None, "rounds": 0}
     assert {w.name for w in WORKLOADS} == {row.workload for row in ROWS}
+
+
+@pytest.mark.parametrize(
+    ("cap", "build", "wanted", "unwanted"),
+    [
+        (None, "native", "-DGGML_NATIVE=ON", None),
+        ("avx512_bf16", "native", "-DGGML_NATIVE=ON", None),
+        ("avx2", "avx2", "-DGGML_NATIVE=OFF", "-DGGML_AVX2=OFF"),
+        ("avx2_vnni", "avx2_vnni", "-DGGML_AVX_VNNI=ON", "-DGGML_NATIVE=ON"),
+        ("scalar", "scalar", "-DGGML_AVX2=OFF", "-DGGML_NATIVE=ON"),
+    ],
+)
+def test_llama_server_is_built_for_the_cpu_srt_is_capped_at(
+    cap: str | None, build: str, wanted: str, unwanted: str | None
+) -> None:
+    name, options = llama_cpu_options(cap)
+    assert name == build
+    assert wanted in options
+    assert unwanted not in options
+    assert not any("AVX512" in option or "AMX" in option for option in options)
 
 
 def test_vllm_requirements_leave_out_extras_and_the_torch_family() -> None:

