@@ -16,13 +16,13 @@ repacked tiles where the CPU has AVX2 or AVX-512 VNNI (`quant_packed_kernel` in 
 the portable float kernel on the blocks (`SRT_CPU_ISA=scalar` forces it for comparison,
 `SRT_CPU_ISA=avx2` the AVX2 integer kernel).
 
-For many rows (prefill) the figures are `*_GOPs` (2·m·n·k over the time): `quant_prefill_bf16`,
-the prefill integer kernel (activations rounded to one int8 per value) on bfloat16 activations
+For many rows (prefill) the figures are `*_GOPs` (2·m·n·k over the time): `quant_one_int8_bf16`,
+the one-int8 kernel (activations rounded to one int8 per value) on bfloat16 activations
 as the model passes them, beside `torch_bf16` (PyTorch's matmul on a dequantized bf16 weight
 kept in memory), `quant_dense_bf16` (the class's dense path: dequantize for the call, then that
 matmul) and `quant_kernel` (the few-row kernel, activations split into two int8 parts). `plan`
 is the path the class measured for each row count in a prefill pass (float32 and bfloat16
-activations; the prefill kernel joins it from `INT8_ACTIVATION_MIN_ROWS` rows, as in the
+activations; the one-int8 kernel joins it from `INT8_ACTIVATION_MIN_ROWS` rows, as in the
 server, unless `--disable-int8-activations`), and `quant_linear` times the path it gives.
 """
 
@@ -122,8 +122,8 @@ def bench_shape(
                 [partial(w._kernel, x, None) for w in quant], repeats
             )
         if first.packed:
-            times["quant_prefill_bf16"] = best_seconds(
-                [partial(w._prefill, x16, None) for w in quant], repeats
+            times["quant_one_int8_bf16"] = best_seconds(
+                [partial(w._one_int8, x16, None) for w in quant], repeats
             )
             times["quant_dense_bf16"] = best_seconds(
                 [partial(w._dense, x16, None) for w in quant], repeats

@@ -48,7 +48,7 @@ BLOCK_FORMATS = {
     "mlp.down_proj": "q8_0",
 }
 # From how many rows a product takes the dense path (prefill of the 16 prompts: more rows; of
-# the one prompt: fewer, so the prefill kernel).
+# the one prompt: fewer, so the one-int8 kernel).
 DENSE_FROM = 64
 PROMPT_LENGTHS = (20,) + (5,) * 16
 NEW_TOKENS = 4
@@ -136,11 +136,11 @@ def test_an_emulated_cpu_generates_the_native_tokens(tiny_gguf: Path, cpu: str) 
     assert native["isa"][0] == tier
     assert emulated["tokens"] == native["tokens"]
     assert emulated == {**native, "isa": emulated["isa"]}
-    # Every path was reached: on tiles (AVX2) the prefill kernel too; a decode step of 1 and one
+    # Every path was reached: on tiles (AVX2) the one-int8 kernel too; a decode step of 1 and one
     # of 16 sequences ran fused.
     tiles = tier != "scalar"
     assert emulated["packed"] == tiles
-    assert set(emulated["paths"]) == {"_kernel", "_dense"} | ({"_prefill"} if tiles else set())
+    assert set(emulated["paths"]) == {"_kernel", "_dense"} | ({"_one_int8"} if tiles else set())
     assert emulated["fused"] == {"1": NEW_TOKENS - 1, "16": NEW_TOKENS - 1}
 
 
@@ -149,12 +149,12 @@ def generate(gguf: Path) -> dict[str, Any]:
     from runner_helpers import greedy_generate, make_runner
 
     from srt.layers import cpu_kernels, quant_kernels
-    from srt.layers.quant_kernels import DENSE, INT8_ACTIVATION_MIN_ROWS, KERNEL, PREFILL
+    from srt.layers.quant_kernels import DENSE, INT8_ACTIVATION_MIN_ROWS, KERNEL, ONE_INT8
     from srt.layers.quant_kernels import QuantizedWeight as Weight
     from srt.model_executor.cpu_decode import CpuDecodeExecutor
 
     def plan(weight: Weight, dtype: torch.dtype, offered: bool) -> quant_kernels.Plan:
-        one_int8 = ((INT8_ACTIVATION_MIN_ROWS, PREFILL),) if offered else ()
+        one_int8 = ((INT8_ACTIVATION_MIN_ROWS, ONE_INT8),) if offered else ()
         return ((0, KERNEL), *one_int8, (DENSE_FROM, DENSE))
 
     paths: Counter[str] = Counter()
@@ -178,7 +178,7 @@ def generate(gguf: Path) -> dict[str, Any]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(quant_kernels, "_measure_plan", plan)
-        for name in (KERNEL, PREFILL, DENSE):
+        for name in (KERNEL, ONE_INT8, DENSE):
             patch.setattr(Weight, name, counted_path(name))
         patch.setattr(CpuDecodeExecutor, "run", counted_run)
         runner = make_runner(gguf, max_total_tokens=256, max_running_requests=16)

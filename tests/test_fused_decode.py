@@ -19,7 +19,7 @@ from test_quantized_loading import checkpoint, every_matrix
 from srt import _rust
 from srt.layers import cpu_kernels, quant_kernels
 from srt.layers.attention.torch_native import TorchNativeAttnBackend
-from srt.layers.quant_kernels import DENSE, KERNEL, PREFILL, QuantizedWeight
+from srt.layers.quant_kernels import DENSE, KERNEL, ONE_INT8, QuantizedWeight
 from srt.model_executor.cpu_decode import CpuDecodeExecutor
 from srt.model_executor.model_runner import ModelRunner
 
@@ -126,7 +126,7 @@ def test_a_fused_step_rounding_activations_to_int8_gives_the_layers_bits(
     monkeypatch.setattr(
         quant_kernels,
         "_measure_plan",
-        lambda weight, dtype, offered: ((0, KERNEL), (2, PREFILL) if offered else (512, DENSE)),
+        lambda weight, dtype, offered: ((0, KERNEL), (2, ONE_INT8) if offered else (512, DENSE)),
     )
 
     def logits(offered: bool) -> list[torch.Tensor]:

@@ -223,7 +223,7 @@ def test_a_file_that_holds_no_valid_plan_is_ignored_and_replaced(
 @pytest.mark.parametrize(
     ("kept", "offered"),
     [
-        ([[0, KERNEL], [16, "_prefill"], [64, DENSE]], True),
+        ([[0, KERNEL], [16, "_one_int8"], [64, DENSE]], True),
         ([[0, KERNEL], [8, DENSE], [32, KERNEL]], False),
     ],
 )
@@ -236,7 +236,7 @@ def test_plans_as_made_parse_back(kept: list[list[object]], offered: bool) -> No
     [
         ([], False),
         ([[4, KERNEL]], False),
-        ([[0, KERNEL], [16, "_prefill"]], False),  # the prefill kernel where it is not offered
+        ([[0, KERNEL], [16, "_one_int8"]], False),  # the one-int8 kernel where it is not offered
         ([[0, KERNEL], [16, DENSE], [16, KERNEL]], False),  # rows not rising
         ([[0, KERNEL], [16, DENSE], [32, DENSE]], False),  # a path that does not change
         ([[0, KERNEL], [16, "_other"]], True),

@@ -19,13 +19,13 @@ import torch.nn.functional as F
 from test_quant_kernels import FORMATS, PACKED, close, make
 
 from srt.layers import quant_kernels
-from srt.layers.quant_kernels import DENSE, KERNEL, PREFILL
+from srt.layers.quant_kernels import DENSE, KERNEL, ONE_INT8
 
 needs_packed = pytest.mark.skipif(not PACKED, reason="CPU without AVX-512 VNNI")
 
 
 def int8_rounded(x: torch.Tensor) -> torch.Tensor:
-    """`x` (float32) as the prefill kernel rounds it: per block of 32, int8 values in steps of
+    """`x` (float32) as the one-int8 kernel rounds it: per block of 32, int8 values in steps of
     the block's largest magnitude / 127, in float32 steps as the kernel takes them; returned
     exactly, in float64."""
     blocks = x.float().reshape(*x.shape[:-1], -1, 32)
@@ -44,36 +44,36 @@ def test_prefill_matches_the_dequantized_reference(fmt: str, rows: int) -> None:
     assert weight.pack()
     x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows))
     bias = torch.randn(45)
-    got = weight._prefill(x, bias)
+    got = weight._one_int8(x, bias)
     close(got, F.linear(int8_rounded(x), reference.double(), bias.double()), 1e-4)
     close(got, F.linear(x, reference, bias), 2e-2)
     # bfloat16 activations are widened exactly: the float32 product of the same values,
     # rounded once.
     halves = x.to(torch.bfloat16)
-    out = weight._prefill(halves, bias)
+    out = weight._one_int8(halves, bias)
     assert out.dtype == torch.bfloat16
-    assert torch.equal(out, weight._prefill(halves.float(), bias).to(torch.bfloat16))
+    assert torch.equal(out, weight._one_int8(halves.float(), bias).to(torch.bfloat16))
     # A row's result does not depend on the other rows of its call.
-    assert torch.equal(weight._prefill(x[-1:], bias), got[-1:])
+    assert torch.equal(weight._one_int8(x[-1:], bias), got[-1:])
 
 
 def test_prefill_needs_the_tiles() -> None:
     weight, _ = make("q4_1", 16, 64)
     with pytest.raises(ValueError, match="not packed"):
-        weight._prefill(torch.randn(3, 64), None)
+        weight._one_int8(torch.randn(3, 64), None)
 
 
 def timings(*fastest: str) -> list[dict[str, float]]:
     """Probe timings where `fastest[i]` wins at probe `i` (among the others, dense is faster
     than prefill)."""
     assert len(fastest) == len(quant_kernels._PROBE_ROWS)
-    losing = {KERNEL: 4.0, PREFILL: 3.0, DENSE: 2.0}
+    losing = {KERNEL: 4.0, ONE_INT8: 3.0, DENSE: 2.0}
     return [{name: 1.0 if name == win else t for name, t in losing.items()} for win in fastest]
 
 
 def test_a_path_takes_over_where_it_wins_twice_in_a_row() -> None:
     probes = quant_kernels._PROBE_ROWS
-    k, p, d = KERNEL, PREFILL, DENSE
+    k, p, d = KERNEL, ONE_INT8, DENSE
     # A lone win is noise; a second one confirms the first.
     assert quant_kernels._plan_from(timings(k, p, k, p, p, p, p)) == ((0, k), (probes[3], p))
     # The kernel gives way past the last probe to the faster many-row path there.
@@ -103,7 +103,7 @@ def test_the_prefill_kernel_is_timed_only_where_offered_and_from_its_least_rows(
 
     assert timed(64, False) == {KERNEL, DENSE}
     assert timed(least - 1, True) == {KERNEL, DENSE}
-    assert timed(least, True) == {KERNEL, PREFILL, DENSE}
+    assert timed(least, True) == {KERNEL, ONE_INT8, DENSE}
 
 
 @needs_packed
@@ -115,12 +115,12 @@ def test_products_round_activations_to_int8_only_inside_the_offer(
     monkeypatch.setattr(
         quant_kernels,
         "_measure_plan",
-        lambda weight, dtype, offered: ((0, KERNEL), (least, PREFILL if offered else DENSE)),
+        lambda weight, dtype, offered: ((0, KERNEL), (least, ONE_INT8 if offered else DENSE)),
     )
     weight, _ = make("q4_1", 32, 64)
     assert weight.pack()
     x = torch.randn(least, 64)
-    exact, rounded = weight._dense(x, None), weight._prefill(x, None)
+    exact, rounded = weight._dense(x, None), weight._one_int8(x, None)
     assert not torch.equal(exact, rounded)
     assert torch.equal(weight.linear(x), exact)
     with quant_kernels.int8_activations(True):
@@ -134,17 +134,17 @@ def test_products_round_activations_to_int8_only_inside_the_offer(
 @pytest.mark.parametrize(
     ("plan", "rows"),
     [
-        (((0, KERNEL), (16, PREFILL), (64, DENSE)), (16, 64)),
-        (((0, KERNEL), (16, PREFILL), (32, KERNEL)), (16, 32)),
-        (((0, KERNEL), (16, PREFILL)), (16, sys.maxsize)),
-        (((0, KERNEL), (8, DENSE), (16, PREFILL)), (None, 8)),
+        (((0, KERNEL), (16, ONE_INT8), (64, DENSE)), (16, 64)),
+        (((0, KERNEL), (16, ONE_INT8), (32, KERNEL)), (16, 32)),
+        (((0, KERNEL), (16, ONE_INT8)), (16, sys.maxsize)),
+        (((0, KERNEL), (8, DENSE), (16, ONE_INT8)), (None, 8)),
         (((0, KERNEL),), (None, sys.maxsize)),
     ],
 )
 def test_stack_rows_reads_where_the_plan_leaves_the_stacks_kernels(
     plan: quant_kernels.Plan, rows: tuple[int | None, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What a decode stack running only the few-row and prefill kernels needs of a plan: from
+    """What a decode stack running only the few-row and one-int8 kernels needs of a plan: from
     which rows it rounds activations to one int8, and from which rows another path takes the
     products."""
     monkeypatch.setattr(quant_kernels, "_plans", {})
@@ -162,16 +162,16 @@ def test_linear_takes_the_path_its_measured_plan_gives(
     for dtype in (torch.float32, torch.bfloat16):
         plan = weight.plan(dtype, offered)
         assert plan[0] == (0, KERNEL)
-        assert all(path in (KERNEL, PREFILL, DENSE) for _, path in plan)
+        assert all(path in (KERNEL, ONE_INT8, DENSE) for _, path in plan)
         assert [start for start, _ in plan] == sorted({start for start, _ in plan})
         if offered:
             assert all(
                 start >= quant_kernels.INT8_ACTIVATION_MIN_ROWS
                 for start, path in plan
-                if path == PREFILL
+                if path == ONE_INT8
             )
         else:
-            assert PREFILL not in dict(plan).values()
+            assert ONE_INT8 not in dict(plan).values()
             assert weight.stack_rows(dtype, offered) == (None, plan[1][0])
         boundaries = [(1, KERNEL)] + [
             (rows, path)

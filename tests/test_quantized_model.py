@@ -173,7 +173,7 @@ def test_int8_activations_stay_close_to_the_dequantized_model(
         quant_kernels,
         "_measure_plan",
         lambda weight, dtype, offered: (
-            ((0, quant_kernels.KERNEL), (least, quant_kernels.PREFILL))
+            ((0, quant_kernels.KERNEL), (least, quant_kernels.ONE_INT8))
             if offered
             else ((0, quant_kernels.KERNEL), (2 * least, quant_kernels.DENSE))
         ),

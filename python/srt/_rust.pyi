@@ -352,7 +352,7 @@ def quant_packed_linear(
     """`out[m, n] = x[m, k] · Wᵀ + bias` on the tiles, `x` and `out` both float32 or both
     bfloat16 bits (int16), the bias float32 (GIL released, on PyTorch's OpenMP threads).
     Activations are split into two int8 parts, or with `int8_activations` rounded to one int8
-    per value per block of 32 (llama.cpp's Q8; rust/core/src/quant/packed/prefill.rs): half
+    per value per block of 32 (llama.cpp's Q8; rust/core/src/quant/packed/one_int8.rs): half
     the integer work, for products of many rows."""
 
 def quant_packed_dequantize(

@@ -1,7 +1,7 @@
 """Kernel plans measured at an earlier start, kept on disk for the next one.
 
 Why: which path takes a quantized product of each row count (`quant_kernels`: the few-row
-kernel, the prefill kernel or the dense matmul) is measured, at a cost of 0.05 to 1 s per
+kernel, the one-int8 kernel or the dense matmul) is measured, at a cost of 0.05 to 1 s per
 weight shape; for SmolLM2 on a busy 2-core machine that was 6 to 11 of the 25 s a start took.
 A plan depends only on the machine and the shape, so it is measured once and read at every
 later start.

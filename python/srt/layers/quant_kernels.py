@@ -8,14 +8,14 @@ is repacked at its first use into the tiles of the integer kernel
 (rust/core/src/quant/packed.rs: activations split into two int8 parts per block of 32, to about
 15 bits), and its blocks are released; elsewhere (CPUs below AVX2) the portable float kernel
 expands the blocks and keeps float32's results. Both take few rows (decode). Many rows (prefill)
-may instead take one of two paths: on tiles, the prefill integer kernel (`_prefill`: activations
+may instead take one of two paths: on tiles, the one-int8 kernel (`_one_int8`: activations
 rounded to ONE int8 per value per block of 32, as llama.cpp's Q8 activations, so one `vpdpbusd`
 per four weights: twice the split kernel's rate, and above a bfloat16 matmul's where int8
 products run at twice bf16's); or the dense path, which dequantizes the weight for the call and
 runs PyTorch's matrix multiply in the activations' dtype (oneDNN's bf16 products where
 `--dtype auto` chose bf16).
 
-The prefill kernel is offered only inside `int8_activations(True)`, which the model runner
+The one-int8 kernel is offered only inside `int8_activations(True)`, which the model runner
 enters for every pass (prefill and decode) of `--quantization gguf` models unless
 `--disable-int8-activations`; from `INT8_ACTIVATION_MIN_ROWS` rows a product may take it, so
 prefill passes and decode steps of 16 sequences or more round activations to one int8, as
@@ -29,7 +29,7 @@ its token directly, a prefill's through the cached K and V); with float32 activa
 and 3e-8 without, 97.1% and 1.2e-3 with prefill in int8. For those 0.6 points of agreement a
 decode step of 16 sequences went from 28.1 to 23.0 ms and one of 32 from 58.6 to 45.5 ms (the
 split kernel does twice the integer products; SmolLM2, bf16, 256-token contexts, 2 threads,
-alternated in one process). The prefill kernel's speed on a quiet 2-core Zen 4 (SmolLM2's
+alternated in one process). The one-int8 kernel's speed on a quiet 2-core Zen 4 (SmolLM2's
 projections, 256 to 4096 bf16 rows, benches/bench_quant_linear.py): 0.48 to 0.60 TOP/s, against
 0.39 to 0.43 TFLOP/s for PyTorch's bf16 matmul on a dequantized weight and 0.29 to 0.41 for the
 dense path (which dequantizes for each call).
@@ -75,7 +75,7 @@ _PROBE_REPEATS = 3
 # The fewest rows of a product that may round activations to int8 (inside `int8_activations`).
 INT8_ACTIVATION_MIN_ROWS = 16
 # The paths `linear` chooses between (methods of QuantizedWeight), the few-row kernel first.
-KERNEL, PREFILL, DENSE = "_kernel", "_prefill", "_dense"
+KERNEL, ONE_INT8, DENSE = "_kernel", "_one_int8", "_dense"
 # A plan: (fewest rows, path) pairs by rising row count, the first (0, KERNEL).
 Plan = tuple[tuple[int, str], ...]
 # (fmt, out_features, in_features, activations' dtype, packed, int8 offered) -> the measured plan.
@@ -90,7 +90,7 @@ _int8_offered: contextvars.ContextVar[bool] = contextvars.ContextVar("int8_offer
 @contextlib.contextmanager
 def int8_activations(offered: bool) -> Iterator[None]:
     """Inside, when `offered`, products of `INT8_ACTIVATION_MIN_ROWS` rows or more on tiles may
-    take the prefill kernel (activations rounded to one int8 per value) where their plan measures
+    take the one-int8 kernel (activations rounded to one int8 per value) where their plan measures
     it fastest; outside, or when not offered, none does."""
     token = _int8_offered.set(offered)
     try:
@@ -201,7 +201,7 @@ class QuantizedWeight:
         return out.view(*x.shape[:-1], self.out_features)
 
     def plan(self, dtype: torch.dtype = torch.float32, int8_offered: bool = False) -> Plan:
-        """From which row count of `dtype` each path takes `linear`'s products, with the prefill
+        """From which row count of `dtype` each path takes `linear`'s products, with the one-int8
         kernel offered or not (measured once per format, shape, dtype and offer in this
         process)."""
         self.pack()
@@ -217,13 +217,13 @@ class QuantizedWeight:
         return found
 
     def stack_rows(self, dtype: torch.dtype, int8_offered: bool) -> tuple[int | None, int]:
-        """For a decode stack that runs the few-row and prefill kernels alone
+        """For a decode stack that runs the few-row and one-int8 kernels alone
         (`model_executor/cpu_decode.py`): from which row count of `dtype` the plan takes the
-        prefill kernel (activations rounded to one int8; None: never), and from which another
+        one-int8 kernel (activations rounded to one int8; None: never), and from which another
         path (`sys.maxsize`: none)."""
         one_int8_from = None
         for start, path in self.plan(dtype, int8_offered)[1:]:
-            if path != PREFILL or one_int8_from is not None:
+            if path != ONE_INT8 or one_int8_from is not None:
                 return one_int8_from, start
             one_int8_from = start
         return one_int8_from, sys.maxsize
@@ -239,11 +239,11 @@ class QuantizedWeight:
             _rust.quant_linear(self.fmt, inputs, m, self._held, n, k, _bias(bias), out.numpy())
         return out
 
-    def _prefill(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _one_int8(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The product on the tiles with activations rounded to one int8 per value (in the
         rows' dtype); only for a packed weight."""
         if self._packed is None:
-            raise ValueError(f"{self!r} is not packed: the prefill kernel runs on tiles")
+            raise ValueError(f"{self!r} is not packed: the one-int8 kernel runs on tiles")
         return self._on_tiles(rows, bias, int8_activations=True)
 
     def _on_tiles(
@@ -358,13 +358,13 @@ def _probe(
     int8_offered: bool,
     generator: torch.Generator,
 ) -> dict[str, float]:
-    """Seconds per call of every path the weight offers at `rows` rows of `dtype` (the prefill
+    """Seconds per call of every path the weight offers at `rows` rows of `dtype` (the one-int8
     kernel only where offered, on tiles, from `INT8_ACTIVATION_MIN_ROWS` rows): the best of
     `_PROBE_REPEATS` timings each, taken alternately so that a burst of load elsewhere hits
     all of them."""
     x = torch.randn(rows, weight.in_features, generator=generator).to(dtype)
-    prefill = int8_offered and weight.packed and rows >= INT8_ACTIVATION_MIN_ROWS
-    names = (KERNEL, PREFILL, DENSE) if prefill else (KERNEL, DENSE)
+    one_int8 = int8_offered and weight.packed and rows >= INT8_ACTIVATION_MIN_ROWS
+    names = (KERNEL, ONE_INT8, DENSE) if one_int8 else (KERNEL, DENSE)
     paths = {name: functools.partial(getattr(weight, name), x, None) for name in names}
     best = dict.fromkeys(names, float("inf"))
     for path in paths.values():
@@ -421,9 +421,9 @@ def _measure_plan(weight: QuantizedWeight, dtype: torch.dtype, int8_offered: boo
 def _parse_plan(kept: Any, int8_offered: bool) -> Plan:
     """A plan as the plan cache keeps it (JSON: [[fewest rows, path], ...]), checked as
     `_plan_from` makes them: from (0, KERNEL), rows rising, known paths, each unlike the one
-    before, the prefill kernel only where offered. ValueError where it is not one."""
+    before, the one-int8 kernel only where offered. ValueError where it is not one."""
     plan = tuple((int(rows), str(path)) for rows, path in kept)
-    paths = {KERNEL, PREFILL, DENSE} if int8_offered else {KERNEL, DENSE}
+    paths = {KERNEL, ONE_INT8, DENSE} if int8_offered else {KERNEL, DENSE}
     if not plan or plan[0] != (0, KERNEL):
         raise ValueError("a plan starts with the few-row kernel at 0 rows")
     for (rows, path), (before, previous) in zip(plan[1:], plan, strict=False):

@@ -14,7 +14,7 @@ When it runs: decode steps on the CPU, float32 or bf16, whose attention can read
 in place (`TorchNativeAttnBackend.in_place_decode`), with per-head q/k norms (Qwen3) or without,
 on one tensor-parallel rank (the stack has no all-reduce between a layer's shards), with fewer
 sequences than any projection's plan gives to a path other than the kernels the stack runs
-(`QuantizedWeight.stack_rows`: the few-row kernel, and on tiles the prefill kernel from the row
+(`QuantizedWeight.stack_rows`: the few-row kernel, and on tiles the one-int8 kernel from the row
 count where the plan rounds activations to one int8, as each projection's plan gives for the
 step's rows). Elsewhere, or with `SRT_FUSED_DECODE=0`, the layers run one by one.
 """

@@ -1,6 +1,6 @@
 //! A decode step through a stack of Llama-style decoder layers whose projections are quantized
 //! weights (packed tiles or GGUF blocks), in one call: the kernels the model's Python layers
-//! call one by one (`ops`, `quant::linear_packed` or `linear_packed_prefill`,
+//! call one by one (`ops`, `quant::linear_packed` or `linear_packed_one_int8`,
 //! `attention::decode_attention`), called here in the same order on the same values, so the
 //! results are the same bits.
 //!
@@ -54,7 +54,7 @@ pub struct Projection<'a> {
     pub weight: Weight<'a>,
     /// `out_features` floats, when the projection has a bias.
     pub bias: Option<&'a [f32]>,
-    /// Steps of at least this many rows take `quant::linear_packed_prefill` (activations
+    /// Steps of at least this many rows take `quant::linear_packed_one_int8` (activations
     /// rounded to one int8 per value) where fewer take `linear_packed` (two int8 parts), as
     /// the projection's plan in `QuantizedWeight.linear` does; `None`: every step takes
     /// `linear_packed`. Only for packed weights.
@@ -200,7 +200,7 @@ fn project<T: Element>(
 ) -> Result<()> {
     match &projection.weight {
         Weight::Packed(weight) if projection.one_int8_from.is_some_and(|from| rows >= from) => {
-            quant::linear_packed_prefill(kernel, weight, x, rows, projection.bias, out)
+            quant::linear_packed_one_int8(kernel, weight, x, rows, projection.bias, out)
         }
         Weight::Packed(weight) => linear_packed(kernel, weight, x, rows, projection.bias, out),
         Weight::Blocks(weight) => {

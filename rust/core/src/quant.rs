@@ -37,7 +37,7 @@ mod avx512;
 pub use block::f16_to_f32;
 pub use dequant::{dequantize, dequantize_rows};
 pub use packed::{
-    dequantize_packed, dequantize_packed_transposed, linear_packed, linear_packed_prefill, pack,
+    dequantize_packed, dequantize_packed_transposed, linear_packed, linear_packed_one_int8, pack,
     packed_len, PackedKernel, PackedMatrix, TILE,
 };
 

@@ -117,7 +117,7 @@ fn quant_packed_linear(
 enum Activations {
     /// Two int8 parts per value (`quant::linear_packed`).
     Split,
-    /// One int8 per value (`quant::linear_packed_prefill`).
+    /// One int8 per value (`quant::linear_packed_one_int8`).
     Int8,
 }
 
@@ -157,7 +157,7 @@ impl Product {
         let kernel = self.kernel;
         py.detach(|| match self.activations {
             Activations::Split => quant::linear_packed(kernel, &matrix, x, m, bias, out),
-            Activations::Int8 => quant::linear_packed_prefill(kernel, &matrix, x, m, bias, out),
+            Activations::Int8 => quant::linear_packed_one_int8(kernel, &matrix, x, m, bias, out),
         })
         .map_err(to_py_err)
     }

@@ -52,22 +52,22 @@ use crate::Result;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx2_rounding;
 mod layout;
-mod prefill;
+mod one_int8;
 #[cfg(test)]
-mod prefill_tests;
+mod one_int8_tests;
+mod rounding;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]
-mod vnni_prefill;
+mod vnni_one_int8;
 
 pub use layout::{dequantize_packed, dequantize_packed_transposed, pack, packed_len, PackedMatrix};
 use layout::{tile_block_bytes, value_at, values_bytes, zero_point};
-pub use prefill::linear_packed_prefill;
+pub use one_int8::linear_packed_one_int8;
+use rounding::RoundedRows;
 
 /// Output columns per tile (the 16 int32 lanes of an AVX-512 vector).
 pub const TILE: usize = 16;
@@ -116,16 +116,6 @@ impl PackedKernel {
             .collect()
     }
 
-    /// The AVX2 token of the AVX2 kernels, with AVX-VNNI's products or without: both round
-    /// activations with AVX2's instructions.
-    pub(crate) fn rounds_with_avx2(self) -> Option<Avx2> {
-        match self {
-            PackedKernel::Avx2(cpu) => Some(cpu),
-            PackedKernel::AvxVnni(cpu) => Some(cpu.into()),
-            PackedKernel::Portable | PackedKernel::Avx512Vnni(_) => None,
-        }
-    }
-
     /// The kernel's name: `"portable"`, `"avx2"`, `"avx2_vnni"`, `"avx512_vnni"`.
     pub fn name(self) -> &'static str {
         match self {
@@ -135,90 +125,6 @@ impl PackedKernel {
             PackedKernel::Avx512Vnni(_) => "avx512_vnni",
         }
     }
-}
-
-/// Activation rows as two int8 parts per block of 32 (see the module's arithmetic).
-pub(crate) struct QuantizedRows {
-    /// `[m, k]` high parts `a`.
-    pub(crate) high: Vec<i8>,
-    /// `[m, k]` low parts `b`.
-    pub(crate) low: Vec<i8>,
-    /// `[m, k / 32]` units `s / 256`.
-    pub(crate) units: Vec<f32>,
-    /// `[m, k / 32]` integer sums `Σ(256a + b)`.
-    pub(crate) totals: Vec<i32>,
-    /// `[m, k / 32]` sums `s/256 · Σ(256a + b)`.
-    pub(crate) sums: Vec<f32>,
-}
-
-impl QuantizedRows {
-    /// Splits the rows of `x` (`k` a multiple of 32, `x.len()` a multiple of `k`), with
-    /// `kernel`'s instructions (the same results with every kernel).
-    pub(crate) fn new<T: Element>(x: &[T], kernel: PackedKernel) -> QuantizedRows {
-        let count = x.len() / BLOCK;
-        let mut rows = QuantizedRows {
-            high: vec![0; x.len()],
-            low: vec![0; x.len()],
-            units: vec![0.0; count],
-            totals: vec![0; count],
-            sums: vec![0.0; count],
-        };
-        let avx2 = kernel.rounds_with_avx2();
-        for (b, ((block, high), low)) in x
-            .chunks_exact(BLOCK)
-            .zip(rows.high.chunks_exact_mut(BLOCK))
-            .zip(rows.low.chunks_exact_mut(BLOCK))
-            .enumerate()
-        {
-            let split = match (kernel, avx2) {
-                // SAFETY: the token proves the CPU's features; the three slices hold 32
-                // elements each.
-                #[cfg(target_arch = "x86_64")]
-                (PackedKernel::Avx512Vnni(cpu), _) => unsafe {
-                    vnni::split_block(cpu.into(), block, high, low)
-                },
-                // SAFETY: as above.
-                #[cfg(target_arch = "x86_64")]
-                (_, Some(cpu)) => unsafe { avx2_rounding::split_block(cpu, block, high, low) },
-                _ => split_block(block, high, low),
-            };
-            let (unit, total) = split.unwrap_or((f32::NAN, 0));
-            rows.units[b] = unit;
-            rows.totals[b] = total;
-            rows.sums[b] = if unit.is_nan() {
-                f32::NAN
-            } else {
-                unit * total as f32
-            };
-        }
-        rows
-    }
-}
-
-/// One block of 32 activations split into its parts (written to `high` and `low`): its unit
-/// `s/256` and its integer sum `Σ(256a + b)`, or `None` for a block holding a NaN or an
-/// infinity (its parts are then zero).
-fn split_block<T: Element>(block: &[T], high: &mut [i8], low: &mut [i8]) -> Option<(f32, i32)> {
-    let floats: [f32; BLOCK] = std::array::from_fn(|i| block[i].load());
-    if floats.iter().any(|v| !v.is_finite()) {
-        return None;
-    }
-    let largest = floats.iter().fold(0f32, |a, v| a.max(v.abs()));
-    if largest == 0.0 {
-        return Some((0.0, 0));
-    }
-    let inverse = 127.0 / largest;
-    let mut total = 0i32;
-    for ((high, low), v) in high.iter_mut().zip(low.iter_mut()).zip(floats) {
-        // `t - whole` is exact (|t| ≤ 127 and `whole` its nearest integer), and so is its
-        // product by 256: the low part rounds the remainder once.
-        let t = v * inverse;
-        let whole = t.round_ties_even().clamp(-127.0, 127.0);
-        *high = whole as i8;
-        *low = ((t - whole) * 256.0).round_ties_even().clamp(-127.0, 127.0) as i8;
-        total += 256 * i32::from(*high) + i32::from(*low);
-    }
-    Some((largest / 127.0 / 256.0, total))
 }
 
 /// One product, shared read-only by the threads; each writes only the tiles it claims.
@@ -257,11 +163,11 @@ pub fn linear_packed<T: Element>(
         return Ok(());
     }
     let (n, k) = (weight.out_features, weight.in_features);
-    let rows = QuantizedRows::new(x, kernel);
+    let rows = RoundedRows::split(x, kernel);
     let job = Job {
         format: weight.format,
-        high: rows.high.as_ptr(),
-        low: rows.low.as_ptr(),
+        high: rows.whole.as_ptr(),
+        low: rows.rest.as_ptr(),
         units: rows.units.as_ptr(),
         totals: rows.totals.as_ptr(),
         sums: rows.sums.as_ptr(),

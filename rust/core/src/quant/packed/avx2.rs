@@ -1,4 +1,4 @@
-//! The AVX2 kernels of `linear_packed` (two int8 parts) and `linear_packed_prefill` (one int8),
+//! The AVX2 kernels of `linear_packed` (two int8 parts) and `linear_packed_one_int8` (one int8),
 //! for CPUs without AVX-512 VNNI: the same tiles, read 8 columns (half a tile) at a time. Where
 //! the CPU has AVX-VNNI, the same loops take its 256-bit `vpdpbusd` instead (see `Dot`).
 //!
@@ -12,12 +12,12 @@
 //! carrying their signs (pairs at most 32,512), widened at every group; the sums then hold no
 //! zero point to take off. The integer sums are exact either way, so they equal `vpdpbusd`'s,
 //! and the float steps are the AVX-512 kernels' operations in the same order: the results are
-//! bit-identical to theirs and to the portable kernels (see `packed.rs` and `prefill.rs`).
+//! bit-identical to theirs and to the portable kernels (see `packed.rs` and `one_int8.rs`).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::prefill::Job as PrefillJob;
+use super::one_int8::Job as OneInt8Job;
 use super::{tile_block_bytes, values_bytes, zero_point, Job, BLOCK, TILE};
 use crate::element::Element;
 use crate::isa::{Avx2, AvxVnni};
@@ -26,7 +26,7 @@ use crate::quant::Format;
 /// Columns of a half tile (the 8 int32 lanes of an AVX2 vector).
 const HALF: usize = 8;
 /// The most rows sharing each loaded group (two sums and a float sum a row within 16 registers
-/// for the two-part kernel; one sum and a float sum for the prefill kernel).
+/// for the two-part kernel; one sum and a float sum for the one-int8 kernel).
 const TILE_ROWS: usize = 4;
 
 /// How a format's values meet the activations.
@@ -233,7 +233,7 @@ fn half_columns(tile: usize, half: usize, n: usize) -> Option<(usize, usize)> {
 }
 
 /// A product computed half tile by half tile, `R` rows at a time: `linear_packed`'s (`Job`,
-/// two int8 parts) or `linear_packed_prefill`'s (`PrefillJob`, one).
+/// two int8 parts) or `linear_packed_one_int8`'s (`OneInt8Job`, one).
 trait HalfTiles {
     /// Output columns.
     fn columns(&self) -> usize;
@@ -316,7 +316,7 @@ impl<T: Element> HalfTiles for Job<T> {
     }
 }
 
-impl<T: Element> HalfTiles for PrefillJob<T> {
+impl<T: Element> HalfTiles for OneInt8Job<T> {
     fn columns(&self) -> usize {
         self.out_features
     }
@@ -341,7 +341,7 @@ impl<T: Element> HalfTiles for PrefillJob<T> {
         };
         let offsets = self.format == Format::Q4_1;
         // SAFETY: the caller keeps rows and the tile inside the job, so every offset below stays
-        // inside the buffers `PrefillJob` describes; loads are unaligned ones.
+        // inside the buffers `OneInt8Job` describes; loads are unaligned ones.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); R];
             for b in 0..blocks {
@@ -447,14 +447,14 @@ pub(super) unsafe fn run_vnni<T: Element>(_: AvxVnni, job: &Job<T>, tiles: Range
     }
 }
 
-/// `linear_packed_prefill`'s rows `rows` × tiles `tiles` of `job`.
+/// `linear_packed_one_int8`'s rows `rows` × tiles `tiles` of `job`.
 ///
 /// # Safety
-/// `job`'s pointers hold what `Job` says (checked by `linear_packed_prefill`); no other thread writes these outputs.
+/// `job`'s pointers hold what `Job` says (checked by `linear_packed_one_int8`); no other thread writes these outputs.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn run_prefill<T: Element>(
+pub(super) unsafe fn run_one_int8<T: Element>(
     _: Avx2,
-    job: &PrefillJob<T>,
+    job: &OneInt8Job<T>,
     rows: Range<usize>,
     tiles: Range<usize>,
 ) {
@@ -467,14 +467,14 @@ pub(super) unsafe fn run_prefill<T: Element>(
     }
 }
 
-/// `run_prefill` with AVX-VNNI's products.
+/// `run_one_int8` with AVX-VNNI's products.
 ///
 /// # Safety
-/// As `run_prefill`.
+/// As `run_one_int8`.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub(super) unsafe fn run_prefill_vnni<T: Element>(
+pub(super) unsafe fn run_one_int8_vnni<T: Element>(
     _: AvxVnni,
-    job: &PrefillJob<T>,
+    job: &OneInt8Job<T>,
     rows: Range<usize>,
     tiles: Range<usize>,
 ) {

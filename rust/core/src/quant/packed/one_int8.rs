@@ -1,5 +1,6 @@
-//! The prefill path of `packed`: the same tiles, activations rounded to ONE int8 per value per
-//! block of 32 (llama.cpp's Q8 activations), for products of many rows.
+//! The one-int8 path of `packed`: the same tiles, activations rounded to ONE int8 per value per
+//! block of 32 (llama.cpp's Q8 activations; `rounding.rs`), for products of many rows (prefill
+//! passes, and decode steps of many sequences).
 //!
 //! Why: a product of many rows is bound by arithmetic, not by reading weights. Split into two
 //! int8 parts (`linear_packed`), an activation costs two `vpdpbusd` per four weights, the rate
@@ -8,9 +9,7 @@
 //! their block's largest magnitude (about 7 bits, where bfloat16 keeps 8).
 //!
 //! Arithmetic, the same in every kernel so that their results are bit-identical: an activation
-//! block of 32 is `u·a` with `u` = the largest magnitude / 127 and `a` = `x · (127 / largest)`
-//! rounded to nearest (ties to even), clamped to ±127 (int8); beside it its integer sum `Σa`
-//! and `s = u·Σa`. Per output, per block, `acc = fma(Σq·a - z·Σa, d·u, acc)` (the integer sum
+//! block of 32 is `u·a` (`rounding.rs`), with its integer sum `Σa` and `s = u·Σa`. Per output, per block, `acc = fma(Σq·a - z·Σa, d·u, acc)` (the integer sum
 //! exact in int32, the zero point taken off there), then for Q4_1 only `acc = fma(m, s, acc)`,
 //! and finally `acc + bias`, rounded once to the output's type. A block holding a NaN or an
 //! infinity makes its rows' outputs NaN.
@@ -24,6 +23,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::layout::{tile_block_bytes, value_at, values_bytes, zero_point};
+use super::rounding::RoundedRows;
 use super::{check_product, PackedKernel, PackedMatrix, PARALLEL_MIN_WORK, TILE};
 use crate::element::Element;
 use crate::parallel;
@@ -35,155 +35,9 @@ use crate::Result;
 /// (6 rows), so that only a call's last panel ends in a partial register tile.
 const PANEL_ROWS: usize = 60;
 #[cfg(target_arch = "x86_64")]
-const _: () = assert!(PANEL_ROWS.is_multiple_of(super::vnni_prefill::ROWS));
+const _: () = assert!(PANEL_ROWS.is_multiple_of(super::vnni_one_int8::ROWS));
 /// The most tiles of a work item.
 const CHUNK_TILES: usize = 12;
-/// Activation values below which rounding them runs on the calling thread alone.
-const ROUND_PARALLEL_MIN: usize = 1 << 16;
-
-/// Activation rows rounded to one int8 per value (see the module's arithmetic).
-pub(crate) struct Int8Rows {
-    /// `[m, k]` values `a`.
-    pub(crate) values: Vec<i8>,
-    /// `[m, k / 32]` units `u`.
-    pub(crate) units: Vec<f32>,
-    /// `[m, k / 32]` integer sums `Σa`.
-    pub(crate) totals: Vec<i32>,
-    /// `[m, k / 32]` sums `u·Σa`.
-    pub(crate) sums: Vec<f32>,
-}
-
-/// A buffer written by several threads, each at its own disjoint ranges.
-struct Shared<T>(*mut T);
-
-impl<T> Shared<T> {
-    /// The pointer (a method, so that closures capture the `Sync` wrapper, not its field).
-    fn get(&self) -> *mut T {
-        self.0
-    }
-}
-
-// SAFETY: every use writes ranges that no other thread touches (see `Int8Rows::new`).
-unsafe impl<T> Sync for Shared<T> {}
-
-impl Int8Rows {
-    /// Rounds the rows of `x` (`k` a multiple of 32, `x.len()` a multiple of `k`) with
-    /// `kernel`'s instructions (the same results with every kernel), on several threads for
-    /// many values.
-    pub(crate) fn new<T: Element>(x: &[T], kernel: PackedKernel) -> Int8Rows {
-        let count = x.len() / BLOCK;
-        // The values start uninitialized: every block's 32 are written below, once (zeroing
-        // them first cost about 1% of a prefill pass).
-        let mut rows = Int8Rows {
-            values: Vec::with_capacity(x.len()),
-            units: vec![0.0; count],
-            totals: vec![0; count],
-            sums: vec![0.0; count],
-        };
-        let threads = if x.len() >= ROUND_PARALLEL_MIN {
-            parallel::max_threads()
-        } else {
-            1
-        };
-        let (values, units) = (
-            Shared(rows.values.as_mut_ptr()),
-            Shared(rows.units.as_mut_ptr()),
-        );
-        let (totals, sums) = (
-            Shared(rows.totals.as_mut_ptr()),
-            Shared(rows.sums.as_mut_ptr()),
-        );
-        parallel::run(threads, &|thread, threads| {
-            let blocks = count * thread / threads..count * (thread + 1) / threads;
-            let (x, values, units, totals, sums) = (
-                x.as_ptr(),
-                values.get(),
-                units.get(),
-                totals.get(),
-                sums.get(),
-            );
-            // SAFETY: the kernel's token proves the CPU has its rounding's instructions;
-            // `blocks` belongs to this thread alone (the blocks are split into disjoint ranges
-            // by thread) and lies inside the buffers, sized above.
-            unsafe {
-                match (kernel, kernel.rounds_with_avx2()) {
-                    #[cfg(target_arch = "x86_64")]
-                    (_, Some(cpu)) => super::avx2_rounding::round_blocks(
-                        cpu, x, blocks, values, units, totals, sums,
-                    ),
-                    #[cfg(target_arch = "x86_64")]
-                    (PackedKernel::Avx512Vnni(cpu), _) => super::vnni_prefill::round_blocks(
-                        cpu.into(),
-                        x,
-                        blocks,
-                        values,
-                        units,
-                        totals,
-                        sums,
-                    ),
-                    _ => round_blocks(x, blocks, values, units, totals, sums),
-                }
-            }
-        });
-        // SAFETY: the threads above wrote all `count` blocks' values (`round_blocks` writes
-        // every block it is given, zeros for a non-finite one), and
-        // the region has ended.
-        unsafe { rows.values.set_len(x.len()) };
-        rows
-    }
-}
-
-/// `round_block` over blocks `blocks` of `x`: each block's 32 values written (never read, so
-/// `values` may start uninitialized), its unit (NaN for a non-finite block), integer sum and
-/// sum `unit · total`.
-///
-/// # Safety
-/// `x` holds the blocks `blocks`, `values` as many × 32 bytes, `units`, `totals` and `sums` an
-/// entry per block (all indexed by the block's number).
-pub(super) unsafe fn round_blocks<T: Element>(
-    x: *const T,
-    blocks: Range<usize>,
-    values: *mut i8,
-    units: *mut f32,
-    totals: *mut i32,
-    sums: *mut f32,
-) {
-    for b in blocks {
-        // SAFETY: block `b` and entry `b` of each per-block buffer lie inside the buffers, as
-        // the caller guarantees.
-        unsafe {
-            let block = std::slice::from_raw_parts(x.add(b * BLOCK), BLOCK);
-            let mut rounded = [0i8; BLOCK];
-            let (unit, total) = round_block(block, &mut rounded).unwrap_or((f32::NAN, 0));
-            std::ptr::copy_nonoverlapping(rounded.as_ptr(), values.add(b * BLOCK), BLOCK);
-            *units.add(b) = unit;
-            *totals.add(b) = total;
-            *sums.add(b) = unit * total as f32;
-        }
-    }
-}
-
-/// One block of 32 activations rounded to int8 (written to `out`): its unit and its integer
-/// sum, or `None` for a block holding a NaN or an infinity (`out` is then all zeros).
-pub(super) fn round_block<T: Element>(block: &[T], out: &mut [i8]) -> Option<(f32, i32)> {
-    let floats: [f32; BLOCK] = std::array::from_fn(|i| block[i].load());
-    if floats.iter().any(|v| !v.is_finite()) {
-        out.fill(0);
-        return None;
-    }
-    let largest = floats.iter().fold(0f32, |a, v| a.max(v.abs()));
-    if largest == 0.0 {
-        out.fill(0);
-        return Some((0.0, 0));
-    }
-    let inverse = 127.0 / largest;
-    let mut total = 0i32;
-    for (out, v) in out.iter_mut().zip(floats) {
-        *out = (v * inverse).round_ties_even().clamp(-127.0, 127.0) as i8;
-        total += i32::from(*out);
-    }
-    Some((largest / 127.0, total))
-}
 
 /// One product, shared read-only by the threads; each writes only the work items it claims.
 pub(super) struct Job<T> {
@@ -201,7 +55,7 @@ pub(super) struct Job<T> {
 }
 
 // SAFETY: the pointers come from buffers that outlive the parallel region
-// (`linear_packed_prefill` returns after it), the inputs are only read, and threads write the
+// (`linear_packed_one_int8` returns after it), the inputs are only read, and threads write the
 // outputs of disjoint (rows, tiles) items, each claimed by exactly one thread.
 unsafe impl<T> Sync for Job<T> {}
 
@@ -236,7 +90,7 @@ impl<T> Job<T> {
 /// `out[m, n] = x[m, k] · Wᵀ + bias` on the packed weight with activations rounded to one int8
 /// per value (see the module), `x` and `out` float32 or bf16, with `kernel`
 /// (`InvalidArgument` when this CPU does not run it), on the process's OpenMP threads.
-pub fn linear_packed_prefill<T: Element>(
+pub fn linear_packed_one_int8<T: Element>(
     kernel: PackedKernel,
     weight: &PackedMatrix<'_>,
     x: &[T],
@@ -249,10 +103,10 @@ pub fn linear_packed_prefill<T: Element>(
         return Ok(());
     }
     let (n, k) = (weight.out_features, weight.in_features);
-    let rows = Int8Rows::new(x, kernel);
+    let rows = RoundedRows::one_int8(x, kernel);
     let job = Job {
         format: weight.format,
-        values: rows.values.as_ptr(),
+        values: rows.whole.as_ptr(),
         units: rows.units.as_ptr(),
         totals: rows.totals.as_ptr(),
         sums: rows.sums.as_ptr(),
@@ -291,13 +145,15 @@ pub fn linear_packed_prefill<T: Element>(
             match kernel {
                 PackedKernel::Portable => run_portable(&job, rows, claimed),
                 #[cfg(target_arch = "x86_64")]
-                PackedKernel::Avx2(cpu) => super::avx2::run_prefill(cpu, &job, rows, claimed),
+                PackedKernel::Avx2(cpu) => super::avx2::run_one_int8(cpu, &job, rows, claimed),
                 #[cfg(target_arch = "x86_64")]
                 PackedKernel::AvxVnni(cpu) => {
-                    super::avx2::run_prefill_vnni(cpu, &job, rows, claimed)
+                    super::avx2::run_one_int8_vnni(cpu, &job, rows, claimed)
                 }
                 #[cfg(target_arch = "x86_64")]
-                PackedKernel::Avx512Vnni(cpu) => super::vnni_prefill::run(cpu, &job, rows, claimed),
+                PackedKernel::Avx512Vnni(cpu) => {
+                    super::vnni_one_int8::run(cpu, &job, rows, claimed)
+                }
                 #[cfg(not(target_arch = "x86_64"))]
                 PackedKernel::Avx2(_) | PackedKernel::AvxVnni(_) | PackedKernel::Avx512Vnni(_) => {
                     unreachable!("detection makes no x86 token off x86-64")
@@ -315,7 +171,7 @@ pub fn linear_packed_prefill<T: Element>(
 unsafe fn run_portable<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Range<usize>) {
     let (m, n, k) = (job.m, job.out_features, job.in_features);
     let blocks = k / BLOCK;
-    // SAFETY: `linear_packed_prefill` checked the buffers' extents; these slices cover
+    // SAFETY: `linear_packed_one_int8` checked the buffers' extents; these slices cover
     // exactly them and are only read.
     let (values, units, totals, sums, bytes) = unsafe {
         (

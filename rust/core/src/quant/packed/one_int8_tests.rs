@@ -1,8 +1,6 @@
-//! Unit tests of `prefill.rs`: the rounding of activations to int8 (every kernel alike, ties
-//! to even), every kernel against the portable one bit for bit, and the portable one against a
+//! Unit tests of `one_int8.rs`: every kernel against the portable one bit for bit, and the portable one against a
 //! float64 product within the bound that rounding the activations allows.
 
-use super::prefill::Int8Rows;
 use super::tests::packed;
 use super::*;
 use crate::element::Bf16;
@@ -18,90 +16,12 @@ fn product<T: Element>(
     bias: Option<&[f32]>,
 ) -> Vec<T> {
     let mut out = vec![T::store(f32::NAN); m * weight.out_features];
-    linear_packed_prefill(kernel, weight, x, m, bias, &mut out).unwrap();
+    linear_packed_one_int8(kernel, weight, x, m, bias, &mut out).unwrap();
     out
 }
 
 fn bits<T: Element>(v: &[T]) -> Vec<u32> {
     v.iter().map(|x| x.load().to_bits()).collect()
-}
-
-#[test]
-fn every_kernel_rounds_activations_alike_with_ties_to_even() {
-    let mut x = values(40 * BLOCK, 78);
-    // Largest 127: then `t = x`, so these halves tie; an all-zero block, subnormals, and
-    // non-finite blocks.
-    let ties = [127.0, 0.5, 1.5, 2.5, -0.5, -2.5, -127.0, 3.25];
-    x[..ties.len()].copy_from_slice(&ties);
-    x[BLOCK..2 * BLOCK].fill(0.0);
-    x[2 * BLOCK..3 * BLOCK].fill(f32::from_bits(1));
-    // Largest below 127 / f32::MAX: the scale overflows, and zeros stay zeros.
-    x[5 * BLOCK..6 * BLOCK].fill(0.0);
-    x[5 * BLOCK + 3] = 1e-38;
-    x[5 * BLOCK + 9] = -3e-39;
-    x[3 * BLOCK + 7] = f32::NAN;
-    x[4 * BLOCK] = f32::NEG_INFINITY;
-    let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
-    let portable = Int8Rows::new(&x, PackedKernel::Portable);
-    assert_eq!(
-        portable.values[..ties.len()],
-        [127, 0, 2, 2, 0, -2, -127, 3]
-    );
-    assert_eq!(portable.units[0], 1.0);
-    assert_eq!(portable.totals[1], 0);
-    assert!(portable.units[3].is_nan() && portable.sums[4].is_nan());
-    assert!(portable.values[3 * BLOCK..5 * BLOCK]
-        .iter()
-        .all(|&v| v == 0));
-    let tiny = &portable.values[5 * BLOCK..6 * BLOCK];
-    assert_eq!((tiny[3], tiny[9], tiny[0]), (127, -127, 0));
-    for kernel in PackedKernel::detected() {
-        for (rows, want) in [
-            (Int8Rows::new(&x, kernel), &portable),
-            (
-                Int8Rows::new(&halves, kernel),
-                &Int8Rows::new(&halves, PackedKernel::Portable),
-            ),
-        ] {
-            assert_eq!(rows.values, want.values, "{kernel:?}");
-            assert_eq!(rows.totals, want.totals, "{kernel:?}");
-            assert_eq!(bits(&rows.units), bits(&want.units), "{kernel:?}");
-            assert_eq!(bits(&rows.sums), bits(&want.sums), "{kernel:?}");
-        }
-    }
-}
-
-#[test]
-fn every_kernel_rounds_many_rows_alike_on_several_threads() {
-    // 3001 blocks (past the threshold for threads, split into ranges that do not start or end
-    // on the AVX-512 rounding's groups of four), magnitudes spread over 2^±40, with a few
-    // all-zero and non-finite blocks among them.
-    let mut x: Vec<f32> = values(3001 * BLOCK, 11)
-        .iter()
-        .enumerate()
-        .map(|(i, v)| v * 2f32.powi((i / BLOCK % 81) as i32 - 40))
-        .collect();
-    x[17 * BLOCK..18 * BLOCK].fill(0.0);
-    x[1502 * BLOCK + 5] = f32::NAN;
-    x[2999 * BLOCK] = f32::INFINITY;
-    let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
-    for kernel in PackedKernel::detected() {
-        for (rows, want) in [
-            (
-                Int8Rows::new(&x, kernel),
-                Int8Rows::new(&x, PackedKernel::Portable),
-            ),
-            (
-                Int8Rows::new(&halves, kernel),
-                Int8Rows::new(&halves, PackedKernel::Portable),
-            ),
-        ] {
-            assert_eq!(rows.values, want.values, "{kernel:?}");
-            assert_eq!(rows.totals, want.totals, "{kernel:?}");
-            assert_eq!(bits(&rows.units), bits(&want.units), "{kernel:?}");
-            assert_eq!(bits(&rows.sums), bits(&want.sums), "{kernel:?}");
-        }
-    }
 }
 
 #[test]
@@ -232,12 +152,12 @@ fn sizes_are_checked() {
     let x = vec![0f32; 2 * 64];
     let mut out = vec![0f32; 2 * 5];
     for kernel in PackedKernel::detected() {
-        assert!(linear_packed_prefill(kernel, &tiles, &x, 2, None, &mut out).is_ok());
-        assert!(linear_packed_prefill(kernel, &tiles, &x[1..], 2, None, &mut out).is_err());
+        assert!(linear_packed_one_int8(kernel, &tiles, &x, 2, None, &mut out).is_ok());
+        assert!(linear_packed_one_int8(kernel, &tiles, &x[1..], 2, None, &mut out).is_err());
         let short_bias = Some(&[0.0; 4][..]);
-        assert!(linear_packed_prefill(kernel, &tiles, &x, 2, short_bias, &mut out).is_err());
-        assert!(linear_packed_prefill(kernel, &tiles, &x, 3, None, &mut out).is_err());
-        assert!(linear_packed_prefill(kernel, &tiles, &x, usize::MAX, None, &mut out).is_err());
-        assert!(linear_packed_prefill::<f32>(kernel, &tiles, &[], 0, None, &mut []).is_ok());
+        assert!(linear_packed_one_int8(kernel, &tiles, &x, 2, short_bias, &mut out).is_err());
+        assert!(linear_packed_one_int8(kernel, &tiles, &x, 3, None, &mut out).is_err());
+        assert!(linear_packed_one_int8(kernel, &tiles, &x, usize::MAX, None, &mut out).is_err());
+        assert!(linear_packed_one_int8::<f32>(kernel, &tiles, &[], 0, None, &mut []).is_ok());
     }
 }
