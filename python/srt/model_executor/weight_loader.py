@@ -1,6 +1,7 @@
 """Checkpoint tensors as (Hugging Face name, tensor) pairs: safetensors shards or a GGUF file.
 
-GGUF tensors are renamed to Hugging Face's names and dequantized with the `gguf` package, except,
+GGUF tensors are renamed to Hugging Face's names (a layer's as its model class declares them,
+`gguf_layer_names`) and dequantized with the `gguf` package, except,
 with `--quantization gguf`, the types srt multiplies in their blocks (Q4_0, Q4_1, Q8_0), which
 come as `QuantizedWeight`s holding the file's bytes. For the Llama architecture, llama.cpp's
 conversion permuted the rows of the q/k projections (to its interleaved rotary layout), which is
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +25,10 @@ from safetensors import safe_open
 from srt.layers.lazy_tensor import LazyTensor
 from srt.layers.quant_kernels import BLOCK_BYTES, QuantizedWeight
 from srt.layers.quantization import CheckpointTensor
+from srt.models.registry import model_class_for
 
 logger = logging.getLogger(__name__)
 
-_GGUF_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
 _GGUF_GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -95,9 +84,10 @@ def _gguf_weights(
     from srt.model_executor.gguf_tensors import read_tensors
 
     permute_qk = hf_config.model_type == "llama"
+    layer_names = getattr(model_class_for(hf_config), "gguf_layer_names", {})
     dequantized: Counter[str] = Counter()
     for tensor in read_tensors(path):
-        name = _hf_name(tensor.name)
+        name = _hf_name(tensor.name, layer_names)
         kind = tensor.tensor_type.name
         shape = tuple(reversed(tensor.shape))
         weight: CheckpointTensor
@@ -132,14 +122,15 @@ def _permuted(weight: torch.Tensor, name: str, permute_qk: bool, hf_config: Any)
     return weight
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, layer_names: Mapping[str, str]) -> str:
+    """The Hugging Face name of GGUF tensor `gguf_name`, a layer's as `layer_names` map them."""
     if gguf_name in _GGUF_GLOBAL_NAMES:
         return _GGUF_GLOBAL_NAMES[gguf_name]
     match = _GGUF_LAYER.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _GGUF_LAYER_NAMES:
+    if match is None or match.group(2) not in layer_names:
         raise ValueError(f"GGUF tensor {gguf_name} is not one srt knows how to load")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_GGUF_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{layer_names[part]}.{kind}"
 
 
 def _unpermute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

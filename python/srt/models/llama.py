@@ -16,8 +16,8 @@ batch (`layers_executor`) may run them all at once, else they run one by one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, cast
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -42,6 +42,7 @@ from srt.layers.radix_attention import RadixAttention
 from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary, rope_parameters
 from srt.layers.vocab_embedding import VocabParallelEmbedding
 from srt.models.loading import QuantizedShards, copy_checked, copy_shard
+from srt.models.registry import register_model
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos and signed sin, see RotaryEmbedding.forward
 
@@ -52,6 +53,22 @@ STACKED_PARAMS = {
     "v_proj": ("qkv_proj", 2),
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
+}
+
+# llama.cpp's names of a decoder layer's tensors in a GGUF file (`blk.N.<name>.weight`) ->
+# the checkpoint's names under `model.layers.N.` (before q/k/v and gate/up are fused).
+GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 
 
@@ -192,8 +209,11 @@ class LlamaModel(nn.Module):
         )
 
 
+@register_model("LlamaForCausalLM", "MistralForCausalLM", model_types=("llama", "mistral"))
 class LlamaForCausalLM(nn.Module):
     attention_cls: type[LlamaAttention] = LlamaAttention
+    # The GGUF layer tensor names this architecture's files hold (`weight_loader.py`).
+    gguf_layer_names: ClassVar[Mapping[str, str]] = GGUF_LAYER_NAMES
 
     def __init__(self, config: Any) -> None:
         super().__init__()
