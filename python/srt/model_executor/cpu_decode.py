@@ -142,6 +142,8 @@ class CpuDecodeExecutor:
         """A layer's spec for `DecoderStack` and, per projection, the fewest rows that leave
         the stack's kernels; else why the stack cannot run it (a projection not quantized, a
         norm not of `dtype` or of another epsilon)."""
+        if layer.gate_up is None or layer.down is None:
+            return "a feed-forward is a mixture of experts, which the stack does not run"
         projections, ends = [], []
         named = {"qkv": layer.qkv, "o": layer.o, "gate_up": layer.gate_up, "down": layer.down}
         for name, linear in named.items():
