@@ -17,6 +17,7 @@ from test_quantized_loading import blocks_of
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from srt.entrypoints.engine import Engine
+from srt.layers import cpu_kernels
 from srt.layers.linear import Linear
 from srt.layers.moe import SparseMoeBlock
 from srt.layers.quant_kernels import QuantizedWeight
@@ -79,6 +80,28 @@ def test_the_registry_serves_its_architecture_and_gguf_model_type() -> None:
     assert model_class_for(AutoConfig.for_model("qwen3_moe")) is Qwen3MoeForCausalLM  # GGUF's
     config = AutoConfig.for_model("qwen3_moe", architectures=["Qwen3MoeForCausalLM"])
     assert model_class_for(config) is Qwen3MoeForCausalLM
+
+
+def test_the_cpu_router_picks_the_experts_pytorch_does() -> None:
+    """`cpu_kernels.moe_route` (the Rust router the mixture and the fused decode step share)
+    against softmax and top-k in PyTorch; a bf16 input routes as its float32 values."""
+    generator = torch.Generator().manual_seed(0)
+    x, router = torch.randn(6, 64, generator=generator), torch.randn(8, 64, generator=generator)
+    probs = torch.softmax(x @ router.T, dim=-1)
+    top, top_ids = torch.topk(probs, 2)
+    ids, weights = cpu_kernels.moe_route(x, router, 2, renormalize=False)
+    assert torch.equal(ids, top_ids)
+    torch.testing.assert_close(weights, top, atol=1e-6, rtol=0)
+    ids, weights = cpu_kernels.moe_route(x, router, 2, renormalize=True)
+    assert torch.equal(ids, top_ids)
+    torch.testing.assert_close(weights, top / top.sum(-1, keepdim=True), atol=1e-6, rtol=0)
+    half = x.bfloat16()
+    for got, want in zip(
+        cpu_kernels.moe_route(half, router, 3, True),
+        cpu_kernels.moe_route(half.float(), router, 3, True),
+        strict=True,
+    ):
+        assert torch.equal(got, want)
 
 
 def test_a_gguf_file_s_stacked_experts_load_as_each_expert_s_blocks(

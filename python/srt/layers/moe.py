@@ -4,11 +4,13 @@ MLP (`make_expert`); the layer's output is the weighted sum of its experts' outp
 
 Routing (`route`): logits = x · routerᵀ in float32, softmax over the experts, the `top_k`
 largest probabilities, divided by their sum when `renormalize` (Qwen3-MoE's `norm_topk_prob`).
-The router's weight is float32 whatever the model's dtype (small beside the experts), as GGUF
-files keep it.
+On the CPU one Rust kernel routes (`cpu_kernels.moe_route`), the one the CPU decode executor's
+stack calls, so that both pick the same experts with the same weights, bit for bit; elsewhere
+PyTorch's operators do. The router's weight is float32 whatever the model's dtype (small beside
+the experts), as GGUF files keep it.
 
 The sum: experts in ascending index, each adding its tokens' outputs times their weights into
-a float32 accumulator, rounded to the model's dtype at the end.
+a float32 accumulator, rounded to the model's dtype at the end (as the stack sums them too).
 
 Under tensor parallelism every rank routes all tokens (the router is replicated) and holds its
 share of every expert's intermediate rows, as the dense MLP does; the experts' partial sums are
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from srt.distributed import get_tp_group
+from srt.layers import cpu_kernels
 from srt.layers.linear import initializing
 
 if TYPE_CHECKING:
@@ -46,6 +49,8 @@ def route(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's (row of `x`'s) `top_k` experts, int64 `[tokens, top_k]` in descending
     weight, and their float32 weights."""
+    if cpu_kernels.runs_in_rust(x) and router.is_cpu:
+        return cpu_kernels.moe_route(x, router, top_k, renormalize)
     probs = torch.softmax(F.linear(x.float(), router), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
