@@ -85,6 +85,7 @@ def quantized_runner(
         ("qwen2", mixed_formats, "float32"),  # q/k/v biases
         ("mistral", every_matrix("q8_0"), "bfloat16"),
         ("qwen3", every_matrix("q4_0"), "float32"),  # per-head q/k norms
+        ("qwen3_moe", every_matrix("q8_0"), "bfloat16"),  # a mixture of experts, a dense MLP
     ],
 )
 def test_a_fused_step_gives_the_layers_bits(
@@ -299,3 +300,25 @@ def test_the_binding_refuses_caches_that_overlap() -> None:
             bias=None,
             one_int8_from=None,
         )
+
+
+def test_the_binding_refuses_a_malformed_mixture() -> None:
+    layer, _, _ = stack_args(torch.float32)
+    router = np.zeros((2, 32), dtype=np.float32)  # two experts' rows
+    with pytest.raises(ValueError, match="a gate_up and a down projection per expert, not 2 and 1"):
+        _rust.MoeSpec(
+            router=router,
+            gate_up=[layer["gate_up"]] * 2,
+            down=[layer["down"]],
+            top_k=1,
+            renormalize=True,
+        )
+    moe = _rust.MoeSpec(
+        router=router, gate_up=[layer["gate_up"]], down=[layer["down"]], top_k=1, renormalize=True
+    )
+    with pytest.raises(ValueError, match="gate_up and down, or moe"):
+        _rust.LayerSpec(**{**layer, "moe": moe})  # two feed-forwards
+    sparse = _rust.LayerSpec(**{**layer, "gate_up": None, "down": None, "moe": moe})
+    stack = _rust.DecoderStack(2, 1, 16, 1e-5, 0.25, [sparse])
+    with pytest.raises(ValueError, match="the router has 64 floats, expected 32"):
+        stack.decode(*step_inputs(torch.float32, 7))  # one expert

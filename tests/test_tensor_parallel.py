@@ -42,13 +42,14 @@ def assert_close_logits(ours: list[torch.Tensor], reference: list[torch.Tensor])
         assert torch.allclose(a, b, atol=ATOL, rtol=0), (step, float((a - b).abs().max()))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "qwen3_moe"])
 def test_two_ranks_compute_one_ranks_logits(
     arch: str, tiny_model_factory: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """Prefill, a prefix reused from the KV cache, decode steps: every logit row of TP=2 (each
     rank's, all-gathered) is TP=1's. Qwen2 has q/k/v biases, Qwen3 q/k norms, both tie the
-    lm_head to the embedding; the vocabulary does not split evenly (padding)."""
+    lm_head to the embedding; Qwen3-MoE shards every expert's rows and all-reduces their sum
+    once; the vocabulary does not split evenly (padding)."""
     model = tiny_model_factory(arch)
     reference = extend_and_decode_logits(model, device="cpu")
     ranks = run_ranks(2, extend_and_decode, tmp_path, model)

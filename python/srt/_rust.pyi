@@ -257,6 +257,31 @@ def silu_and_mul_bf16(gate_up: _Bf16, dim: int, out: _Bf16) -> None:
 def rotary_bf16(x: _Bf16, x_stride: int, cos: _Bf16, sin: _Bf16, head_dim: int, out: _Bf16) -> None:
     """`rotary` over bf16 tensors (each product and the sum rounded)."""
 
+def moe_route(
+    x: _Floats,
+    router: _Floats,
+    experts: int,
+    top_k: int,
+    renormalize: bool,
+    ids: NDArray[np.int64],
+    weights: _Floats,
+) -> None:
+    """Each row of `x` (`[rows, hidden]`) routed through `router` (float32
+    `[experts, hidden]`): float32 logits, softmax, its `top_k` experts in descending
+    probability (a tie to the lower index) into `ids` (`[rows, top_k]`) and their
+    probabilities into `weights`, divided by their sum when `renormalize`."""
+
+def moe_route_bf16(
+    x: _Bf16,
+    router: _Floats,
+    experts: int,
+    top_k: int,
+    renormalize: bool,
+    ids: NDArray[np.int64],
+    weights: _Floats,
+) -> None:
+    """`moe_route` of a bf16 input."""
+
 def cpu_isa() -> tuple[str, str]:
     """The instruction set the CPU kernels run now and the best the CPU runs: each one of
     "scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16"."""
@@ -393,10 +418,27 @@ class ProjectionSpec:
         one_int8_from: int | None,
     ) -> None: ...
 
+class MoeSpec:
+    """A sparse mixture of experts of a decoder layer: the router's float32
+    `[experts, hidden_size]` weight, each expert's gate/up and down projections (one of each
+    per expert), how many experts each token takes, and whether their weights are divided by
+    their sum. The buffers are held."""
+
+    def __init__(
+        self,
+        *,
+        router: _Floats,
+        gate_up: list[ProjectionSpec],
+        down: list[ProjectionSpec],
+        top_k: int,
+        renormalize: bool,
+    ) -> None: ...
+
 class LayerSpec:
     """A decoder layer's norm weights (per-head `q_norm` and `k_norm` too, both or neither, as
-    Qwen3 has them), projections and K/V caches; the norms and caches float32 or bfloat16 bits
-    (int16), of one type for the whole stack."""
+    Qwen3 has them), projections (the feed-forward's `gate_up` and `down`, or `moe`) and K/V
+    caches; the norms and caches float32 or bfloat16 bits (int16), of one type for the whole
+    stack."""
 
     def __init__(
         self,
@@ -405,10 +447,11 @@ class LayerSpec:
         qkv: ProjectionSpec,
         o: ProjectionSpec,
         post_norm: _LayerFloats,
-        gate_up: ProjectionSpec,
-        down: ProjectionSpec,
         k_cache: _LayerFloats,
         v_cache: _LayerFloats,
+        gate_up: ProjectionSpec | None = None,
+        down: ProjectionSpec | None = None,
+        moe: MoeSpec | None = None,
         q_norm: _LayerFloats | None = None,
         k_norm: _LayerFloats | None = None,
     ) -> None: ...

@@ -1,5 +1,5 @@
-"""srt's CPU kernels (the Rust core's `gemm`, `attention` and `ops`) as functions of tensors, and
-the instruction-set tier they run. The layers' other facades over `srt._rust` are
+"""srt's CPU kernels (the Rust core's `gemm`, `attention`, `ops` and `moe`) as functions of
+tensors, and the instruction-set tier they run. The layers' other facades over `srt._rust` are
 `quant_kernels.py` (GGUF weights) and `plan_cache.py` (the extension's bytes in a plan's key);
 the CPU decode executor (`model_executor/cpu_decode.py`) calls the Rust decoder stack itself.
 
@@ -237,3 +237,20 @@ def prefill_attention_paged(
         _view(out),
     )
     return out
+
+
+def moe_route(
+    x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of `x`'s `top_k` experts (int64 `[rows, top_k]`, in descending weight) and
+    their float32 weights, routed through the float32 `[experts, hidden]` weight `router`
+    (rust/core/src/moe.rs: float32 logits, softmax, top-k, divided by their sum when
+    `renormalize`)."""
+    x = x.contiguous()
+    ids = torch.empty(x.shape[0], top_k, dtype=torch.int64)
+    weights = torch.empty(x.shape[0], top_k, dtype=torch.float32)
+    kernel = _rust.moe_route_bf16 if _bf16(x) else _rust.moe_route
+    router = router.detach()
+    experts = router.shape[0]
+    kernel(_view(x), _view(router), experts, top_k, renormalize, ids.numpy(), _view(weights))
+    return ids, weights

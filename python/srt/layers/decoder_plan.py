@@ -18,14 +18,16 @@ if TYPE_CHECKING:
     from srt.layers.forward_batch import ForwardBatch
     from srt.layers.layernorm import RMSNorm
     from srt.layers.linear import Linear
+    from srt.layers.moe import MoePlan
 
 
 @dataclass(frozen=True)
 class DecoderLayerPlan:
     """A pre-norm decoder layer: `input_norm`, then attention through `qkv` (q, k, v heads
     concatenated), with per-head `q_norm` and `k_norm` where the model has them (Qwen3), then
-    `o`; `post_norm`, then the gated MLP through `gate_up` (gate, up) and `down`. `layer_id`
-    is the layer's index in the KV pool."""
+    `o`; `post_norm`, then the feed-forward: the gated MLP through `gate_up` (gate, up) and
+    `down`, or a mixture of such experts (`moe`; then `gate_up` and `down` are None).
+    `layer_id` is the layer's index in the KV pool."""
 
     layer_id: int
     input_norm: RMSNorm
@@ -34,8 +36,9 @@ class DecoderLayerPlan:
     k_norm: RMSNorm | None
     o: Linear
     post_norm: RMSNorm
-    gate_up: Linear
-    down: Linear
+    gate_up: Linear | None
+    down: Linear | None
+    moe: MoePlan | None = None
 
 
 @dataclass(frozen=True)

@@ -95,12 +95,17 @@ class ColumnParallelLinear(Linear):
 
 
 class RowParallelLinear(Linear):
-    """Input columns split over the ranks; the output is all-reduced."""
+    """Input columns split over the ranks; the output is all-reduced, unless `reduce_results`
+    is False: then the caller sums the partial products (a mixture of experts sums its
+    experts' outputs first and all-reduces once)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, reduce_results: bool = True
+    ) -> None:
         super().__init__(split_part(in_features).rows, out_features, bias=bias)
         self.tp = get_tp_group()
         self.total_in = in_features
+        self.reduce_results = reduce_results
 
     def shard(self, tensor: Loadable, part: int | None) -> Loadable:
         """This rank's columns of the weight; the bias on rank 0, zeros elsewhere."""
@@ -117,7 +122,8 @@ class RowParallelLinear(Linear):
         return tensor.narrow(1, start, self.in_features).clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(super().forward(x))
+        out = super().forward(x)
+        return self.tp.all_reduce(out) if self.reduce_results else out
 
 
 class ParallelLMHead(Linear):

@@ -12,7 +12,9 @@ gives the same bits either way; only the Python goes.
 
 When it runs: decode steps on the CPU, float32 or bf16, whose attention can read the KV cache
 in place (`TorchNativeAttnBackend.in_place_decode`), with per-head q/k norms (Qwen3) or without,
-on one tensor-parallel rank (the stack has no all-reduce between a layer's shards), with fewer
+with a gated MLP or a sparse mixture of such experts (Qwen3-MoE: every expert's projections
+quantized; the float32 router's kernel is the one the Python mixture calls), on one
+tensor-parallel rank (the stack has no all-reduce between a layer's shards), with fewer
 sequences than any projection's plan gives to a path other than the kernels the stack runs
 (`QuantizedWeight.stack_rows`: the few-row kernel, and on tiles the one-int8 kernel from the row
 count where the plan rounds activations to one int8, as each projection's plan gives for the
@@ -22,7 +24,7 @@ step's rows). Elsewhere, or with `SRT_FUSED_DECODE=0`, the layers run one by one
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -142,8 +144,17 @@ class CpuDecodeExecutor:
         """A layer's spec for `DecoderStack` and, per projection, the fewest rows that leave
         the stack's kernels; else why the stack cannot run it (a projection not quantized, a
         norm not of `dtype` or of another epsilon)."""
-        projections, ends = [], []
-        named = {"qkv": layer.qkv, "o": layer.o, "gate_up": layer.gate_up, "down": layer.down}
+        named = {"qkv": layer.qkv, "o": layer.o}
+        moe = layer.moe
+        if moe is None:
+            assert layer.gate_up is not None, "a dense layer's"
+            assert layer.down is not None, "a dense layer's"
+            named |= {"gate_up": layer.gate_up, "down": layer.down}
+        else:
+            for i, (gate_up, down) in enumerate(zip(moe.gate_up, moe.down, strict=True)):
+                named |= {f"expert {i}'s gate_up": gate_up, f"expert {i}'s down": down}
+        projections: dict[str, _rust.ProjectionSpec] = {}
+        ends = []
         for name, linear in named.items():
             weight = _quantized(linear)
             if weight is None:
@@ -153,16 +164,14 @@ class CpuDecodeExecutor:
             ends.append(end)
             # The stack holds the numpy view, which holds the float32 copy.
             bias = None if linear.bias is None else linear.bias.detach().to(torch.float32)
-            projections.append(
-                _rust.ProjectionSpec(
-                    format=weight.fmt,
-                    packed=weight.packed,
-                    weight=weight.held,
-                    out_features=weight.out_features,
-                    in_features=weight.in_features,
-                    bias=None if bias is None else bias.contiguous().numpy(),
-                    one_int8_from=one_int8_from,
-                )
+            projections[name] = _rust.ProjectionSpec(
+                format=weight.fmt,
+                packed=weight.packed,
+                weight=weight.held,
+                out_features=weight.out_features,
+                in_features=weight.in_features,
+                bias=None if bias is None else bias.contiguous().numpy(),
+                one_int8_from=one_int8_from,
             )
         norms = [layer.input_norm, layer.post_norm]
         if layer.q_norm is not None and layer.k_norm is not None:
@@ -172,17 +181,28 @@ class CpuDecodeExecutor:
             return f"the norms of a layer are not all {dtype} with one epsilon"
         weights = [_view(n.weight.detach()) for n in norms]
         qk_norms = {"q_norm": weights[2], "k_norm": weights[3]} if weights[2:] else {}
+        feed_forward: dict[str, Any]
+        if moe is None:
+            feed_forward = {"gate_up": projections["gate_up"], "down": projections["down"]}
+        else:
+            experts = range(len(moe.gate_up))
+            mixture = _rust.MoeSpec(
+                router=_view(moe.router.detach()),
+                gate_up=[projections[f"expert {i}'s gate_up"] for i in experts],
+                down=[projections[f"expert {i}'s down"] for i in experts],
+                top_k=moe.top_k,
+                renormalize=moe.renormalize,
+            )
+            feed_forward = {"moe": mixture}
         index = layer.layer_id
-        qkv, o, gate_up, down = projections
         spec = _rust.LayerSpec(
             input_norm=weights[0],
-            qkv=qkv,
-            o=o,
+            qkv=projections["qkv"],
+            o=projections["o"],
             post_norm=weights[1],
-            gate_up=gate_up,
-            down=down,
             k_cache=_view(pool.k_buffers[index]),
             v_cache=_view(pool.v_buffers[index]),
+            **feed_forward,
             **qk_norms,
         )
         return spec, ends

@@ -1,8 +1,10 @@
 """Checkpoint tensors as (Hugging Face name, tensor) pairs: safetensors shards or a GGUF file.
 
-GGUF tensors are renamed to Hugging Face's names and dequantized with the `gguf` package, except,
-with `--quantization gguf`, the types srt multiplies in their blocks (Q4_0, Q4_1, Q8_0), which
-come as `QuantizedWeight`s holding the file's bytes. For the Llama architecture, llama.cpp's
+GGUF tensors are renamed to Hugging Face's names (a layer's as its model class declares them,
+`gguf_layer_names`; a name with `{expert}` is a 3-D tensor of a mixture's experts, cut into one
+tensor per expert) and dequantized with the `gguf` package, except, with `--quantization gguf`,
+the types srt multiplies in their blocks (Q4_0, Q4_1, Q8_0), which come as `QuantizedWeight`s
+holding the file's bytes. For the Llama architecture, llama.cpp's
 conversion permuted the rows of the q/k projections (to its interleaved rotary layout), which is
 undone here; each row of blocks is one row of weights, so the same permutation of rows undoes it
 on blocks too.
@@ -13,9 +15,9 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,22 +26,13 @@ from safetensors import safe_open
 from srt.layers.lazy_tensor import LazyTensor
 from srt.layers.quant_kernels import BLOCK_BYTES, QuantizedWeight
 from srt.layers.quantization import CheckpointTensor
+from srt.models.registry import model_class_for
+
+if TYPE_CHECKING:
+    from srt.model_executor.gguf_tensors import GGUFTensor
 
 logger = logging.getLogger(__name__)
 
-_GGUF_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
 _GGUF_GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -90,37 +83,61 @@ def iterate_weight_slices(
 def _gguf_weights(
     path: Path, hf_config: Any, keep_blocks: bool
 ) -> Iterator[tuple[str, CheckpointTensor]]:
-    from gguf.quants import dequantize
-
     from srt.model_executor.gguf_tensors import read_tensors
 
     permute_qk = hf_config.model_type == "llama"
+    layer_names = getattr(model_class_for(hf_config), "gguf_layer_names", {})
     dequantized: Counter[str] = Counter()
     for tensor in read_tensors(path):
-        name = _hf_name(tensor.name)
+        name = _hf_name(tensor.name, layer_names)
         kind = tensor.tensor_type.name
         shape = tuple(reversed(tensor.shape))
-        weight: CheckpointTensor
-        if keep_blocks and kind.lower() in BLOCK_BYTES and len(shape) == 2:
-            # [rows, bytes per row] as the file holds them; a copy, since the reader's arrays
-            # map the file read-only.
-            blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
-            weight = QuantizedWeight(
-                _permuted(blocks, name, permute_qk, hf_config), kind.lower(), shape[1]
-            )
-        else:
-            if kind != "F32":
-                dequantized[kind] += 1
-            values = dequantize(tensor.data, tensor.tensor_type)
-            weight = torch.from_numpy(np.array(values.reshape(shape), dtype=np.float32))
-            weight = _permuted(weight, name, permute_qk, hf_config)
-        yield name, weight
+        stacked = "{expert}" in name
+        blocks = keep_blocks and kind.lower() in BLOCK_BYTES and len(shape) == 2 + stacked
+        if not blocks and kind != "F32":
+            dequantized[kind] += 1
+        if not stacked:
+            weight = _gguf_tensor(tensor, tensor.data, shape, blocks, name, permute_qk, hf_config)
+            yield name, weight
+            continue
+        # Every expert's weight stacked: [experts, rows, columns], one tensor per expert.
+        if len(shape) != 3:
+            raise ValueError(f"GGUF tensor {tensor.name} of shape {shape} is not one per expert")
+        for expert in range(shape[0]):
+            expert_name = name.format(expert=expert)
+            data = tensor.data[expert]
+            yield expert_name, _gguf_tensor(tensor, data, shape[1:], blocks, expert_name)
     if keep_blocks and dequantized:
         logger.info(
             "%s: tensors of types srt does not multiply in blocks are dequantized: %s",
             path.name,
             ", ".join(f"{n} {kind}" for kind, n in sorted(dequantized.items())),
         )
+
+
+def _gguf_tensor(
+    tensor: GGUFTensor,
+    data: np.ndarray,
+    shape: tuple[int, ...],
+    blocks: bool,
+    name: str,
+    permute_qk: bool = False,
+    hf_config: Any = None,
+) -> CheckpointTensor:
+    """`data` (of GGUF tensor `tensor`, Hugging Face name `name`, `shape` in PyTorch's order):
+    the file's blocks of a matrix where `blocks`, else float32 values."""
+    from gguf.quants import dequantize
+
+    if blocks:
+        # [rows, bytes per row] as the file holds them; a copy, since the reader's arrays map
+        # the file read-only.
+        held = torch.from_numpy(np.array(data, dtype=np.uint8))
+        return QuantizedWeight(
+            _permuted(held, name, permute_qk, hf_config), tensor.tensor_type.name.lower(), shape[1]
+        )
+    values = dequantize(data, tensor.tensor_type)
+    weight = torch.from_numpy(np.array(values.reshape(shape), dtype=np.float32))
+    return _permuted(weight, name, permute_qk, hf_config)
 
 
 def _permuted(weight: torch.Tensor, name: str, permute_qk: bool, hf_config: Any) -> torch.Tensor:
@@ -132,14 +149,15 @@ def _permuted(weight: torch.Tensor, name: str, permute_qk: bool, hf_config: Any)
     return weight
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, layer_names: Mapping[str, str]) -> str:
+    """The Hugging Face name of GGUF tensor `gguf_name`, a layer's as `layer_names` map them."""
     if gguf_name in _GGUF_GLOBAL_NAMES:
         return _GGUF_GLOBAL_NAMES[gguf_name]
     match = _GGUF_LAYER.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _GGUF_LAYER_NAMES:
+    if match is None or match.group(2) not in layer_names:
         raise ValueError(f"GGUF tensor {gguf_name} is not one srt knows how to load")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_GGUF_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{layer_names[part]}.{kind}"
 
 
 def _unpermute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

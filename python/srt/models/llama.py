@@ -1,5 +1,6 @@
 """The Llama family: Llama 2/3 (with Llama 3 rope scaling), Mistral, SmolLM; and the base of the
-Qwen families, which differ only in their attention projections (see qwen2.py, qwen3.py).
+Qwen families, which differ in their attention projections (see qwen2.py, qwen3.py) and, for
+Qwen3-MoE, in the feed-forward a layer has (`feed_forward`: qwen3_moe.py's mixture of experts).
 
 Weights keep Hugging Face's names, except that q/k/v and gate/up projections are fused into one
 matrix each (`qkv_proj`, `gate_up_proj`): `load_weights` stacks the checkpoint's shards into them,
@@ -16,8 +17,8 @@ batch (`layers_executor`) may run them all at once, else they run one by one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ from srt.layers.forward_batch import ForwardBatch
 from srt.layers.layernorm import RMSNorm
 from srt.layers.lazy_tensor import LazyTensor
 from srt.layers.logits_processor import compute_logits
+from srt.layers.moe import SparseMoeBlock
 from srt.layers.parallel_linear import (
     ColumnParallelLinear,
     Loadable,
@@ -42,6 +44,7 @@ from srt.layers.radix_attention import RadixAttention
 from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary, rope_parameters
 from srt.layers.vocab_embedding import VocabParallelEmbedding
 from srt.models.loading import QuantizedShards, copy_checked, copy_shard
+from srt.models.registry import register_model
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos and signed sin, see RotaryEmbedding.forward
 
@@ -52,6 +55,22 @@ STACKED_PARAMS = {
     "v_proj": ("qkv_proj", 2),
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
+}
+
+# llama.cpp's names of a decoder layer's tensors in a GGUF file (`blk.N.<name>.weight`) ->
+# the checkpoint's names under `model.layers.N.` (before q/k/v and gate/up are fused).
+GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 
 
@@ -107,23 +126,41 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: Any) -> None:
+    """The gated MLP: `intermediate_size` rows (the config's unless given: a mixture's experts
+    have their own), its output all-reduced over the ranks unless `reduce_results` is False."""
+
+    def __init__(
+        self, config: Any, intermediate_size: int | None = None, reduce_results: bool = True
+    ) -> None:
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        part = split_part(config.intermediate_size)
+        intermediate = intermediate_size or config.intermediate_size
+        part = split_part(intermediate)
         self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [part, part], bias=bias)
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.down_proj = RowParallelLinear(
+            intermediate, config.hidden_size, bias=bias, reduce_results=reduce_results
+        )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
+# Builds a decoder layer's feed-forward: (config, layer index) -> module.
+FeedForward = Callable[[Any, int], nn.Module]
+
+
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_id: int, attention_cls: type[LlamaAttention]) -> None:
+    def __init__(
+        self,
+        config: Any,
+        layer_id: int,
+        attention_cls: type[LlamaAttention],
+        feed_forward: FeedForward,
+    ) -> None:
         super().__init__()
         self.self_attn = attention_cls(config, layer_id)
-        self.mlp = LlamaMLP(config)
+        self.mlp = feed_forward(config, layer_id)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -138,11 +175,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: Any, attention_cls: type[LlamaAttention]) -> None:
+    def __init__(
+        self, config: Any, attention_cls: type[LlamaAttention], feed_forward: FeedForward
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, attention_cls) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, attention_cls, feed_forward)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         # One table for all layers; each forward pass takes its positions' rows once.
@@ -169,6 +209,8 @@ class LlamaModel(nn.Module):
         layers = []
         for layer in decoder_layers:
             attention, mlp = layer.self_attn, layer.mlp
+            moe = mlp.plan() if isinstance(mlp, SparseMoeBlock) else None
+            dense = None if moe is not None else cast("LlamaMLP", mlp)
             layers.append(
                 DecoderLayerPlan(
                     layer_id=attention.attn.layer_id,
@@ -178,8 +220,9 @@ class LlamaModel(nn.Module):
                     k_norm=attention.k_norm if attention.qk_norm else None,
                     o=attention.o_proj,
                     post_norm=layer.post_attention_layernorm,
-                    gate_up=mlp.gate_up_proj,
-                    down=mlp.down_proj,
+                    gate_up=None if dense is None else dense.gate_up_proj,
+                    down=None if dense is None else dense.down_proj,
+                    moe=moe,
                 )
             )
         first = decoder_layers[0].self_attn
@@ -192,17 +235,25 @@ class LlamaModel(nn.Module):
         )
 
 
+@register_model("LlamaForCausalLM", "MistralForCausalLM", model_types=("llama", "mistral"))
 class LlamaForCausalLM(nn.Module):
     attention_cls: type[LlamaAttention] = LlamaAttention
+    # The GGUF layer tensor names this architecture's files hold (`weight_loader.py`).
+    gguf_layer_names: ClassVar[Mapping[str, str]] = GGUF_LAYER_NAMES
 
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, self.attention_cls)
+        self.model = LlamaModel(config, self.attention_cls, self.feed_forward)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)
         if self.tie_word_embeddings:  # one parameter, listed once, under the embedding's name
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @classmethod
+    def feed_forward(cls, config: Any, layer_id: int) -> nn.Module:
+        """Layer `layer_id`'s feed-forward: the gated MLP (a mixture of experts overrides it)."""
+        return LlamaMLP(config)
 
     @torch.inference_mode()
     def forward(

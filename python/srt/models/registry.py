@@ -1,40 +1,72 @@
-"""Which of our model classes serves a Hugging Face `config.architectures` entry."""
+"""Which of our model classes serves a config. A model file registers its classes itself
+(`register_model`: the Hugging Face `architectures` names a class serves, and the `model_type`s
+of configs read from GGUF metadata, which name no architecture); `model_class_for` imports every
+module of `srt.models` once, so a new architecture is one new file here and nothing else."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from torch import nn
 
-from srt.models.llama import LlamaForCausalLM
-from srt.models.qwen2 import Qwen2ForCausalLM
-from srt.models.qwen3 import Qwen3ForCausalLM
+ModelClass = TypeVar("ModelClass", bound=type[nn.Module])
 
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-}
+# Filled by `register_model` as the model modules are imported.
+_BY_ARCHITECTURE: dict[str, type[nn.Module]] = {}
+_BY_MODEL_TYPE: dict[str, type[nn.Module]] = {}
 
-# Configs read from GGUF metadata name a model type but no architecture.
-_ARCHITECTURE_OF_MODEL_TYPE = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
+
+def register_model(
+    *architectures: str, model_types: tuple[str, ...] = ()
+) -> Callable[[ModelClass], ModelClass]:
+    """A class decorator: the class serves configs whose `architectures` name one of
+    `architectures`, and configs without architectures (GGUF metadata's) of `model_types`.
+    A name claimed by two classes is an error, raised as the second one's module is imported."""
+
+    def register(cls: ModelClass) -> ModelClass:
+        tables = ((_BY_ARCHITECTURE, architectures), (_BY_MODEL_TYPE, model_types))
+        for table, names in tables:
+            for name in names:
+                if table.get(name, cls) is not cls:
+                    raise ValueError(
+                        f"{name} is served by {table[name].__qualname__}, "
+                        f"not also {cls.__qualname__}"
+                    )
+        for table, names in tables:
+            table.update(dict.fromkeys(names, cls))
+        return cls
+
+    return register
+
+
+@functools.cache
+def _import_models() -> None:
+    """Imports every module of `srt.models`, which registers its classes."""
+    package = importlib.import_module("srt.models")
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+
+
+def supported_architectures() -> list[str]:
+    """Every architecture name some model class serves, sorted."""
+    _import_models()
+    return sorted(_BY_ARCHITECTURE)
 
 
 def model_class_for(config: Any) -> type[nn.Module]:
     """The class for a config; an unsupported architecture fails listing the supported ones."""
+    _import_models()
     architectures = getattr(config, "architectures", None) or []
-    if not architectures and getattr(config, "model_type", None) in _ARCHITECTURE_OF_MODEL_TYPE:
-        architectures = [_ARCHITECTURE_OF_MODEL_TYPE[config.model_type]]
     for arch in architectures:
-        if arch in MODEL_REGISTRY:
-            return MODEL_REGISTRY[arch]
+        if arch in _BY_ARCHITECTURE:
+            return _BY_ARCHITECTURE[arch]
+    if not architectures and getattr(config, "model_type", None) in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[config.model_type]
     raise ValueError(
         f"unsupported model architecture {', '.join(architectures) or '(none given)'}; "
-        f"srt supports {', '.join(sorted(MODEL_REGISTRY))}"
+        f"srt supports {', '.join(supported_architectures())}"
     )

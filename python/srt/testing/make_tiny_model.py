@@ -26,6 +26,7 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from srt.testing.tiny_tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, train_byte_level_bpe
@@ -77,8 +78,21 @@ _CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
     "mistral": MistralConfig,
     "qwen2": Qwen2Config,
     "qwen3": Qwen3Config,
+    "qwen3_moe": Qwen3MoeConfig,
 }
 ARCHS = tuple(_CONFIG_CLASSES)
+
+# The tiny mixture of experts: 2 of 8 experts per token, their weights renormalized as
+# Qwen3-30B-A3B's are; layer 1 keeps the dense MLP, so that a model mixes both. 64 rows per
+# expert split into whole GGUF blocks (32 columns) over 2 tensor-parallel ranks.
+_TINY_MOE = {
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [1],
+}
 
 
 def make_config(
@@ -113,6 +127,8 @@ def make_config(
         }
     if arch == "mistral":
         kwargs["sliding_window"] = None
+    if arch == "qwen3_moe":
+        kwargs.update(_TINY_MOE)
     return _CONFIG_CLASSES[arch](**kwargs)
 
 

@@ -14,7 +14,11 @@
 //! - `[q | k | v] = x · qkvᵀ + bias`; with per-head norms (Qwen3), each head of `q` and `k`
 //!   `rms_norm`ed by `q_norm` and `k_norm`; `q` and `k` rotated; `k` and `v` written to the K/V caches
 //!   at the tokens' slots; `a` = attention of `q` over each sequence's slots; `h = a · oᵀ + bias`;
-//! - `r += h`; `x = rms_norm(r) · post_norm`; `h = (silu(gate) · up)(x · gate_upᵀ) · downᵀ`.
+//! - `r += h`; `x = rms_norm(r) · post_norm`; `h = (silu(gate) · up)(x · gate_upᵀ) · downᵀ`,
+//!   or, in a mixture of experts, `h = Σ wₑ · (silu(gate) · up)(x · gate_upₑᵀ) · downₑᵀ` over
+//!   the experts `moe::route` picks for each token, with its weights `wₑ`: the experts in
+//!   ascending order, each adding its tokens' outputs times their weights into a float32
+//!   sum, rounded at the end, as the Python mixture (`srt.layers.moe`) sums them.
 //!
 //! The last layer's `h` is returned in `hidden`; the caller adds it to `r` and applies the final
 //! norm, as after the Python layers. Every size, slot and sequence is checked before anything is
@@ -23,6 +27,7 @@
 use crate::attention::{self, DecodeShape};
 use crate::element::Element;
 use crate::error::{check_len, elements};
+use crate::moe;
 use crate::ops;
 use crate::quant::{self, linear_packed, PackedKernel, PackedMatrix, QuantMatrix};
 use crate::{Error, Result};
@@ -61,6 +66,32 @@ pub struct Projection<'a> {
     pub one_int8_from: Option<usize>,
 }
 
+/// A gated MLP: `gate_up` has `2 · intermediate` outputs (gate, then up), `down` takes them
+/// back to the hidden size.
+#[derive(Debug, Clone, Copy)]
+pub struct Mlp<'a> {
+    pub gate_up: Projection<'a>,
+    pub down: Projection<'a>,
+}
+
+/// A sparse mixture of gated-MLP experts and its router (`moe::route`).
+#[derive(Debug, Clone)]
+pub struct Experts<'a> {
+    /// `[experts, hidden_size]` float32.
+    pub router: &'a [f32],
+    pub experts: Vec<Mlp<'a>>,
+    pub top_k: usize,
+    /// Whether a token's expert weights are divided by their sum.
+    pub renormalize: bool,
+}
+
+/// A decoder layer's feed-forward.
+#[derive(Debug, Clone)]
+pub enum FeedForward<'a> {
+    Dense(Mlp<'a>),
+    Sparse(Experts<'a>),
+}
+
 /// One decoder layer: its weights and its K/V caches (`[pool_slots, kv_heads, head_dim]`).
 pub struct DecoderLayer<'a, T> {
     pub input_norm: &'a [T],
@@ -70,9 +101,7 @@ pub struct DecoderLayer<'a, T> {
     /// Per-head RMSNorm weights of q and k (`head_dim` each), where the model has them.
     pub qk_norms: Option<(&'a [T], &'a [T])>,
     pub post_norm: &'a [T],
-    /// `2 · intermediate` outputs: gate, then up.
-    pub gate_up: Projection<'a>,
-    pub down: Projection<'a>,
+    pub feed_forward: FeedForward<'a>,
     pub k_cache: &'a mut [T],
     pub v_cache: &'a mut [T],
 }
@@ -124,13 +153,12 @@ pub fn decode_layers<T: Element>(
         heads.kv_heads * heads.head_dim,
     );
     let qkv_width = q_width + 2 * kv_width;
-    let intermediate = first.gate_up.weight.shape().0 / 2;
     let zeros = |width: usize| vec![T::store(0.0); batch * width];
     let (mut normed, mut qkv) = (zeros(dim), zeros(qkv_width));
     let (mut q, mut q_rotated) = (zeros(q_width), zeros(q_width));
     let (mut k, mut k_rotated) = (zeros(kv_width), zeros(kv_width));
-    let (mut attended, mut gate_up, mut act) =
-        (zeros(q_width), zeros(2 * intermediate), zeros(intermediate));
+    let mut attended = zeros(q_width);
+    let mut scratch = Scratch::default();
     for layer in layers.iter_mut() {
         ops::rms_norm(
             hidden,
@@ -181,9 +209,110 @@ pub fn decode_layers<T: Element>(
             heads.eps,
             &mut normed,
         )?;
-        project(kernel, &layer.gate_up, &normed, batch, &mut gate_up)?;
-        ops::silu_and_mul(&gate_up, intermediate, &mut act)?;
-        project(kernel, &layer.down, &act, batch, hidden)?;
+        match &layer.feed_forward {
+            FeedForward::Dense(mlp) => {
+                let buffers = (&mut scratch.gate_up, &mut scratch.act);
+                mlp_rows(kernel, mlp, &normed, batch, hidden, buffers)?
+            }
+            FeedForward::Sparse(experts) => {
+                mixture(kernel, experts, &normed, batch, hidden, &mut scratch)?
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The feed-forward's working rows, sized on use and kept across layers.
+struct Scratch<T> {
+    gate_up: Vec<T>,
+    act: Vec<T>,
+    /// A mixture's: the rows routed to one expert, and its output for them.
+    routed: Vec<T>,
+    expert_out: Vec<T>,
+}
+
+impl<T> Default for Scratch<T> {
+    fn default() -> Self {
+        Scratch {
+            gate_up: Vec::new(),
+            act: Vec::new(),
+            routed: Vec::new(),
+            expert_out: Vec::new(),
+        }
+    }
+}
+
+/// `out = (silu(gate) · up)(x · gate_upᵀ) · downᵀ` for `rows` rows of `x`, through the
+/// working rows `gate_up` and `act`.
+fn mlp_rows<T: Element>(
+    kernel: PackedKernel,
+    mlp: &Mlp<'_>,
+    x: &[T],
+    rows: usize,
+    out: &mut [T],
+    (gate_up, act): (&mut Vec<T>, &mut Vec<T>),
+) -> Result<()> {
+    let intermediate = mlp.gate_up.weight.shape().0 / 2;
+    gate_up.resize(rows * 2 * intermediate, T::store(0.0));
+    act.resize(rows * intermediate, T::store(0.0));
+    project(kernel, &mlp.gate_up, x, rows, gate_up)?;
+    ops::silu_and_mul(gate_up, intermediate, act)?;
+    project(kernel, &mlp.down, act, rows, out)
+}
+
+/// `out` = each row of `x` through its experts, weighted (the module's docs): every expert's
+/// routed rows in one product each, as the Python mixture runs them.
+fn mixture<T: Element>(
+    kernel: PackedKernel,
+    experts: &Experts<'_>,
+    x: &[T],
+    rows: usize,
+    out: &mut [T],
+    scratch: &mut Scratch<T>,
+) -> Result<()> {
+    let (dim, top_k) = (x.len() / rows, experts.top_k);
+    let (mut ids, mut weights) = (vec![0i64; rows * top_k], vec![0f32; rows * top_k]);
+    moe::route(
+        x,
+        experts.router,
+        experts.experts.len(),
+        top_k,
+        experts.renormalize,
+        &mut ids,
+        &mut weights,
+    )?;
+    let mut sum = vec![0f32; rows * dim];
+    let mut routed = Vec::with_capacity(rows);
+    for (expert, mlp) in experts.experts.iter().enumerate() {
+        // The rows this expert takes, in order, and the weight each gives it.
+        routed.clear();
+        let chosen = ids.chunks_exact(top_k).zip(weights.chunks_exact(top_k));
+        for (row, (ids, weights)) in chosen.enumerate() {
+            if let Some(at) = ids.iter().position(|&id| id == expert as i64) {
+                routed.push((row, weights[at]));
+            }
+        }
+        if routed.is_empty() {
+            continue;
+        }
+        scratch.routed.clear();
+        for &(row, _) in &routed {
+            scratch.routed.extend_from_slice(&x[row * dim..][..dim]);
+        }
+        scratch.expert_out.resize(routed.len() * dim, T::store(0.0));
+        let buffers = (&mut scratch.gate_up, &mut scratch.act);
+        let (gathered, expert_out) = (&scratch.routed, &mut scratch.expert_out);
+        mlp_rows(kernel, mlp, gathered, routed.len(), expert_out, buffers)?;
+        for (&(row, weight), y) in routed.iter().zip(expert_out.chunks_exact(dim)) {
+            // Separate product and sum (no fused multiply-add), as PyTorch's `y * w` then
+            // `index_add_` round them.
+            for (s, y) in sum[row * dim..][..dim].iter_mut().zip(y) {
+                *s += y.load() * weight;
+            }
+        }
+    }
+    for (o, &s) in out.iter_mut().zip(&sum) {
+        *o = T::store(s);
     }
     Ok(())
 }
@@ -309,13 +438,29 @@ fn check_layer<T: Element>(
         check_len("the k norm", k_norm.len(), head_dim)?;
     }
     check_len("the post-attention norm", layer.post_norm.len(), dim)?;
-    let intermediate = layer.gate_up.weight.shape().0 / 2;
-    let expected = [
+    let mut expected = vec![
         ("qkv", &layer.qkv, q_width + 2 * kv_width, dim),
         ("o", &layer.o, dim, q_width),
-        ("gate_up", &layer.gate_up, 2 * intermediate, dim),
-        ("down", &layer.down, dim, intermediate),
     ];
+    let mlps = match &layer.feed_forward {
+        FeedForward::Dense(mlp) => std::slice::from_ref(mlp),
+        FeedForward::Sparse(experts) => {
+            let count = experts.experts.len();
+            if count == 0 || experts.top_k == 0 || experts.top_k > count {
+                return Err(invalid(format!(
+                    "a mixture of {count} experts cannot route each token to {}",
+                    experts.top_k
+                )));
+            }
+            check_len("the router", experts.router.len(), count * dim)?;
+            &experts.experts[..]
+        }
+    };
+    for mlp in mlps {
+        let intermediate = mlp.gate_up.weight.shape().0 / 2;
+        expected.push(("gate_up", &mlp.gate_up, 2 * intermediate, dim));
+        expected.push(("down", &mlp.down, dim, intermediate));
+    }
     for (what, projection, out, input) in expected {
         let (n, k) = projection.weight.shape();
         if (n, k) != (out, input) || out == 0 {

@@ -10,6 +10,7 @@ pub mod element;
 pub mod error;
 pub mod gemm;
 pub mod isa;
+pub mod moe;
 pub mod ops;
 pub mod parallel;
 pub mod quant;

@@ -1,8 +1,8 @@
 //! `srt._rust.DecoderStack`: the binding of `srt_core::decoder`. A stack holds the buffers of
-//! every layer (norm weights, quantized projections and their float32 biases, the layer's K/V
-//! caches), described by typed specs (`LayerSpec`, `ProjectionSpec`: keyword fields, which the
-//! stub in `_rust.pyi` names and a test holds to the binding's) and acquired once when it is
-//! made, so that a decode step passes only its own tensors:
+//! every layer (norm weights, quantized projections and their float32 biases, a mixture's
+//! float32 router, the layer's K/V caches), described by typed specs (`LayerSpec`,
+//! `ProjectionSpec`, `MoeSpec`: keyword fields, which the stub in `_rust.pyi` names and a test
+//! holds to the binding's) and acquired once when it is made, so that a decode step passes only its own tensors:
 //! the hidden state, the residual stream, the rotary tables, the output slots, the sequences'
 //! slots and lengths. Float32 buffers, or bfloat16 bits as int16, all of one type. The core
 //! checks every size and slot before anything is written; writability and overlap are checked
@@ -13,7 +13,9 @@ use std::ptr::NonNull;
 use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_core::decoder::{self, DecoderLayer, Heads, Projection, Tokens, Weight};
+use srt_core::decoder::{
+    self, DecoderLayer, Experts, FeedForward, Heads, Mlp, Projection, Tokens, Weight,
+};
 use srt_core::element::{Bf16, Element};
 use srt_core::quant::{Format, PackedKernel, PackedMatrix, QuantMatrix};
 
@@ -57,8 +59,67 @@ impl ProjectionSpec {
     }
 }
 
+/// A sparse mixture of experts of a decoder layer (`decoder::Experts`' fields): the router's
+/// float32 `[experts, hidden_size]` weight, each expert's gate/up and down projections, how
+/// many experts each token takes, and whether their weights are divided by their sum. The
+/// buffers are held from here on.
+#[pyclass(frozen, module = "srt._rust")]
+struct MoeSpec {
+    router: PyBuffer<f32>,
+    gate_up: Vec<Py<ProjectionSpec>>,
+    down: Vec<Py<ProjectionSpec>>,
+    top_k: usize,
+    renormalize: bool,
+}
+
+#[pymethods]
+impl MoeSpec {
+    #[new]
+    #[pyo3(signature = (*, router, gate_up, down, top_k, renormalize))]
+    fn new(
+        router: PyBuffer<f32>,
+        gate_up: Vec<Py<ProjectionSpec>>,
+        down: Vec<Py<ProjectionSpec>>,
+        top_k: usize,
+        renormalize: bool,
+    ) -> PyResult<Self> {
+        if gate_up.is_empty() || gate_up.len() != down.len() {
+            return Err(PyValueError::new_err(format!(
+                "a mixture has a gate_up and a down projection per expert, not {} and {}",
+                gate_up.len(),
+                down.len()
+            )));
+        }
+        Ok(MoeSpec {
+            router,
+            gate_up,
+            down,
+            top_k,
+            renormalize,
+        })
+    }
+}
+
+/// A layer's feed-forward: the gated MLP's two projections, or a mixture of experts.
+enum FeedForwardSpec {
+    Dense(Py<ProjectionSpec>, Py<ProjectionSpec>),
+    Sparse(Py<MoeSpec>),
+}
+
+impl FeedForwardSpec {
+    fn clone_ref(&self, py: Python<'_>) -> FeedForwardSpec {
+        match self {
+            FeedForwardSpec::Dense(gate_up, down) => {
+                FeedForwardSpec::Dense(gate_up.clone_ref(py), down.clone_ref(py))
+            }
+            FeedForwardSpec::Sparse(moe) => FeedForwardSpec::Sparse(moe.clone_ref(py)),
+        }
+    }
+}
+
 /// A decoder layer's buffers (`decoder::DecoderLayer`'s): its norm weights (with per-head q
-/// and k norms where the model has them, as Qwen3 does), four projections and K/V caches. The
+/// and k norms where the model has them, as Qwen3 does), its projections (q/k/v and o, then
+/// the gated MLP's `gate_up` and `down`, or a mixture of experts, `moe`) and K/V caches. The
 /// norms and caches are float32, or bfloat16 bits as int16, of one type for the whole stack:
 /// `DecoderStack` reads them as that type.
 #[pyclass(frozen, module = "srt._rust")]
@@ -69,8 +130,7 @@ struct LayerSpec {
     q_norm: Option<Py<PyAny>>,
     k_norm: Option<Py<PyAny>>,
     post_norm: Py<PyAny>,
-    gate_up: Py<ProjectionSpec>,
-    down: Py<ProjectionSpec>,
+    feed_forward: FeedForwardSpec,
     k_cache: Py<PyAny>,
     v_cache: Py<PyAny>,
 }
@@ -79,7 +139,8 @@ struct LayerSpec {
 impl LayerSpec {
     #[new]
     #[pyo3(signature = (
-        *, input_norm, qkv, o, post_norm, gate_up, down, k_cache, v_cache, q_norm=None, k_norm=None
+        *, input_norm, qkv, o, post_norm, k_cache, v_cache, gate_up=None, down=None, moe=None,
+        q_norm=None, k_norm=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -87,10 +148,11 @@ impl LayerSpec {
         qkv: Py<ProjectionSpec>,
         o: Py<ProjectionSpec>,
         post_norm: Py<PyAny>,
-        gate_up: Py<ProjectionSpec>,
-        down: Py<ProjectionSpec>,
         k_cache: Py<PyAny>,
         v_cache: Py<PyAny>,
+        gate_up: Option<Py<ProjectionSpec>>,
+        down: Option<Py<ProjectionSpec>>,
+        moe: Option<Py<MoeSpec>>,
         q_norm: Option<Py<PyAny>>,
         k_norm: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
@@ -99,6 +161,15 @@ impl LayerSpec {
                 "a layer has both per-head norms (q_norm and k_norm) or neither",
             ));
         }
+        let feed_forward = match (gate_up, down, moe) {
+            (Some(gate_up), Some(down), None) => FeedForwardSpec::Dense(gate_up, down),
+            (None, None, Some(moe)) => FeedForwardSpec::Sparse(moe),
+            _ => {
+                return Err(PyValueError::new_err(
+                    "a layer's feed-forward is gate_up and down, or moe",
+                ))
+            }
+        };
         Ok(LayerSpec {
             input_norm,
             qkv,
@@ -106,8 +177,7 @@ impl LayerSpec {
             q_norm,
             k_norm,
             post_norm,
-            gate_up,
-            down,
+            feed_forward,
             k_cache,
             v_cache,
         })
@@ -121,16 +191,27 @@ struct LayerBuffers<P> {
     o: Py<ProjectionSpec>,
     qk_norms: Option<(PyBuffer<P>, PyBuffer<P>)>,
     post_norm: PyBuffer<P>,
-    gate_up: Py<ProjectionSpec>,
-    down: Py<ProjectionSpec>,
+    feed_forward: FeedForwardSpec,
     k_cache: PyBuffer<P>,
     v_cache: PyBuffer<P>,
 }
 
 impl<P> LayerBuffers<P> {
-    /// The four projections, in the order the layer runs them.
-    fn projections(&self) -> [&ProjectionSpec; 4] {
-        [&self.qkv, &self.o, &self.gate_up, &self.down].map(|p| p.get())
+    /// Every projection, in the order the layer runs them (a mixture's expert by expert).
+    fn projections(&self) -> Vec<&ProjectionSpec> {
+        let mut projections = vec![self.qkv.get(), self.o.get()];
+        match &self.feed_forward {
+            FeedForwardSpec::Dense(gate_up, down) => {
+                projections.extend([gate_up.get(), down.get()])
+            }
+            FeedForwardSpec::Sparse(moe) => {
+                let moe = moe.get();
+                for (gate_up, down) in moe.gate_up.iter().zip(&moe.down) {
+                    projections.extend([gate_up.get(), down.get()]);
+                }
+            }
+        }
+        projections
     }
 }
 
@@ -251,8 +332,7 @@ fn collect<P: BufferElement>(
                     _ => None,
                 },
                 post_norm: floats(&layer.post_norm)?,
-                gate_up: layer.gate_up.clone_ref(py),
-                down: layer.down.clone_ref(py),
+                feed_forward: layer.feed_forward.clone_ref(py),
                 k_cache: floats(&layer.k_cache)?,
                 v_cache: floats(&layer.v_cache)?,
             })
@@ -272,6 +352,9 @@ fn read_only<P: BufferElement>(layer: &LayerBuffers<P>) -> PyResult<Vec<NonNull<
         if let Some(bias) = &projection.bias {
             buffers.push(bytes(contiguous("a bias", bias, false)?));
         }
+    }
+    if let FeedForwardSpec::Sparse(moe) = &layer.feed_forward {
+        buffers.push(bytes(contiguous("a router", &moe.get().router, false)?));
     }
     Ok(buffers)
 }
@@ -310,6 +393,37 @@ fn projection(buffers: &ProjectionSpec) -> PyResult<Projection<'_>> {
         weight: weight(buffers)?,
         bias,
         one_int8_from: buffers.one_int8_from,
+    })
+}
+
+/// A gated MLP over its projections' held buffers.
+fn mlp<'a>(gate_up: &'a Py<ProjectionSpec>, down: &'a Py<ProjectionSpec>) -> PyResult<Mlp<'a>> {
+    Ok(Mlp {
+        gate_up: projection(gate_up.get())?,
+        down: projection(down.get())?,
+    })
+}
+
+/// A layer's feed-forward over its held buffers.
+fn feed_forward(spec: &FeedForwardSpec) -> PyResult<FeedForward<'_>> {
+    Ok(match spec {
+        FeedForwardSpec::Dense(gate_up, down) => FeedForward::Dense(mlp(gate_up, down)?),
+        FeedForwardSpec::Sparse(moe) => {
+            let moe = moe.get();
+            let router = contiguous("a router", &moe.router, false)?;
+            FeedForward::Sparse(Experts {
+                // SAFETY: as the projections' weights.
+                router: unsafe { router.as_ref() },
+                experts: moe
+                    .gate_up
+                    .iter()
+                    .zip(&moe.down)
+                    .map(|(gate_up, down)| mlp(gate_up, down))
+                    .collect::<PyResult<_>>()?,
+                top_k: moe.top_k,
+                renormalize: moe.renormalize,
+            })
+        }
     })
 }
 
@@ -419,18 +533,16 @@ fn step<P: BufferElement, T: Element>(
         // SAFETY: the caches are writable, held by the stack, and overlap no other buffer of
         // the step, so each mutable slice is the only reference to its memory.
         let (k_cache, v_cache) = unsafe { (&mut *cache[0].as_ptr(), &mut *cache[1].as_ptr()) };
-        let [qkv, o, gate_up, down] = layer.projections();
         core.push(DecoderLayer {
             input_norm: norm(&layer.input_norm)?,
-            qkv: projection(qkv)?,
-            o: projection(o)?,
+            qkv: projection(layer.qkv.get())?,
+            o: projection(layer.o.get())?,
             qk_norms: match &layer.qk_norms {
                 Some((q, k)) => Some((norm(q)?, norm(k)?)),
                 None => None,
             },
             post_norm: norm(&layer.post_norm)?,
-            gate_up: projection(gate_up)?,
-            down: projection(down)?,
+            feed_forward: feed_forward(&layer.feed_forward)?,
             k_cache,
             v_cache,
         });
@@ -457,6 +569,7 @@ fn step<P: BufferElement, T: Element>(
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ProjectionSpec>()?;
+    m.add_class::<MoeSpec>()?;
     m.add_class::<LayerSpec>()?;
     m.add_class::<DecoderStack>()
 }

@@ -14,6 +14,7 @@ mod boundary;
 mod decoder;
 mod detokenizer;
 mod gemm;
+mod moe;
 mod ops;
 mod packed;
 mod quant;
@@ -49,6 +50,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gemm::register(m)?;
     attention::register(m)?;
     ops::register(m)?;
+    moe::register(m)?;
     scatter::register(m)?;
     threads::register(m)?;
     quant::register(m)?;

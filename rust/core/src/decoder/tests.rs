@@ -104,6 +104,15 @@ struct Layer {
     down: Random,
 }
 
+impl Layer {
+    fn mlp(&self, products: Products) -> Mlp<'_> {
+        Mlp {
+            gate_up: self.gate_up.projection(products),
+            down: self.down.projection(products),
+        }
+    }
+}
+
 fn layers() -> Vec<Layer> {
     let (q, kv) = (
         HEADS.heads * HEADS.head_dim,
@@ -199,8 +208,7 @@ fn run(
             o: layer.o.projection(products),
             qk_norms: layer.qk_norms.as_ref().map(|(q, k)| (&q[..], &k[..])),
             post_norm: &layer.post_norm,
-            gate_up: layer.gate_up.projection(products),
-            down: layer.down.projection(products),
+            feed_forward: FeedForward::Dense(layer.mlp(products)),
             k_cache: k,
             v_cache: v,
         })
@@ -435,8 +443,10 @@ fn blocks_refuse_one_int8_activations() {
         o: layer.o.projection(Products::Blocks),
         qk_norms: None,
         post_norm: &layer.post_norm,
-        gate_up: layer.gate_up.projection(Products::Blocks),
-        down,
+        feed_forward: FeedForward::Dense(Mlp {
+            gate_up: layer.gate_up.projection(Products::Blocks),
+            down,
+        }),
         k_cache: &mut k,
         v_cache: &mut v,
     };
@@ -449,10 +459,130 @@ fn blocks_refuse_one_int8_activations() {
     assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("down")));
     let short = vec![1.0; HEADS.head_dim - 1];
     let stacked = DecoderLayer {
-        down: layer.down.projection(Products::Blocks),
+        feed_forward: FeedForward::Dense(layer.mlp(Products::Blocks)),
         qk_norms: Some((&layer.input_norm[..HEADS.head_dim], &short)),
         ..stacked
     };
     let refused = check_layer(&stacked, DIM, widths);
     assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("k norm")));
+}
+
+/// Experts of the tiny mixture: `(gate_up, down)` of 32 rows each.
+fn experts(count: u64) -> Vec<(Random, Random)> {
+    (0..count)
+        .map(|e| {
+            (
+                Random::new(2 * 32, DIM, 300 + 2 * e, false),
+                Random::new(DIM, 32, 301 + 2 * e, false),
+            )
+        })
+        .collect()
+}
+
+fn mlps(experts: &[(Random, Random)], products: Products) -> Vec<Mlp<'_>> {
+    experts
+        .iter()
+        .map(|(gate_up, down)| Mlp {
+            gate_up: gate_up.projection(products),
+            down: down.projection(products),
+        })
+        .collect()
+}
+
+#[test]
+fn a_mixture_of_one_expert_gives_its_mlps_bits() {
+    let one = experts(1);
+    let router = values(DIM, 9);
+    let x = values(3 * DIM, 7);
+    let products = TWO_PARTS;
+    let kernel = PackedKernel::best().unwrap_or(PackedKernel::Portable);
+    let mut scratch = Scratch::default();
+    let (mut dense, mut sparse) = (vec![0f32; 3 * DIM], vec![0f32; 3 * DIM]);
+    let mlp = mlps(&one, products)[0];
+    let buffers = (&mut scratch.gate_up, &mut scratch.act);
+    mlp_rows(kernel, &mlp, &x, 3, &mut dense, buffers).unwrap();
+    let experts = Experts {
+        router: &router,
+        experts: vec![mlp],
+        top_k: 1,
+        renormalize: true,
+    };
+    mixture(kernel, &experts, &x, 3, &mut sparse, &mut scratch).unwrap();
+    assert_eq!(dense, sparse);
+}
+
+#[test]
+fn a_mixture_weighs_each_rows_experts() {
+    let all = experts(4);
+    let router = values(4 * DIM, 9);
+    let x = values(3 * DIM, 7);
+    let kernel = PackedKernel::best().unwrap_or(PackedKernel::Portable);
+    for products in [TWO_PARTS, Products::Blocks] {
+        let mut scratch = Scratch::default();
+        let experts = Experts {
+            router: &router,
+            experts: mlps(&all, products),
+            top_k: 2,
+            renormalize: false,
+        };
+        let mut out = vec![0f32; 3 * DIM];
+        mixture(kernel, &experts, &x, 3, &mut out, &mut scratch).unwrap();
+        let (mut ids, mut weights) = (vec![0; 6], vec![0f32; 6]);
+        moe::route(&x, &router, 4, 2, false, &mut ids, &mut weights).unwrap();
+        // Each row through its two experts alone (a row's bits do not depend on the batch),
+        // weighed and summed in float64.
+        for (row, x) in x.chunks_exact(DIM).enumerate() {
+            let mut want = vec![0f64; DIM];
+            for j in 0..2 {
+                let mut y = vec![0f32; DIM];
+                let mlp = &experts.experts[ids[2 * row + j] as usize];
+                let buffers = (&mut scratch.gate_up, &mut scratch.act);
+                mlp_rows(kernel, mlp, x, 1, &mut y, buffers).unwrap();
+                for (w, y) in want.iter_mut().zip(y) {
+                    *w += f64::from(y) * f64::from(weights[2 * row + j]);
+                }
+            }
+            assert!(close(&out[row * DIM..][..DIM], &want, 1e-6), "row {row}");
+        }
+        let used: std::collections::HashSet<_> = ids.iter().collect();
+        assert!(used.len() > 2, "the rows do not all take the same experts");
+    }
+}
+
+#[test]
+fn a_mixture_of_the_wrong_shape_is_refused() {
+    let layer = &layers()[0];
+    let all = experts(2);
+    let router = values(2 * DIM, 9);
+    let (mut k, mut v) = caches().swap_remove(0);
+    let widths = (
+        HEADS.heads * HEADS.head_dim,
+        HEADS.kv_heads * HEADS.head_dim,
+        HEADS.head_dim,
+    );
+    let sparse = |router, top_k| {
+        FeedForward::Sparse(Experts {
+            router,
+            experts: mlps(&all, Products::Blocks),
+            top_k,
+            renormalize: true,
+        })
+    };
+    for (feed_forward, says) in [
+        (sparse(&router[1..], 2), "router"),
+        (sparse(&router[..], 3), "cannot route"),
+    ] {
+        let stacked = DecoderLayer {
+            input_norm: &layer.input_norm,
+            qkv: layer.qkv.projection(Products::Blocks),
+            o: layer.o.projection(Products::Blocks),
+            qk_norms: None,
+            post_norm: &layer.post_norm,
+            feed_forward,
+            k_cache: &mut k,
+            v_cache: &mut v,
+        };
+        let refused = check_layer(&stacked, DIM, widths);
+        assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains(says)));
+    }
 }
