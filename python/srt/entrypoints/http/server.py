@@ -5,6 +5,7 @@
                  → SIGTERM: stop admitting (503), drain or abort, stop the stages → exit 0
                  → a stage dies: 503, stop the others → exit 1
 
+With `--grpc-mode`, `main` runs the gRPC server (`entrypoints/grpc/`) in the HTTP server's place.
 The server listens before the model loads, so `/health` answers 503 until the model is loaded and
 a warm-up generation ran. Handlers are cancelled when their client disconnects, which aborts the
 client's requests in the scheduler (the TokenizerManager's `abandon`).
@@ -42,6 +43,7 @@ from srt.testing.smollm2 import INSTALL_HINT, smollm2_gguf_in_cache
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+GRPC_INSTALL_HINT = "grpcio and grpcio-tools: pip install 'srt[grpc]'"
 
 
 def build_app(context: ServerContext) -> web.Application:
@@ -137,6 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_process_start(age=imported)
     if args.node_rank > 0:  # only node 0 serves: this machine runs its ranks
         return uvloop.run(serve_ranks(args))
+    if args.grpc_mode:  # grpc.aio runs its own poller: the default event loop, not uvloop
+        try:
+            from srt.entrypoints.grpc.server import serve as serve_grpc
+        except ImportError as e:
+            raise SystemExit(f"srt-serve: --grpc-mode needs {GRPC_INSTALL_HINT} ({e})") from None
+        return asyncio.run(serve_grpc(args))
     return uvloop.run(serve(args))
 
 
