@@ -18,9 +18,8 @@ router checks that copy against the file's SHA-256.
 Failover (`FAILOVER_FLAGS`, docs/scale-out.md's recipe): the health check runs every second and
 takes one failure to mark a worker down, and a failed request is retried with backoffs that add
 up to well over that (0.1 + 0.2 + 0.4 + 0.8 + 1.6 s), so a retry finds the stopped worker out of
-the rotation whatever the policy. The router's defaults (5 tries within 0.4 s) outlast no health
-check: under `cache_aware`, which sends a prefix back to the worker that holds it, every retry
-of such a request went to the stopped worker, and failed.
+the rotation whatever the policy. The router's default retries (5 tries within 0.4 s) outlast
+no health check, and `cache_aware` may pick the stopping worker again on each of them.
 """
 
 from __future__ import annotations
