@@ -18,6 +18,9 @@ cargo test --workspace --locked
 step "rust: the tests on emulated CPUs (x86-64 without AVX-512, without AVX; aarch64)"
 bash scripts/emulated_cpus.sh
 
+step "the vocabulary sglang-router loads in gRPC mode (o200k_base.tiktoken, from a crate)"
+cargo fetch --locked --manifest-path scripts/router-vocab/Cargo.toml
+
 step "python: ruff, mypy"
 python3 -m ruff check .
 python3 -m ruff format --check .

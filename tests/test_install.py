@@ -50,3 +50,9 @@ def test_kernels_ship_inside_srt_only() -> None:
 def test_the_playground_page_ships_inside_srt() -> None:
     shipped = [str(f) for f in files("srt") or []]
     assert "srt/entrypoints/http/static/playground.html" in shipped, shipped
+
+
+def test_the_grpc_service_definition_ships_inside_srt() -> None:
+    """`--grpc-mode` generates its messages from the .proto at first use."""
+    shipped = [str(f) for f in files("srt") or []]
+    assert "srt/entrypoints/grpc/sglang_scheduler.proto" in shipped, shipped

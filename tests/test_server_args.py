@@ -64,6 +64,7 @@ def test_every_field_has_a_flag() -> None:
             "--enable-jump-forward", "--constrained-json-any-whitespace",
             "--metrics-name-prefix", "sglang", "--enable-trace", "--otlp-traces-endpoint", "c:1",
             "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000",
+            "--grpc-mode", "--metrics-port", "8001",
         ]
     )  # fmt: skip
     expected = ServerArgs(
@@ -84,6 +85,7 @@ def test_every_field_has_a_flag() -> None:
         disable_int8_activations=True, tool_call_parser="hermes", enable_jump_forward=True,
         constrained_json_any_whitespace=True,
         metrics_name_prefix="sglang", enable_trace=True, otlp_traces_endpoint="c:1",
+        grpc_mode=True, metrics_port=8001,
     )  # fmt: skip
     assert args == expected
     # The command line above sets every field away from its default, so each flag is exercised.
@@ -121,6 +123,9 @@ def test_schedule_policies(policy: str) -> None:
         ({"cpu_omp_threads_bind": "all"}, "--cpu-omp-threads-bind"),
         ({"cpu_omp_threads_bind": "3-1"}, "--cpu-omp-threads-bind"),
         ({"cpu_omp_threads_bind": "0,"}, "--cpu-omp-threads-bind"),
+        ({"metrics_port": 9000}, "--metrics-port"),  # HTTP serves /metrics on --port
+        ({"grpc_mode": True, "enable_metrics": True}, "--metrics-port"),
+        ({"grpc_mode": True, "metrics_port": 30000}, "--metrics-port"),  # --port's
     ],
 )
 def test_validation_names_the_flag(changes: dict[str, object], flag: str) -> None:

@@ -56,7 +56,9 @@ PROBE = textwrap.dedent(
     sys.meta_path.insert(0, Forbid())
 
     import srt.entrypoints.cli
+    import srt.entrypoints.grpc.server
     import srt.entrypoints.http.server
+    from srt.entrypoints.grpc import proto
     from srt.ipc.rings import RingNames
     from srt.managers.detokenizer_manager import DetokenizerManager
     from srt.managers.generate_req_input import GenerateReqInput, expand
@@ -64,6 +66,7 @@ PROBE = textwrap.dedent(
     from srt.request_limits import RequestLimits
     from srt.server_args import ServerArgs
 
+    proto.load()  # the gRPC entrance's messages, which --grpc-mode's main process uses
     args = ServerArgs(model_path=sys.argv[1])
     request_tokenizer = RequestTokenizer(args)
     chat = GenerateReqInput(messages=[{"role": "user", "content": "hi"}])

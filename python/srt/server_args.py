@@ -192,6 +192,16 @@ class ServerArgs:
         default=False,
         metadata=_arg("HTTP server", "Report healthy without running a warm-up generation first."),
     )
+    grpc_mode: bool = field(
+        default=False,
+        metadata=_arg(
+            "HTTP server",
+            "Serve SGLang's gRPC scheduler service on --host:--port instead of HTTP: token ids "
+            "in and out, for sglang-router's gRPC workers (grpc://HOST:PORT), which tokenize, "
+            "apply chat templates and parse tool calls themselves; needs pip install "
+            "'srt[grpc]'. No detokenizer process runs.",
+        ),
+    )
     # Bounds on what one request may ask for (`srt.request_limits`), each refused with a 400
     # naming the field. vLLM's name and default where it has one (--max-logprobs), TGI's names
     # (--max-client-batch-size, --max-stop-sequences) and OpenAI's limits otherwise (n <= 128,
@@ -345,6 +355,14 @@ class ServerArgs:
     otlp_traces_endpoint: str = field(
         default="localhost:4317",
         metadata=_arg("observability", "The OTLP/gRPC collector --enable-trace exports to."),
+    )
+    metrics_port: int | None = field(
+        default=None,
+        metadata=_arg(
+            "observability",
+            "With --grpc-mode and --enable-metrics: the port of --host where /metrics is "
+            "served over HTTP (the gRPC port speaks gRPC only).",
+        ),
     )
     metrics_name_prefix: str = field(
         default="srt",

@@ -44,6 +44,8 @@ def validate(args: ServerArgs) -> None:
                 f.name, f"invalid choice {value!r} (choose from {', '.join(choices)})"
             )
     _check_range(args, "port", lo=1, hi=65535)
+    _check_range(args, "metrics_port", lo=1, hi=65535)
+    _check_grpc_mode(args)
     _check_range(args, "tp_size", lo=1)
     _check_parallelism(args)
     _check_range(args, "context_length", lo=1)
@@ -134,6 +136,20 @@ def _check_parallelism(args: ServerArgs) -> None:
         raise ServerArgsError("dist_init_addr", f"{addr!r} is not HOST:PORT")
     if args.nnodes > 1 and addr is None:
         raise ServerArgsError("dist_init_addr", "--nnodes > 1 needs node 0's HOST:PORT")
+
+
+def _check_grpc_mode(args: ServerArgs) -> None:
+    """The gRPC entrance serves no HTTP routes: its metrics need a port of their own."""
+    if not args.grpc_mode:
+        if args.metrics_port is not None:
+            raise ServerArgsError("metrics_port", "is for --grpc-mode (HTTP serves /metrics)")
+        return
+    if args.enable_metrics and args.metrics_port is None:
+        raise ServerArgsError(
+            "metrics_port", "--grpc-mode with --enable-metrics needs a port to serve /metrics on"
+        )
+    if args.metrics_port is not None and args.metrics_port == args.port:
+        raise ServerArgsError("metrics_port", "must differ from --port")
 
 
 def _check_range(

@@ -12,6 +12,9 @@ Guarantees, whatever way the server ends:
 - no shared memory is left: the ring names vanish once both ends attached (the second end
   unlinks them), and whoever exits first (launcher or child) unlinks any that remain.
 
+With `--grpc-mode` there is no detokenizer: the gRPC entrance streams token ids, so the main
+process reads the scheduler's ring "detokenizer" itself, and ring "tokenizer" is not made.
+
 With `--tp-size N` the scheduler is N processes, one per tensor-parallel rank (`scheduler`,
 `scheduler-tp1`, ...), each a child like any other: one that dies is the stage to blame. Over
 `--nnodes`, each machine's launcher starts its own ranks; node 0 also the detokenizer, and only
@@ -99,12 +102,15 @@ class Launcher:
         self.children: list[Child] = []
 
     def start(self) -> tuple[Sender, Receiver]:
-        """Starts the stages and returns the main process's channel ends (to the scheduler, from
-        the detokenizer). Raises `ChildDied` if a stage fails to start."""
-        self.rings.create(envs.ring_capacity())
+        """Starts the stages and returns the main process's channel ends: to the scheduler, and
+        from the detokenizer (with `--grpc-mode`, from the scheduler). Raises `ChildDied` if a
+        stage fails to start."""
+        grpc_mode = self.server_args.grpc_mode
+        self.rings.create(envs.ring_capacity(), with_tokenizer=not grpc_mode)
         try:
             self.spawn()
-            return Sender(self.rings.scheduler), Receiver(self.rings.tokenizer)
+            results = self.rings.detokenizer if grpc_mode else self.rings.tokenizer
+            return Sender(self.rings.scheduler), Receiver(results)
         except BaseException:
             self.close()
             raise
@@ -200,14 +206,14 @@ class Launcher:
 
 def stage_specs(args: ServerArgs) -> list[tuple[str, str, tuple[Any, ...]]]:
     """(name, entry point, extra arguments) of each stage process this machine runs: its
-    tensor-parallel ranks' schedulers, and on node 0 the detokenizer."""
+    tensor-parallel ranks' schedulers, and on node 0 the detokenizer (unless `--grpc-mode`)."""
     per_node = args.tp_size // args.nnodes
     first = args.node_rank * per_node
     specs: list[tuple[str, str, tuple[Any, ...]]] = [
         ("scheduler" if rank == 0 else f"scheduler-tp{rank}", STAGES["scheduler"], (rank,))
         for rank in range(first, first + per_node)
     ]
-    if args.node_rank == 0:
+    if args.node_rank == 0 and not args.grpc_mode:
         specs.append(("detokenizer", STAGES["detokenizer"], ()))
     return specs
 

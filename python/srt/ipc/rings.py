@@ -25,10 +25,13 @@ class RingNames:
     def all(self) -> tuple[str, str, str]:
         return (self.scheduler, self.detokenizer, self.tokenizer)
 
-    def create(self, capacity: int) -> None:
-        """Creates all three rings (removing any already created if one fails)."""
+    def create(self, capacity: int, with_tokenizer: bool = True) -> None:
+        """Creates the rings (removing any already created if one fails): all three, or without
+        ring "tokenizer" for a server with no detokenizer (the main process then reads ring
+        "detokenizer")."""
+        names = self.all() if with_tokenizer else (self.scheduler, self.detokenizer)
         try:
-            for name in self.all():
+            for name in names:
                 ShmRing.create(name, capacity)
         except BaseException:
             self.unlink()

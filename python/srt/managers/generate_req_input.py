@@ -125,7 +125,7 @@ def expand(obj: GenerateReqInput, limits: RequestLimits) -> list[ReqInput]:
             out.append(
                 ReqInput(
                     index=len(out),
-                    rid=rid if n == 1 else f"{rid}-{j}",
+                    rid=sample_rids(rid, n)[j],
                     text=texts[i] if texts is not None else None,
                     input_ids=ids[i] if ids is not None else None,
                     sampling_kwargs=_sample_j(kwargs[i], j),
@@ -138,6 +138,11 @@ def expand(obj: GenerateReqInput, limits: RequestLimits) -> list[ReqInput]:
                 )
             )
     return out
+
+
+def sample_rids(rid: str, n: int) -> list[str]:
+    """The request ids of the `n` samples of a prompt whose id is `rid`."""
+    return [rid] if n == 1 else [f"{rid}-{j}" for j in range(n)]
 
 
 def _sample_j(kwargs: dict[str, Any], j: int) -> dict[str, Any]:

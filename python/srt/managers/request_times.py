@@ -4,7 +4,9 @@ Every point is wall-clock seconds (`time.time()`): monotonic clocks do not cross
 system clock does. The main process stamps `received` (its `generate_request` call began),
 `tokenized`, `sent` (handed to ring "scheduler") and `answered` (its final result was built for
 the caller); the scheduler `queued` (it read the request), `scheduled` (first admitted to a
-batch), `first_token` and `finished`; the detokenizer `detokenized` (it sent the final text on).
+batch), `first_token` and `finished`; the detokenizer `detokenized` (it sent the final text on;
+with `--grpc-mode`, which runs no detokenizer, the main process stamps it as it reads the
+scheduler's finished message).
 The scheduler's four and the detokenizer's one ride the finished message
 (`io_struct.ReqTimeStats`, `BatchStrOut.detokenized_at`).
 

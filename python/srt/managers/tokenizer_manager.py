@@ -6,6 +6,11 @@ in flight. One receive loop reads ring "tokenizer" and routes each `BatchStrOut`
 (and the scheduler's replies to control messages to the caller waiting for them); callers of
 `generate_request` wait on their states' event and get the results their states build.
 
+Behind the gRPC entrance (`--grpc-mode`) no detokenizer runs: the loop reads the scheduler's own
+ring and takes `BatchTokenIDOut`s, whose entries bring ids without text (requests come as ids
+too, so nothing here tokenizes or detokenizes them), and the `ShutdownReq` the scheduler passes
+on when the server stops.
+
 Everything runs on one asyncio loop: the one `start` is called on (the HTTP server's, or the
 Engine's background thread). No HTTP here: the HTTP server and the offline Engine share this.
 
@@ -28,6 +33,7 @@ from typing import Any, TypeVar
 from srt.io_struct import (
     AbortReq,
     BatchStrOut,
+    BatchTokenIDOut,
     FlushCacheOut,
     FlushCacheReq,
     GetLoadOut,
@@ -35,6 +41,7 @@ from srt.io_struct import (
     HealthCheckOut,
     HealthCheckReq,
     Message,
+    ShutdownReq,
     TokenizedGenerateReq,
 )
 from srt.ipc.channel import Receiver, Sender
@@ -99,10 +106,12 @@ class TokenizerManager:
 
     def init_dispatch(self) -> None:
         self.handlers: dict[type, Callable[[Any], None]] = {
-            BatchStrOut: self.handle_batch_str_out,
+            BatchStrOut: self.handle_batch_out,
+            BatchTokenIDOut: self.handle_batch_out,
             FlushCacheOut: self.handle_reply,
             GetLoadOut: self.handle_reply,
             HealthCheckOut: self.handle_reply,
+            ShutdownReq: lambda msg: None,  # --grpc-mode: the stages are stopping, as asked
         }
 
     def init_metrics(self) -> None:
@@ -188,17 +197,23 @@ class TokenizerManager:
             raise TypeError(f"the tokenizer manager cannot handle {type(msg).__name__}")
         handler(msg)
 
-    def handle_batch_str_out(self, out: BatchStrOut) -> None:
+    def handle_batch_out(self, out: BatchStrOut | BatchTokenIDOut) -> None:
+        """Appends each entry of `out` to its request's state: text and ids from the
+        detokenizer, or ids alone from the scheduler (`--grpc-mode`)."""
         now = time.perf_counter()
+        texts = out.output_strs if isinstance(out, BatchStrOut) else None
+        # Without a detokenizer, its point is when this process read the finished message.
+        detokenized_at = out.detokenized_at if isinstance(out, BatchStrOut) else time.time()
         for stats in out.time_stats:
             finishing = self.rid_to_state.get(out.rids[stats.index])
             if finishing is not None:
-                finishing.times.absorb(stats, out.detokenized_at)
+                finishing.times.absorb(stats, detokenized_at)
         for i, rid in enumerate(out.rids):
             state = self.rid_to_state.get(rid)
             if state is None:  # a stray message of a request already failed
                 continue
-            state.pieces.append(out.output_strs[i])
+            if texts is not None:
+                state.pieces.append(texts[i])
             state.output_ids.extend(out.output_ids[i])
             state.completion_tokens = out.completion_tokens[i]
             state.cached_tokens = out.cached_tokens[i]

@@ -4,7 +4,9 @@
         requests go to server.url
 
 The server listens on 127.0.0.1, on a free port; `running_server` returns once `/health` answers
-200 and, on exit, sends SIGTERM and waits for the process (killing it if it hangs). Its combined
+200 and, on exit, sends SIGTERM and waits for the process (killing it if it hangs). A server
+spawned with `--grpc-mode` is a `GrpcServerProcess`: its `url` is `grpc://...`, and it is healthy
+when its scheduler service's HealthCheck says so. Its combined
 output is kept in a file (`server.output()`), shown when it fails to start. With no model,
 srt-serve serves its default (SmolLM2).
 """
@@ -68,6 +70,9 @@ class ServerProcess(LocalProcess):
         except OSError:
             return None
 
+    def healthy(self) -> bool:
+        return self.health_status() == 200
+
     def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -75,7 +80,7 @@ class ServerProcess(LocalProcess):
                 raise RuntimeError(
                     f"srt-serve exited with {self.process.returncode}:\n{self.output()}"
                 )
-            if self.health_status() == 200:
+            if self.healthy():
                 return
             time.sleep(0.2)
         raise TimeoutError(f"srt-serve was not healthy in {timeout:g} s:\n{self.output()}")
@@ -92,9 +97,29 @@ class ServerProcess(LocalProcess):
             raise
 
 
+@dataclass
+class GrpcServerProcess(ServerProcess):
+    """`srt-serve --grpc-mode`: SGLang's scheduler service, no HTTP."""
+
+    @property
+    def url(self) -> str:
+        return f"grpc://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def healthy(self) -> bool:
+        from srt.testing.grpc_client import SchedulerClient  # grpcio: only for gRPC servers
+
+        with SchedulerClient(self.address) as client:
+            return client.healthy()
+
+
 def spawn_server(model: Path | str | None, *flags: str, log_dir: Path) -> ServerProcess:
     """Starts `srt-serve --model MODEL FLAGS` on a free port of 127.0.0.1, without waiting for
-    it; its output goes to a file in `log_dir`."""
+    it; its output goes to a file in `log_dir`. With `--grpc-mode` among `flags`, a
+    `GrpcServerProcess`."""
     port = free_port()
     log_path = log_dir / f"srt-serve-{port}.log"
     command = [sys.executable, "-m", "srt.entrypoints.cli", "--host", "127.0.0.1"]
@@ -104,7 +129,8 @@ def spawn_server(model: Path | str | None, *flags: str, log_dir: Path) -> Server
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
         )
-    return ServerProcess(process, port, log_path)
+    kind = GrpcServerProcess if "--grpc-mode" in flags else ServerProcess
+    return kind(process, port, log_path)
 
 
 @contextlib.contextmanager

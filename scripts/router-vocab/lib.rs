@@ -1,0 +1,1 @@
+//! Empty: this package exists to be fetched (see Cargo.toml).
