@@ -153,7 +153,7 @@ def test_the_avx2_integer_kernels_give_the_best_kernels_bits(cap: str) -> None:
         "    weight, _ = make(fmt, 45, 160)\n"
         "    seeded = torch.Generator().manual_seed(0)\n"
         "    bias = torch.randn(45, generator=seeded)\n"
-        "    for rows, path in ((5, weight._kernel), (40, weight._prefill)):\n"
+        "    for rows, path in ((5, weight._kernel), (40, weight._one_int8)):\n"
         "        for dtype in (torch.float32, torch.bfloat16):\n"
         "            x = torch.randn(rows, 160, generator=seeded)\n"
         "            out = path(x.to(dtype), bias)\n"
