@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from bench_utils import emit
 
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 from srt.timing import best_of
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP = 576, 9, 3, 64, 1536

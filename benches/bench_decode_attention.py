@@ -23,7 +23,7 @@ import torch
 from bench_utils import emit
 from roofline import copy_bandwidth
 
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 # Tokens of each sequence that no other shares, in a shared case.

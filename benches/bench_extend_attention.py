@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from bench_utils import emit
 
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 from srt.layers.attention.extend_cpu import extend_attention
 from srt.timing import best_of
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from bench_utils import emit
 
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 from srt.mem_cache.row_scatter import RowScatter
 from srt.timing import best_of
 

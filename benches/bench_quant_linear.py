@@ -1,4 +1,4 @@
-"""Linear layers on GGUF blocks (`srt.layers.quant_kernels.QuantizedWeight`) beside PyTorch's
+"""Linear layers on GGUF blocks (`srt.kernels.cpu.quant_kernels.QuantizedWeight`) beside PyTorch's
 `F.linear` in float32 and bfloat16 on the dequantized weight, on SmolLM2-135M's shapes.
 
     python benches/bench_quant_linear.py [--rows 1 4 16 64 2048] [--threads N] [--json OUT]
@@ -44,8 +44,12 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from roofline import copy_bandwidth
 
-from srt.layers import cpu_kernels
-from srt.layers.quant_kernels import INT8_ACTIVATION_MIN_ROWS, QuantizedWeight, int8_activations
+from srt.kernels.cpu import cpu_kernels
+from srt.kernels.cpu.quant_kernels import (
+    INT8_ACTIVATION_MIN_ROWS,
+    QuantizedWeight,
+    int8_activations,
+)
 
 # SmolLM2-135M-Instruct's GGUF: (in, out, format) per projection; the tied lm_head is Q8_0 in
 # the file, and Q4_1 for comparison.

@@ -49,7 +49,7 @@ STAGES = ("srt-scheduler", "srt-detokenizer")
 WEIGHTS_LOG = re.compile(r"weights: ([0-9.]+) MB \((\w+), quantization (\w+)\)")
 # A stage's line (srt/startup.py): "[... scheduler] INFO start-up: weights read: 0.38 s".
 STAGE_LOG = re.compile(r"^\[\S+ \S+ ([\w-]+)\] INFO start-up: (.+?): ([0-9.]+) s", re.MULTILINE)
-# Where kernel plans are kept, inside the cache directory (srt/layers/plan_cache.py).
+# Where kernel plans are kept, inside the cache directory (srt/kernels/cpu/plan_cache.py).
 PLAN_CACHE = "kernel-plans"
 
 

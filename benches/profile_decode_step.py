@@ -30,7 +30,7 @@ import torch
 from bench_utils import emit
 
 from srt import _rust, envs
-from srt.layers import cpu_kernels, quant_kernels
+from srt.kernels.cpu import cpu_kernels, quant_kernels
 from srt.mem_cache import memory_pool
 from srt.model_executor import cpu_decode
 from srt.model_executor.cpu_threads import bind_cpu_threads

@@ -52,7 +52,7 @@ def run_rank(rank: int, size: int, addr: str, opts: argparse.Namespace, out: Pat
         dtype="float32",
         max_total_tokens=opts.batch_size * (opts.input_len + opts.output_len) + 1,
         max_running_requests=opts.batch_size,
-        attention_backend="torch_native",
+        attention_backend="cpu",
         disable_cuda_graph=True,
     )
     runner = ModelRunner(args, opts.model)

@@ -24,10 +24,11 @@ fi
 rustup target list --installed | grep -qx aarch64-unknown-linux-gnu ||
     rustup target add aarch64-unknown-linux-gnu
 
-# srt-core optimized, its dependencies as `cargo test` built them. Emulated, srt-core's tests
+# srt's crates optimized, their dependencies as `cargo test` built them. Emulated, the tests
 # took 5.7 min on `-cpu max`, 3.1 on Nehalem and 2.5 on aarch64 unoptimized, and 2.8, 0.6 and
 # 0.3 optimized (2 busy cores), for about 50 s of compiling per target.
-args=(--locked --tests --config 'profile.dev.package.srt-core.opt-level=3')
+args=(--locked --tests --config 'profile.dev.package.srt-kernels.opt-level=3'
+    --config 'profile.dev.package.srt-runtime.opt-level=3')
 for cpu in max Nehalem; do
     echo "the Rust tests on qemu-x86_64 -cpu $cpu"
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="qemu-x86_64 -cpu $cpu" \

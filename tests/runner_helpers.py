@@ -19,7 +19,7 @@ def make_runner(path: Path | str, **overrides: object) -> ModelRunner:
         "dtype": "float32",
         "max_total_tokens": 4096,
         "max_running_requests": 16,
-        "attention_backend": "torch_native",
+        "attention_backend": "cpu",
     }
     settings.update(overrides)
     return ModelRunner(ServerArgs(**settings), str(path))  # type: ignore[arg-type]

@@ -21,8 +21,8 @@ import pytest
 import torch
 from runner_helpers import TEST_DEVICE
 
-from srt.kernels.decode_attention import decode_attention_fwd
-from srt.kernels.extend_attention import extend_attention_fwd
+from srt.kernels.triton.decode_attention import decode_attention_fwd
+from srt.kernels.triton.extend_attention import extend_attention_fwd
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}
 

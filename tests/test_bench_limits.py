@@ -16,8 +16,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers import LlamaForCausalLM as HfLlama
 
+from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.layers.linear import Linear
-from srt.layers.quant_kernels import QuantizedWeight
 from srt.layers.vocab_embedding import VocabEmbedding
 from srt.model_executor.model_runner import ModelRunner
 from srt.models.llama import LlamaForCausalLM

@@ -18,7 +18,7 @@ from srt.layers.attention.cascade import (
     cascade_decode,
     plan_shared_prefixes,
 )
-from srt.layers.attention.torch_native import TorchNativeAttnBackend
+from srt.layers.attention.cpu_backend import CpuAttnBackend
 
 
 def rows_with_prefixes(
@@ -94,7 +94,7 @@ def test_model_decodes_the_same_with_and_without_cascade(
     """Five requests: three and two reuse a cached prompt's slots (as the radix cache hands
     them out), a sixth shares nothing; eight greedy decode steps on both paths."""
     runner = make_runner(tiny_model_factory(arch), max_total_tokens=512)
-    assert isinstance(runner.attn_backend, TorchNativeAttnBackend)
+    assert isinstance(runner.attn_backend, CpuAttnBackend)
     # The cascade takes the place of gathering K/V; in place, every sequence reads its rows.
     runner.attn_backend.decode_in_place = False
     pool = runner.req_to_token_pool

@@ -1,4 +1,4 @@
-"""The bf16 CPU kernels (`srt.layers.cpu_kernels` over bf16 tensors) against PyTorch's bf16
+"""The bf16 CPU kernels (`srt.kernels.cpu.cpu_kernels` over bf16 tensors) against PyTorch's bf16
 operators and float64 references, and every instruction-set tier against the default one
 (`SRT_CPU_ISA` / `cpu_kernels.set_isa`).
 
@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 from srt.layers.activation import SiluAndMul
 from srt.layers.layernorm import RMSNorm
 from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary
@@ -179,7 +179,7 @@ def test_srt_cpu_isa_caps_the_kernels_and_the_default_dtype() -> None:
     quantized-weight kernels too."""
     script = (
         "import torch\n"
-        "from srt.layers import cpu_kernels\n"
+        "from srt.kernels.cpu import cpu_kernels\n"
         "from srt.model_executor.resolve import default_dtype_and_reason\n"
         "print(cpu_kernels.isa()[0], cpu_kernels.linear_supported(),\n"
         "      default_dtype_and_reason(torch.device('cpu'))[0],\n"

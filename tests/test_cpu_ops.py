@@ -1,4 +1,4 @@
-"""Float32 CPU RMSNorm, gated SiLU and rotary embedding (`srt.layers.cpu_kernels`) equal
+"""Float32 CPU RMSNorm, gated SiLU and rotary embedding (`srt.kernels.cpu.cpu_kernels`) equal
 PyTorch's formulas (the path every other dtype and device takes; the rotation bit for bit), update
 the residual in place as documented, and refuse outputs that overlap their inputs."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from srt import _rust
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 from srt.layers.activation import SiluAndMul
 from srt.layers.layernorm import RMSNorm
 from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary

@@ -66,9 +66,7 @@ class Sequences:
         )
 
 
-@pytest.mark.parametrize(
-    "backend", ["torch_native", pytest.param("triton", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=pytest.mark.slow)])
 def test_padded_decode_matches_the_unpadded_batch(
     backend: str, tiny_model_factory: Callable[[str], Path]
 ) -> None:

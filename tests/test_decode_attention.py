@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from runner_helpers import extend_and_decode_logits
 
 from srt import _rust
-from srt.layers.attention.torch_native import TorchNativeAttnBackend
+from srt.layers.attention.cpu_backend import CpuAttnBackend
 
 POOL_SLOTS = 500
 
@@ -111,7 +111,7 @@ def test_a_model_decodes_the_same_in_place_and_gathered(
     in_place = extend_and_decode_logits(path, device="cpu")
     assert calls  # every layer of each decode step
     calls.clear()
-    monkeypatch.setattr(TorchNativeAttnBackend, "decode_in_place", False)
+    monkeypatch.setattr(CpuAttnBackend, "decode_in_place", False)
     gathered = extend_and_decode_logits(path, device="cpu")
     assert not calls
     for ours, expected in zip(in_place, gathered, strict=True):

@@ -124,7 +124,7 @@ def test_the_scan_covers_code_tests_docs_and_scripts() -> None:
         "python/srt/io_struct.py",
         "python/srt/_rust.pyi",
         "rust/python/src/lib.rs",
-        "rust/core/Cargo.toml",
+        "rust/kernels/Cargo.toml",
         "scripts/test.sh",
         ".ci/run",
         "tests/test_layering.py",

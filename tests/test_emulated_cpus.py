@@ -148,9 +148,9 @@ def generate(gguf: Path) -> dict[str, Any]:
     """Greedy tokens of one prompt, then of 16, and which paths the products took."""
     from runner_helpers import greedy_generate, make_runner
 
-    from srt.layers import cpu_kernels, quant_kernels
-    from srt.layers.quant_kernels import DENSE, INT8_ACTIVATION_MIN_ROWS, KERNEL, ONE_INT8
-    from srt.layers.quant_kernels import QuantizedWeight as Weight
+    from srt.kernels.cpu import cpu_kernels, quant_kernels
+    from srt.kernels.cpu.quant_kernels import DENSE, INT8_ACTIVATION_MIN_ROWS, KERNEL, ONE_INT8
+    from srt.kernels.cpu.quant_kernels import QuantizedWeight as Weight
     from srt.model_executor.cpu_decode import CpuDecodeExecutor
 
     def plan(weight: Weight, dtype: torch.dtype, offered: bool) -> quant_kernels.Plan:

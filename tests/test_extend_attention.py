@@ -20,8 +20,8 @@ import torch
 from runner_helpers import extend_and_decode_logits
 from transformers import AutoConfig
 
-from srt.layers import cpu_kernels
-from srt.layers.attention import torch_native
+from srt.kernels.cpu import cpu_kernels
+from srt.layers.attention import cpu_backend
 from srt.layers.attention.extend_cpu import extend_attention, runs_in_rust
 from srt.testing.make_tiny_model import make_tiny_model
 
@@ -168,7 +168,7 @@ def test_the_backend_attends_a_pass_in_one_call_with_each_sequences_bits(
     in_one_call = extend_and_decode_logits(path, dtype="bfloat16", device="cpu")
     layers = AutoConfig.from_pretrained(path).num_hidden_layers
     assert calls == [2] * layers + [1] * layers
-    monkeypatch.setattr(torch_native, "kernel_takes", lambda dtype, head_dim: False)
+    monkeypatch.setattr(cpu_backend, "kernel_takes", lambda dtype, head_dim: False)
     one_by_one = extend_and_decode_logits(path, dtype="bfloat16", device="cpu")
     assert len(calls) == 2 * layers
     for ours, theirs in zip(in_one_call, one_by_one, strict=True):

@@ -17,9 +17,9 @@ from runner_helpers import make_runner, runner_extend_and_decode_logits
 from test_quantized_loading import checkpoint, every_matrix
 
 from srt import _rust
-from srt.layers import cpu_kernels, quant_kernels
-from srt.layers.attention.torch_native import TorchNativeAttnBackend
-from srt.layers.quant_kernels import DENSE, KERNEL, ONE_INT8, QuantizedWeight
+from srt.kernels.cpu import cpu_kernels, quant_kernels
+from srt.kernels.cpu.quant_kernels import DENSE, KERNEL, ONE_INT8, QuantizedWeight
+from srt.layers.attention.cpu_backend import CpuAttnBackend
 from srt.model_executor.cpu_decode import CpuDecodeExecutor
 from srt.model_executor.model_runner import ModelRunner
 
@@ -150,7 +150,7 @@ def shared_prefix_logits(runner: ModelRunner) -> list[torch.Tensor]:
     """`runner_extend_and_decode_logits` with the cascade offered wherever it would save a
     token; it is not taken, as the backend reads K/V in place."""
     backend = runner.attn_backend
-    assert isinstance(backend, TorchNativeAttnBackend)
+    assert isinstance(backend, CpuAttnBackend)
     backend.cascade_min_saved = 1
     logits = runner_extend_and_decode_logits(runner)
     assert backend._cascade is None

@@ -13,7 +13,7 @@ SOURCE_PACKAGE = Path(__file__).resolve().parents[1] / "python" / "srt"
 environment made inside the clone (`python -m venv .venv`) installs the wheel under it."""
 
 PROBE = """
-import importlib.metadata, json, srt, srt._rust, srt.kernels.store_kv_cache as kernel
+import importlib.metadata, json, srt, srt._rust, srt.kernels.triton.store_kv_cache as kernel
 installed = importlib.metadata.distribution("srt")
 print(json.dumps({
     "srt": srt.__file__,

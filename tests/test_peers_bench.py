@@ -30,7 +30,7 @@ from peers.install import (
 )
 from peers.report import ROWS, markdown_table, medians
 
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 
 ENGINE_CONFIGS = [
     "vllm-all-cores:bf16=--dtype bfloat16 --max-model-len 2048",

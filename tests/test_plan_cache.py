@@ -1,4 +1,4 @@
-"""Kernel plans kept on disk between starts (`srt.layers.plan_cache`): a start that reads them
+"""Kernel plans kept on disk between starts (`srt.kernels.cpu.plan_cache`): a start that reads them
 plans and generates as the start that measured them; a change of machine or shape measures
 afresh; a file that holds no valid plan is ignored; concurrent writers never leave a torn file."""
 
@@ -21,8 +21,8 @@ from runner_helpers import greedy_generate, make_runner
 from test_quantized_loading import gguf_name, llama_cpp_permute
 from transformers import AutoConfig
 
-from srt.layers import cpu_kernels, plan_cache, quant_kernels
-from srt.layers.quant_kernels import DENSE, KERNEL, Plan, QuantizedWeight
+from srt.kernels.cpu import cpu_kernels, plan_cache, quant_kernels
+from srt.kernels.cpu.quant_kernels import DENSE, KERNEL, Plan, QuantizedWeight
 from srt.model_executor.weight_loader import iterate_weights
 
 PROMPTS = [[5, 17, 42, 99, 7], [8, 9, 10]]
@@ -210,7 +210,7 @@ def test_a_file_that_holds_no_valid_plan_is_ignored_and_replaced(
     elif corrupt == "truncated":
         corrupt = whole[: len(whole) // 2]
     path.write_text(corrupt)
-    with caplog.at_level(logging.WARNING, logger="srt.layers.plan_cache"):
+    with caplog.at_level(logging.WARNING, logger="srt.kernels.cpu.plan_cache"):
         assert plan_of(square) == MEASURED
     assert len(probes) == 2 * ONE_PLAN_OF_PROBES, "measured again"
     (record,) = caplog.records
@@ -292,7 +292,7 @@ def test_an_unwritable_cache_is_logged_and_measured_next_time(
     cache_dir.mkdir()
     (cache_dir / plan_cache.DIRECTORY).write_text("a file where the directory should be")
     square = weight()
-    with caplog.at_level(logging.WARNING, logger="srt.layers.plan_cache"):
+    with caplog.at_level(logging.WARNING, logger="srt.kernels.cpu.plan_cache"):
         assert plan_of(square) == MEASURED
         assert plan_of(square) == MEASURED
     assert len(probes) == 2 * ONE_PLAN_OF_PROBES

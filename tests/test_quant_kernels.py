@@ -1,4 +1,4 @@
-"""`srt.layers.quant_kernels` against the `gguf` package: blocks made by
+"""`srt.kernels.cpu.quant_kernels` against the `gguf` package: blocks made by
 `gguf.quants.quantize`, dequantized by `gguf.quants.dequantize` (the reference), and products
 against `F.linear` with the dequantized weight.
 
@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from srt import _rust
-from srt.layers.quant_kernels import BLOCK_BYTES, QuantizedWeight
+from srt.kernels.cpu.quant_kernels import BLOCK_BYTES, QuantizedWeight
 
 FORMATS = {
     "q4_0": GGMLQuantizationType.Q4_0,
@@ -53,7 +53,7 @@ def close(got: torch.Tensor, want: torch.Tensor, rtol: float) -> None:
 def split_rounded(x: torch.Tensor) -> torch.Tensor:
     """`x` (float32) as the integer kernel rounds it: per block of 32, a high int8 part in
     steps of the block's largest magnitude / 127 and a low one 256 times finer, in float32
-    steps as rust/core/src/quant/packed.rs takes them; returned exactly, in float64."""
+    steps as rust/kernels/src/quant/packed.rs takes them; returned exactly, in float64."""
     blocks = x.float().reshape(*x.shape[:-1], -1, 32)
     largest = blocks.abs().amax(-1, keepdim=True)
     safe = torch.where(largest == 0, torch.ones_like(largest), largest)
@@ -147,7 +147,7 @@ def test_the_avx2_integer_kernels_give_the_best_kernels_bits(cap: str) -> None:
     script = (
         "import hashlib, torch\n"
         "from test_quant_kernels import make\n"
-        "from srt.layers import cpu_kernels\n"
+        "from srt.kernels.cpu import cpu_kernels\n"
         "digest = hashlib.sha256()\n"
         "for fmt in ('q4_0', 'q4_1', 'q8_0'):\n"
         "    weight, _ = make(fmt, 45, 160)\n"

@@ -1,6 +1,6 @@
-"""The prefill path of `srt.layers.quant_kernels` (activations rounded to one int8 per value per
-block of 32 on the packed tiles, rust/core/src/quant/packed/prefill.rs) against a dequantized
-reference, and the plan by which `linear` picks a path for a row count.
+"""The one-int8 path of `srt.kernels.cpu.quant_kernels` (activations rounded to one int8 per
+value per block of 32 on the packed tiles, rust/kernels/src/quant/packed/one_int8.rs) against a
+dequantized reference, and the plan by which `linear` picks a path for a row count.
 
 Tolerances: the kernel accumulates in float32, so it agrees to 1e-4 (relative to the output's
 largest magnitude) with the float64 product of the reference weight and the activations as it
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from test_quant_kernels import FORMATS, PACKED, close, make
 
-from srt.layers import quant_kernels
-from srt.layers.quant_kernels import DENSE, KERNEL, ONE_INT8
+from srt.kernels.cpu import quant_kernels
+from srt.kernels.cpu.quant_kernels import DENSE, KERNEL, ONE_INT8
 
 needs_packed = pytest.mark.skipif(not PACKED, reason="CPU without AVX-512 VNNI")
 

@@ -16,8 +16,8 @@ from gguf.quants import quantize
 from runner_helpers import make_runner, runner_extend_and_decode_logits
 from transformers import AutoConfig
 
+from srt.kernels.cpu.quant_kernels import BLOCK_BYTES, QuantizedWeight
 from srt.layers.linear import Linear
-from srt.layers.quant_kernels import BLOCK_BYTES, QuantizedWeight
 from srt.layers.quantization import CheckpointTensor, Int8Weight, weight_bytes
 from srt.model_executor.model_config import resolve_quantization
 from srt.model_executor.model_runner import ModelRunner

@@ -22,8 +22,8 @@ from runner_helpers import (
 )
 from transformers import AutoTokenizer
 
-from srt.layers import cpu_kernels, quant_kernels
-from srt.layers.quant_kernels import QuantizedWeight
+from srt.kernels.cpu import cpu_kernels, quant_kernels
+from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.layers.quantization import weight_bytes
 from srt.model_executor.model_runner import ModelRunner
 from srt.model_info import local_files

@@ -17,10 +17,10 @@ from test_quantized_loading import blocks_of
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from srt.entrypoints.engine import Engine
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
+from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.layers.linear import Linear
 from srt.layers.moe import SparseMoeBlock
-from srt.layers.quant_kernels import QuantizedWeight
 from srt.model_executor.weight_loader import iterate_weights
 from srt.models.qwen3_moe import GGUF_LAYER_NAMES, Qwen3MoeForCausalLM
 from srt.models.registry import model_class_for

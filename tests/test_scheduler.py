@@ -25,7 +25,7 @@ from scheduler_helpers import (
 )
 
 from srt.io_struct import DetokenizeSettings, FinishReason
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 from srt.managers.req_queue import ReqQueue
 from srt.managers.schedule_batch import Req
 from srt.managers.scheduler import Scheduler
@@ -87,7 +87,7 @@ def test_the_chunk_size_defaults_by_device(device: str, given: int | None, expec
 def test_device_defaults_are_resolved_in_one_place() -> None:
     cpu = resolve_device_defaults(ServerArgs(), torch.device("cpu"))
     cpu_dtype = "bfloat16" if cpu_kernels.native_bf16_matmul() else "float32"
-    assert (cpu.device, cpu.dtype, cpu.attention_backend) == ("cpu", cpu_dtype, "torch_native")
+    assert (cpu.device, cpu.dtype, cpu.attention_backend) == ("cpu", cpu_dtype, "cpu")
     assert (cpu.max_running_requests, cpu.mem_fraction_static) == (256, 0.85)
     assert resolve_device_defaults(cpu) == cpu  # resolving again changes nothing
     cuda = resolve_device_defaults(ServerArgs(max_running_requests=3), torch.device("cuda"))

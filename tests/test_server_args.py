@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from srt.entrypoints.http import server
-from srt.server_args import SCHEDULE_POLICIES, ServerArgs
+from srt.server_args import ATTENTION_BACKEND_ALIASES, SCHEDULE_POLICIES, ServerArgs
 from srt.server_args_check import ServerArgsError, flag_of
 from srt.server_cli import build_parser, parse_args
 
@@ -226,5 +226,6 @@ def test_the_cli_choices_are_the_registries_names() -> None:
 
     choices = {action.dest: action.choices for action in build_parser()._actions}
     assert choices["schedule_policy"] == tuple(schedule_policy.SCHEDULE_POLICIES)
-    assert choices["attention_backend"] == tuple(registry.ATTENTION_BACKENDS)
+    aliases = tuple(ATTENTION_BACKEND_ALIASES)
+    assert choices["attention_backend"] == tuple(registry.ATTENTION_BACKENDS) + aliases
     assert choices["tool_call_parser"] == tuple(TOOL_CALL_PARSERS)

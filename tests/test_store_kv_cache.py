@@ -6,7 +6,7 @@ import pytest
 import torch
 from runner_helpers import TEST_DEVICE
 
-from srt.kernels.store_kv_cache import store_kv_cache
+from srt.kernels.triton.store_kv_cache import store_kv_cache
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

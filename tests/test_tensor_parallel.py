@@ -23,9 +23,9 @@ from tp_helpers import (
 from srt.distributed import TPGroup, kv_heads_per_rank, set_tp_group
 from srt.io_struct import AbortReq, FlushCacheReq, Message, ShutdownReq
 from srt.ipc.codec import CodecError
+from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.layers.lazy_tensor import LazyTensor
 from srt.layers.parallel_linear import take_rows, vocab_shard
-from srt.layers.quant_kernels import QuantizedWeight
 from srt.managers.tp_ranks import pack, unpack
 from srt.model_executor.cpu_threads import share_of
 from srt.server_args import ServerArgs

@@ -17,7 +17,7 @@ _Ids = Buffer | Sequence[int]
 __version__: str
 
 class InvariantError(RuntimeError):
-    """A data structure of srt's Rust core found one of its invariants broken (a bug in srt)."""
+    """A data structure of srt's Rust crates found one of its invariants broken (a bug in srt)."""
 
 # --- radix tree and KV-slot allocator (rust/python/src/radix.rs, allocator.rs) -----------------
 
@@ -352,7 +352,7 @@ def quant_dequantize(
 # --- The integer path: weights repacked into tiles (rust/python/src/packed.rs) -----------------
 # Tiles: a C-contiguous uint8 buffer of `quant_packed_len(fmt, n, k)` bytes written by
 # `quant_pack`; activations are split into two int8 parts per block of 32
-# (rust/core/src/quant/packed.rs).
+# (rust/kernels/src/quant/packed.rs).
 
 def quant_packed_kernel() -> str | None:
     """The integer kernel this CPU runs ("avx512_vnni", "avx2"), or None where there is none."""
@@ -377,7 +377,7 @@ def quant_packed_linear(
     """`out[m, n] = x[m, k] · Wᵀ + bias` on the tiles, `x` and `out` both float32 or both
     bfloat16 bits (int16), the bias float32 (GIL released, on PyTorch's OpenMP threads).
     Activations are split into two int8 parts, or with `int8_activations` rounded to one int8
-    per value per block of 32 (llama.cpp's Q8; rust/core/src/quant/packed/one_int8.rs): half
+    per value per block of 32 (llama.cpp's Q8; rust/kernels/src/quant/packed/one_int8.rs): half
     the integer work, for products of many rows."""
 
 def quant_packed_dequantize(

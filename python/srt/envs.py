@@ -60,5 +60,5 @@ def fused_decode() -> bool:
 def disable_kernel_plan_cache() -> bool:
     """Whether the kernel plans measured at start-up are neither read from nor written to the
     cache directory (`SRT_DISABLE_KERNEL_PLAN_CACHE=1`, as vLLM's `VLLM_DISABLE_COMPILE_CACHE`;
-    `layers/plan_cache.py`): every start then measures them again."""
+    `kernels/cpu/plan_cache.py`): every start then measures them again."""
     return os.environ.get("SRT_DISABLE_KERNEL_PLAN_CACHE", "0") == "1"

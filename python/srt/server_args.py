@@ -21,7 +21,10 @@ DEVICES = ("auto", "cpu", "cuda")
 # `layers.attention.registry.ATTENTION_BACKENDS`, spelled out here so that parsing a command line
 # imports no torch; tests/test_server_args.py holds them equal to the registries' keys.
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
-ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
+ATTENTION_BACKENDS = ("cpu", "triton", "flashinfer")
+# Other names accepted for a backend: SGLang's name of its reference backend, which srt's `cpu`
+# backend takes the place of.
+ATTENTION_BACKEND_ALIASES = {"torch_native": "cpu"}
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOAD_FORMATS = ("auto", "dummy")
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
@@ -110,8 +113,8 @@ class ServerArgs:
         metadata=_arg(
             "device and precision",
             "Attention kernels (default: flashinfer on CUDA when installed, else triton on "
-            "CUDA, torch_native on CPU).",
-            choices=ATTENTION_BACKENDS,
+            "CUDA, cpu on CPU; torch_native, SGLang's name, is cpu).",
+            choices=ATTENTION_BACKENDS + tuple(ATTENTION_BACKEND_ALIASES),
         ),
     )
     disable_cuda_graph: bool = field(

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 
 
 class SiluAndMul(nn.Module):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 
 
 class RMSNorm(nn.Module):

@@ -1,5 +1,5 @@
 """The models' linear layers: `F.linear`, except float32 on an x86-64 CPU with AVX2 and FMA,
-where the product runs in srt's own kernel (`cpu_kernels.PackedLinear`, rust/core/src/gemm.rs)
+where the product runs in srt's own kernel (`cpu_kernels.PackedLinear`, rust/kernels/src/gemm.rs)
 over a copy of the weight packed for it once after loading (`prepare_for_device`), and except a
 layer whose weight is quantized (`set_quantized`, see quantization.py), which multiplies by it.
 
@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srt.layers import cpu_kernels, quant_kernels
-from srt.layers.quant_kernels import QuantizedWeight
+from srt.kernels.cpu import cpu_kernels, quant_kernels
+from srt.kernels.cpu.quant_kernels import QuantizedWeight
 
 if TYPE_CHECKING:
     from srt.layers.quantization import QuantWeight

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from srt.distributed import get_tp_group
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 from srt.layers.linear import initializing
 
 if TYPE_CHECKING:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from srt.distributed import get_tp_group, kv_heads_per_rank
+from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.layers.lazy_tensor import LazyTensor
 from srt.layers.linear import Linear
-from srt.layers.quant_kernels import QuantizedWeight
 from srt.layers.quantization import CheckpointTensor
 
 # What a rank's weight loading cuts: a tensor or blocks, or a safetensors tensor not read yet.

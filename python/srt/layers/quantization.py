@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.layers.linear import Linear
-from srt.layers.quant_kernels import QuantizedWeight
 
 INT8_MAX = 127
 # `_weight_int8pack_mm`'s bfloat16 path reads each row in steps of 16 (see the module doc).

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 

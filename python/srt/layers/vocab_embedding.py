@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from srt.distributed import get_tp_group
+from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.layers.linear import initializing
 from srt.layers.parallel_linear import Loadable, shard_vocab, vocab_shard
-from srt.layers.quant_kernels import QuantizedWeight
 
 
 class VocabEmbedding(nn.Embedding):

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 Ids: TypeAlias = "array[int] | Buffer | Sequence[int]"
 """A run of token or slot ids: an int32 buffer (`array('i')`, numpy int32), the fast path that
-the Rust core copies out in one piece, or a list or tuple of ints."""
+the Rust runtime copies out in one piece, or a list or tuple of ints."""
 
 
 class TokenToKVPoolAllocator:

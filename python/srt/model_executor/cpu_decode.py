@@ -1,6 +1,6 @@
 """The CPU decode executor: a decode step of a model's decoder layers (its `DecoderPlan`,
-`layers/decoder_plan.py`) in one call to the Rust core (`srt._rust.DecoderStack`,
-rust/core/src/decoder.rs), where every projection is a quantized weight (`QuantizedWeight`:
+`layers/decoder_plan.py`) in one call to the Rust kernels (`srt._rust.DecoderStack`,
+rust/kernels/src/decoder.rs), where every projection is a quantized weight (`QuantizedWeight`:
 the default GGUF path), in the integer kernel's tiles on CPUs with AVX2 (with AVX-VNNI or
 without) or AVX-512 VNNI, in its blocks through the float kernel elsewhere.
 
@@ -11,7 +11,7 @@ kernels' arithmetic: `benches/profile_decode_step.py` measured 4.1 ms of integer
 gives the same bits either way; only the Python goes.
 
 When it runs: decode steps on the CPU, float32 or bf16, whose attention can read the KV cache
-in place (`TorchNativeAttnBackend.in_place_decode`), with per-head q/k norms (Qwen3) or without,
+in place (`CpuAttnBackend.in_place_decode`), with per-head q/k norms (Qwen3) or without,
 with a gated MLP or a sparse mixture of such experts (Qwen3-MoE: every expert's projections
 quantized; the float32 router's kernel is the one the Python mixture calls), on one
 tensor-parallel rank (the stack has no all-reduce between a layer's shards), with fewer
@@ -31,11 +31,11 @@ import torch
 from srt import _rust, envs
 from srt.distributed import get_tp_group
 from srt.forward_mode import ForwardMode
-from srt.layers import cpu_kernels
-from srt.layers.attention.torch_native import TorchNativeAttnBackend
+from srt.kernels.cpu import cpu_kernels
+from srt.kernels.cpu.quant_kernels import QuantizedWeight, int8_offered
+from srt.layers.attention.cpu_backend import CpuAttnBackend
 from srt.layers.decoder_plan import DecoderLayerPlan, DecoderPlan
 from srt.layers.linear import Linear
-from srt.layers.quant_kernels import QuantizedWeight, int8_offered
 from srt.tensor_views import numpy_view as _view
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class CpuDecodeExecutor:
         if (
             not self.enabled
             or forward_batch.forward_mode is not ForwardMode.DECODE
-            or not isinstance(backend, TorchNativeAttnBackend)
+            or not isinstance(backend, CpuAttnBackend)
             or not cpu_kernels.runs_in_rust(hidden, residual)
         ):
             return False

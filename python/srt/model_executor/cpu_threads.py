@@ -1,7 +1,7 @@
 """The scheduler's compute threads on the CPU: how many, and on which cores
 (`--cpu-omp-threads-bind`).
 
-PyTorch's operators and srt's kernels share one OpenMP team (rust/core/src/parallel.rs). A
+PyTorch's operators and srt's kernels share one OpenMP team (rust/kernels/src/parallel.rs). A
 decode step is hundreds of short parallel regions, each ending at a barrier where every thread
 waits for the slowest: a worker that the OS moves between cores, or parks behind another
 process, stalls the whole step. Pinning gives each worker a core of its own for the life of the

@@ -19,11 +19,11 @@ from srt import envs
 from srt.constrained.xgrammar_backend import GrammarBackend
 from srt.distributed import get_tp_group, kv_heads_per_rank
 from srt.forward_mode import ForwardMode
-from srt.layers import plan_cache
+from srt.kernels.cpu import plan_cache
+from srt.kernels.cpu.quant_kernels import int8_activations
 from srt.layers.attention.registry import create_attention_backend
 from srt.layers.forward_batch import ForwardBatch
 from srt.layers.linear import plan_products, prepare_for_device, uninitialized
-from srt.layers.quant_kernels import int8_activations
 from srt.layers.quantization import quantize_int8, weight_bytes
 from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from srt.model_executor.cpu_decode import CpuDecodeExecutor

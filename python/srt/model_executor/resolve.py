@@ -12,7 +12,7 @@ import logging
 import torch
 
 from srt import envs
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 from srt.layers.attention.registry import resolve_attention_backend
 from srt.server_args import ServerArgs
 
@@ -51,7 +51,7 @@ def default_dtype_and_reason(device: torch.device) -> tuple[str, str]:
     AMX-BF16, oneDNN's bf16 products run at the float32 rate or better and read half the bytes
     (decode reads every weight once per step), and srt's bf16 kernels run; without them, bf16
     products are emulated by widening and are slower than float32. The features come from CPUID
-    (the Rust core's check, which also asks whether the OS saves the registers), not from
+    (the Rust kernels' check, which also asks whether the OS saves the registers), not from
     /proc/cpuinfo, so they are the ones the kernels dispatch on; `SRT_CPU_ISA` below
     `avx512_bf16` counts as a CPU without them."""
     if device.type == "cuda":

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from srt.kernels.cpu.quant_kernels import BLOCK_BYTES, QuantizedWeight
 from srt.layers.lazy_tensor import LazyTensor
-from srt.layers.quant_kernels import BLOCK_BYTES, QuantizedWeight
 from srt.layers.quantization import CheckpointTensor
 from srt.models.registry import model_class_for
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from srt.distributed import get_tp_group
+from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.layers.activation import SiluAndMul
 from srt.layers.decoder_plan import DecoderLayerPlan, DecoderPlan
 from srt.layers.forward_batch import ForwardBatch
@@ -39,7 +40,6 @@ from srt.layers.parallel_linear import (
     heads_part,
     split_part,
 )
-from srt.layers.quant_kernels import QuantizedWeight
 from srt.layers.radix_attention import RadixAttention
 from srt.layers.rotary_embedding import RotaryEmbedding, apply_rotary, rope_parameters
 from srt.layers.vocab_embedding import VocabParallelEmbedding

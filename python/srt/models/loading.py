@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.layers.linear import Linear
-from srt.layers.quant_kernels import QuantizedWeight
 from srt.layers.vocab_embedding import VocabEmbedding
 
 logger = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
-//! `srt._rust.TokenAllocator`: the binding of `srt_core::TokenAllocator`. Slots leave as
+//! `srt._rust.TokenAllocator`: the binding of `srt_runtime::TokenAllocator`. Slots leave as
 //! `array('i')` and come back as int32 buffers; a shortfall is `None`, a bad free a `ValueError`
 //! naming the slot.
 
 use pyo3::prelude::*;
-use srt_core::TokenAllocator;
+use srt_runtime::TokenAllocator;
 
 use crate::boundary::{int32_array, maybe_detach, Ids};
 use crate::to_py_err;

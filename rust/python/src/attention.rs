@@ -1,6 +1,6 @@
 //! `srt._rust.decode_attention`, `decode_attention_bf16`, `prefill_attention_bf16` and
 //! `prefill_attention_paged_bf16`: the
-//! binding of `srt_core::attention`. The query, the layer's K and V caches and the output arrive as float32
+//! binding of `srt_kernels::attention`. The query, the layer's K and V caches and the output arrive as float32
 //! numpy views of CPU tensors (int16 views of the bits, for bf16), the slots and lengths as int32
 //! buffers; every length and slot is checked by the core before any is read.
 
@@ -9,9 +9,9 @@ use std::ptr::NonNull;
 use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_core::attention::prefill::{self, PrefillShape};
-use srt_core::attention::{self, DecodeShape};
-use srt_core::element::Element;
+use srt_kernels::attention::prefill::{self, PrefillShape};
+use srt_kernels::attention::{self, DecodeShape};
+use srt_kernels::element::Element;
 
 use crate::boundary::{bf16_bits, contiguous, overlap};
 use crate::to_py_err;

@@ -13,7 +13,7 @@ use pyo3::marker::Ungil;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList, PyTuple, PyType};
-use srt_core::element::Bf16;
+use srt_kernels::element::Bf16;
 
 /// Runs of at least this many ids are processed with the GIL released. Shorter ones keep it:
 /// releasing and retaking the GIL costs more than the work, and the scheduler is one thread.

@@ -1,4 +1,4 @@
-//! `srt._rust.DecoderStack`: the binding of `srt_core::decoder`. A stack holds the buffers of
+//! `srt._rust.DecoderStack`: the binding of `srt_kernels::decoder`. A stack holds the buffers of
 //! every layer (norm weights, quantized projections and their float32 biases, a mixture's
 //! float32 router, the layer's K/V caches), described by typed specs (`LayerSpec`,
 //! `ProjectionSpec`, `MoeSpec`: keyword fields, which the stub in `_rust.pyi` names and a test
@@ -13,11 +13,11 @@ use std::ptr::NonNull;
 use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_core::decoder::{
+use srt_kernels::decoder::{
     self, DecoderLayer, Experts, FeedForward, Heads, Mlp, Projection, Tokens, Weight,
 };
-use srt_core::element::{Bf16, Element};
-use srt_core::quant::{Format, PackedKernel, PackedMatrix, QuantMatrix};
+use srt_kernels::element::{Bf16, Element};
+use srt_kernels::quant::{Format, PackedKernel, PackedMatrix, QuantMatrix};
 
 use crate::boundary::{contiguous, overlap};
 use crate::to_py_err;

@@ -1,11 +1,11 @@
-//! Binding of `srt_core::detokenizer`: the class `srt._rust.IncrementalDetokenizer`.
+//! Binding of `srt_runtime::detokenizer`: the class `srt._rust.IncrementalDetokenizer`.
 //! Its only importer is `srt.managers.incremental_detokenizer`, which documents the semantics.
 //! Decoding runs with the GIL released; a second thread calling the same object meanwhile gets
 //! pyo3's "already borrowed" error rather than a data race.
 
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
-use srt_core::detokenizer::{IncrementalDetokenizer, RequestOptions};
+use srt_runtime::detokenizer::{IncrementalDetokenizer, RequestOptions};
 
 use crate::to_py_err;
 

@@ -1,11 +1,11 @@
-//! `srt._rust.linear` and its weight packing: the binding of `srt_core::gemm`. Floats arrive as
+//! `srt._rust.linear` and its weight packing: the binding of `srt_kernels::gemm`. Floats arrive as
 //! C-contiguous float32 buffers (numpy views of CPU tensors, shared, not copied); shapes are
 //! checked by the core, writability and overlap here. The product runs with the GIL released.
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_core::gemm;
+use srt_kernels::gemm;
 
 use crate::boundary::{contiguous, overlap};
 use crate::to_py_err;

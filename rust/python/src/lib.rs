@@ -1,8 +1,9 @@
-//! The binding layer: exposes `srt-core` to Python as the private module `srt._rust`.
-//! What crosses this boundary: ints, floats and bools, bytes and strings, runs of ids as int32
-//! buffers (`array('i')`, numpy int32), and the CPU kernels' tensors as buffers of their memory
-//! (numpy views, shared, never copied; see `boundary.rs`). The Python facades in `srt` are its
-//! only importers. Each core structure has one binding file that registers its classes.
+//! The binding layer: exposes `srt-runtime` and `srt-kernels` to Python as the private module
+//! `srt._rust`. What crosses this boundary: ints, floats and bools, bytes and strings, runs of
+//! ids as int32 buffers (`array('i')`, numpy int32), and the CPU kernels' tensors as buffers of
+//! their memory (numpy views, shared, never copied; see `boundary.rs`). The Python facades in
+//! `srt` are its only importers. Each structure or kernel family has one binding file that
+//! registers its classes and functions.
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -27,21 +28,45 @@ create_exception!(
     _rust,
     InvariantError,
     PyRuntimeError,
-    "A data structure of srt's Rust core found one of its invariants broken (a bug in srt)."
+    "A data structure of srt's Rust crates found one of its invariants broken (a bug in srt)."
 );
 
-/// Maps a core error to its Python exception: bad arguments become `ValueError`, broken
-/// invariants `InvariantError`.
-pub(crate) fn to_py_err(error: srt_core::Error) -> PyErr {
-    match error {
-        srt_core::Error::InvalidArgument(message) => PyValueError::new_err(message),
-        srt_core::Error::Invariant(message) => InvariantError::new_err(message),
+/// Why an operation of either crate failed, as the binding raises it.
+pub(crate) enum Failure {
+    InvalidArgument(String),
+    Invariant(String),
+}
+
+impl From<srt_runtime::Error> for Failure {
+    fn from(error: srt_runtime::Error) -> Self {
+        match error {
+            srt_runtime::Error::InvalidArgument(message) => Failure::InvalidArgument(message),
+            srt_runtime::Error::Invariant(message) => Failure::Invariant(message),
+        }
+    }
+}
+
+impl From<srt_kernels::Error> for Failure {
+    fn from(error: srt_kernels::Error) -> Self {
+        match error {
+            srt_kernels::Error::InvalidArgument(message) => Failure::InvalidArgument(message),
+            srt_kernels::Error::Invariant(message) => Failure::Invariant(message),
+        }
+    }
+}
+
+/// Maps an error of the runtime or the kernels to its Python exception: bad arguments become
+/// `ValueError`, broken invariants `InvariantError`.
+pub(crate) fn to_py_err(error: impl Into<Failure>) -> PyErr {
+    match error.into() {
+        Failure::InvalidArgument(message) => PyValueError::new_err(message),
+        Failure::Invariant(message) => InvariantError::new_err(message),
     }
 }
 
 #[pymodule]
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("__version__", srt_core::VERSION)?;
+    m.add("__version__", srt_runtime::VERSION)?;
     m.add("InvariantError", m.py().get_type::<InvariantError>())?;
     radix::register(m)?;
     allocator::register(m)?;

@@ -1,4 +1,4 @@
-//! `srt._rust.moe_route` and `moe_route_bf16`: the binding of `srt_core::moe`, the router of a
+//! `srt._rust.moe_route` and `moe_route_bf16`: the binding of `srt_kernels::moe`, the router of a
 //! sparse mixture of experts. The input arrives as a float32 numpy view of a CPU tensor, or as
 //! an int16 view of a bf16 tensor's bits; the router's weight as float32; the outputs as int64
 //! (expert ids) and float32 (weights). Lengths are checked by the core, writability and
@@ -9,8 +9,8 @@ use std::ptr::NonNull;
 use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_core::element::Element;
-use srt_core::moe;
+use srt_kernels::element::Element;
+use srt_kernels::moe;
 
 use crate::boundary::{bf16_bits, contiguous, overlap};
 use crate::to_py_err;

@@ -1,5 +1,5 @@
 //! `srt._rust.rms_norm`, `silu_and_mul` and `rotary` (float32) and their `_bf16` twins: the
-//! binding of `srt_core::ops`, and the kernels' instruction-set tier (`cpu_isa`,
+//! binding of `srt_kernels::ops`, and the kernels' instruction-set tier (`cpu_isa`,
 //! `set_cpu_isa`). Float32 tensors arrive as float32 numpy views of CPU tensors, bf16 tensors
 //! as int16 views of their bits (numpy has no bf16); lengths are checked by the core,
 //! writability and overlap here. The work runs with the GIL released.
@@ -9,9 +9,9 @@ use std::ptr::NonNull;
 use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_core::element::Element;
-use srt_core::isa::{self, Ceiling};
-use srt_core::ops;
+use srt_kernels::element::Element;
+use srt_kernels::isa::{self, Ceiling};
+use srt_kernels::ops;
 
 use crate::boundary::{bf16_bits, contiguous, overlap};
 use crate::to_py_err;

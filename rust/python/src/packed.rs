@@ -1,4 +1,4 @@
-//! `srt._rust.quant_pack*`: the binding of `srt_core::quant`'s integer path (weights repacked
+//! `srt._rust.quant_pack*`: the binding of `srt_kernels::quant`'s integer path (weights repacked
 //! into tiles, activations rounded to int8). Buffers arrive as for `quant.rs`: uint8 for
 //! blocks and tiles, float32 or bfloat16 bits (int16) for activations and outputs, shared, not
 //! copied; shapes are checked by the core, writability and overlap here. The work runs with
@@ -9,8 +9,8 @@ use std::ptr::NonNull;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_core::element::Element;
-use srt_core::quant::{self, Format, PackedKernel, PackedMatrix, QuantMatrix};
+use srt_kernels::element::Element;
+use srt_kernels::quant::{self, Format, PackedKernel, PackedMatrix, QuantMatrix};
 
 use crate::boundary::{bf16_bits, contiguous, overlap, Floats, Ids};
 use crate::to_py_err;
@@ -241,7 +241,7 @@ fn decode<T: Element>(
     weight: NonNull<[u8]>,
     (n, k): (usize, usize),
     out: NonNull<[T]>,
-    op: impl FnOnce(&PackedMatrix<'_>, &mut [T]) -> srt_core::Result<()> + Send,
+    op: impl FnOnce(&PackedMatrix<'_>, &mut [T]) -> srt_kernels::Result<()> + Send,
 ) -> PyResult<()> {
     if overlap(weight, out) {
         return Err(PyValueError::new_err(

@@ -1,4 +1,4 @@
-//! `srt._rust.quant_*`: the binding of `srt_core::quant`. Blocks arrive as C-contiguous uint8
+//! `srt._rust.quant_*`: the binding of `srt_kernels::quant`. Blocks arrive as C-contiguous uint8
 //! buffers, floats as float32 ones and bfloat16 as int16 ones (numpy views of CPU tensors,
 //! shared, not copied); shapes are checked by the core, writability and overlap here. The work
 //! runs with the GIL released.
@@ -6,7 +6,7 @@
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_core::quant::{self, Format, QuantMatrix};
+use srt_kernels::quant::{self, Format, QuantMatrix};
 
 use crate::boundary::{bf16_bits, contiguous, overlap, Ids};
 use crate::to_py_err;

@@ -1,9 +1,9 @@
-//! `srt._rust.RadixTree`: the binding of `srt_core::RadixTree`. Node handles are plain ints;
+//! `srt._rust.RadixTree`: the binding of `srt_runtime::RadixTree`. Node handles are plain ints;
 //! token and slot runs come in as int32 buffers (see `boundary`) and slots leave as
 //! `array('i')`. Long runs are processed without the GIL.
 
 use pyo3::prelude::*;
-use srt_core::{Error, NodeHandle, RadixTree};
+use srt_runtime::{Error, NodeHandle, RadixTree};
 
 use crate::allocator::PyTokenAllocator;
 use crate::boundary::{int32_array, maybe_detach, Ids};
@@ -76,7 +76,7 @@ impl PyRadixTree {
             let slots = tree.evict(num_tokens);
             pool.free(&slots)
                 .map_err(|e| Error::Invariant(format!("evicted {e}")))?;
-            Ok(slots.len())
+            Ok::<_, Error>(slots.len())
         })
         .map_err(to_py_err)
     }

@@ -1,4 +1,4 @@
-//! Binding of `srt_core::ring::ShmRing` as `srt._rust.ShmRing`: messages of any length in, the
+//! Binding of `srt_runtime::ring::ShmRing` as `srt._rust.ShmRing`: messages of any length in, the
 //! same messages out (the core splits and reassembles those longer than a frame). Blocking waits
 //! and large pushes release the GIL. A gone peer raises `BrokenPipeError`.
 
@@ -7,7 +7,7 @@ use std::time::Duration;
 use pyo3::exceptions::{PyBrokenPipeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use srt_core::ring::{Role, ShmRing, Wake};
+use srt_runtime::ring::{Role, ShmRing, Wake};
 
 use crate::to_py_err;
 

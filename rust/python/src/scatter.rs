@@ -1,4 +1,4 @@
-//! `srt._rust.scatter_rows`: the binding of `srt_core::scatter`, the KV pool's store on the CPU.
+//! `srt._rust.scatter_rows`: the binding of `srt_kernels::scatter`, the KV pool's store on the CPU.
 //! Rows arrive as float32 or int16 (bfloat16 bits) numpy views of CPU tensors, copied as they
 //! are (a copy needs no arithmetic, so bf16 stays int16 here); slots as an int64 buffer. The core
 //! checks the lengths and slots, this file writability and overlap. Large calls release the GIL.
@@ -6,7 +6,7 @@
 use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_core::scatter;
+use srt_kernels::scatter;
 
 use crate::boundary::{contiguous, maybe_detach, overlap, Floats};
 use crate::to_py_err;

@@ -1,8 +1,8 @@
-//! `srt._rust.pin_threads` and `thread_cpus`: the binding of `srt_core::parallel`'s pinning,
+//! `srt._rust.pin_threads` and `thread_cpus`: the binding of `srt_kernels::parallel`'s pinning,
 //! for the scheduler process, whose OpenMP threads run PyTorch's operators and srt's kernels.
 
 use pyo3::prelude::*;
-use srt_core::parallel;
+use srt_kernels::parallel;
 
 use crate::to_py_err;
 

@@ -1,4 +1,4 @@
-"""Prefix-sharing ("cascade") decode attention for the torch_native backend.
+"""Prefix-sharing ("cascade") decode attention for the cpu backend.
 
 Requests whose `ReqToTokenPool` rows start with the same KV slots share those tokens' K/V: the
 radix cache hands one cached prefix's slots to every request that matched it. A decode batch is

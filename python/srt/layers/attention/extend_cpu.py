@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 

@@ -1,7 +1,8 @@
 """Attention backends by their `--attention-backend` name, with what each needs to run.
 
 `ATTENTION_BACKENDS` is the one list of backends: `server_args.ATTENTION_BACKENDS` (the CLI
-choices, spelled out there so that the CLI needs no torch) is held equal to its keys by a test.
+choices, with the aliases of `server_args.ATTENTION_BACKEND_ALIASES`, spelled out there so that
+the CLI needs no torch) is held equal to its keys by a test.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ import torch
 from torch import nn
 
 from srt.layers.attention.base import AttentionBackend
+from srt.server_args import ATTENTION_BACKEND_ALIASES
 
 # A backend is built from the model it serves (some plan around its attention shapes), the
 # dtype of its activations and KV cache, and the device.
 BackendFactory = Callable[[nn.Module, torch.dtype, torch.device], AttentionBackend]
 
 
-def _torch_native(model: nn.Module, dtype: torch.dtype, device: torch.device) -> AttentionBackend:
-    from srt.layers.attention.torch_native import TorchNativeAttnBackend
+def _cpu(model: nn.Module, dtype: torch.dtype, device: torch.device) -> AttentionBackend:
+    from srt.layers.attention.cpu_backend import CpuAttnBackend
 
-    return TorchNativeAttnBackend()
+    return CpuAttnBackend()
 
 
 def _triton(model: nn.Module, dtype: torch.dtype, device: torch.device) -> AttentionBackend:
@@ -47,7 +49,7 @@ class BackendEntry:
 
 
 ATTENTION_BACKENDS: dict[str, BackendEntry] = {
-    "torch_native": BackendEntry(_torch_native),
+    "cpu": BackendEntry(_cpu),
     "triton": BackendEntry(_triton),
     "flashinfer": BackendEntry(
         _flashinfer,
@@ -63,16 +65,18 @@ def _installed(package: str) -> bool:
 
 
 def default_backend(device: torch.device) -> str:
-    """flashinfer on CUDA when installed, else triton on CUDA; torch_native on CPU."""
+    """flashinfer on CUDA when installed, else triton on CUDA; cpu on CPU."""
     if device.type != "cuda":
-        return "torch_native"
+        return "cpu"
     return "flashinfer" if _installed("flashinfer") else "triton"
 
 
 def resolve_attention_backend(name: str | None, device: torch.device) -> str:
     """The backend that `--attention-backend name` (None: unset) runs on `device`. Raises a
-    one-line ValueError when it cannot run there, before anything is loaded."""
+    one-line ValueError when it cannot run there, before anything is loaded. An alias
+    (`torch_native`) resolves to the backend it names."""
     name = name or default_backend(device)
+    name = ATTENTION_BACKEND_ALIASES.get(name, name)
     entry = ATTENTION_BACKENDS.get(name)
     if entry is None:
         raise ValueError(

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from srt.forward_mode import ForwardMode
-from srt.kernels.decode_attention import decode_attention_fwd
-from srt.kernels.extend_attention import extend_attention_fwd
-from srt.kernels.store_kv_cache import store_kv_cache
+from srt.kernels.triton.decode_attention import decode_attention_fwd
+from srt.kernels.triton.extend_attention import extend_attention_fwd
+from srt.kernels.triton.store_kv_cache import store_kv_cache
 from srt.layers.attention.base import AttentionBackend
 from srt.layers.attention.kv_indices import indptr_of
 

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from srt.kernels.attention_blocks import attend_cached_tokens
+from srt.kernels.triton.attention_blocks import attend_cached_tokens
 
 _LOG2E = 1.4426950408889634
 _BLOCK_H = 16  # tl.dot needs at least 16 rows; unused rows are masked

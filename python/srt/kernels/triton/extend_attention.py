@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from srt.kernels.attention_blocks import attend_cached_tokens, online_softmax_update
+from srt.kernels.triton.attention_blocks import attend_cached_tokens, online_softmax_update
 
 _LOG2E = 1.4426950408889634
 

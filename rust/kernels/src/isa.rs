@@ -23,14 +23,14 @@
 //!
 //! A lower tier's token does not prove a higher one:
 //! ```compile_fail
-//! fn wide(_: srt_core::isa::Avx512) {}
-//! if let Some(cpu) = srt_core::isa::Avx2::detected() {
+//! fn wide(_: srt_kernels::isa::Avx512) {}
+//! if let Some(cpu) = srt_kernels::isa::Avx2::detected() {
 //!     wide(cpu.into());
 //! }
 //! ```
 //! and nothing outside detection makes a token:
 //! ```compile_fail
-//! let cpu = srt_core::isa::Avx512(());
+//! let cpu = srt_kernels::isa::Avx512(());
 //! ```
 
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -1,4 +1,4 @@
-"""srt's CPU kernels (the Rust core's `gemm`, `attention`, `ops` and `moe`) as functions of
+"""srt's CPU kernels (the Rust kernels' `gemm`, `attention`, `ops` and `moe`) as functions of
 tensors, and the instruction-set tier they run. The layers' other facades over `srt._rust` are
 `quant_kernels.py` (GGUF weights) and `plan_cache.py` (the extension's bytes in a plan's key);
 the CPU decode executor (`model_executor/cpu_decode.py`) calls the Rust decoder stack itself.
@@ -244,7 +244,7 @@ def moe_route(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row of `x`'s `top_k` experts (int64 `[rows, top_k]`, in descending weight) and
     their float32 weights, routed through the float32 `[experts, hidden]` weight `router`
-    (rust/core/src/moe.rs: float32 logits, softmax, top-k, divided by their sum when
+    (rust/kernels/src/moe.rs: float32 logits, softmax, top-k, divided by their sum when
     `renormalize`)."""
     x = x.contiguous()
     ids = torch.empty(x.shape[0], top_k, dtype=torch.int64)

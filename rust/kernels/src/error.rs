@@ -1,4 +1,4 @@
-//! The one error type of the core. The binding layer maps `InvalidArgument` to Python's
+//! The error type of the kernels. The binding layer maps `InvalidArgument` to Python's
 //! `ValueError` and `Invariant` to `srt._rust.InvariantError`.
 
 use std::fmt;

@@ -1,6 +1,8 @@
-"""The reference attention backend: PyTorch's scaled_dot_product_attention over the KV pool.
+"""The `cpu` attention backend (SGLang's `torch_native` takes this place): srt's Rust kernels
+on the CPU, PyTorch's scaled_dot_product_attention over the KV pool elsewhere, where it is the
+reference the other backends are tested against.
 
-Runs everywhere (it is the CPU path). Extend in bf16 on a CPU with AVX-512 BF16 attends every
+Runs on every device. Extend in bf16 on a CPU with AVX-512 BF16 attends every
 sequence of the pass in one call of srt's Rust kernel, which reads each sequence's K/V from the
 cache by slot (`cpu_kernels.prefill_attention_paged`: no gathered copies; one parallel region
 for all sequences, so a few new tokens after a long cached prefix still keep every core busy).
@@ -26,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from srt.forward_mode import ForwardMode
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 from srt.layers.attention.base import AttentionBackend
 from srt.layers.attention.cascade import (
     MIN_SAVED_TOKENS,
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
     from srt.layers.radix_attention import RadixAttention
 
 
-class TorchNativeAttnBackend(AttentionBackend):
+class CpuAttnBackend(AttentionBackend):
     # Float32 and bf16 decode on the CPU read K/V in place (the Rust kernel); False gathers them.
     decode_in_place = True
 

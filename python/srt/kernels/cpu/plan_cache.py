@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import torch
 
 from srt import _rust, envs
-from srt.layers import cpu_kernels
+from srt.kernels.cpu import cpu_kernels
 
 logger = logging.getLogger(__name__)
 

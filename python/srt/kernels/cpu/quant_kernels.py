@@ -1,11 +1,11 @@
 """Weights kept in GGUF's quantized blocks (Q4_0, Q4_1, Q8_0) and the products computed from
-them: the Rust core's `quant` kernels (rust/core/src/quant.rs) as a tensor class.
+them: the Rust `quant` kernels (rust/kernels/src/quant.rs) as a tensor class.
 
 Why: decoding on the CPU is bound by the bytes of weights each step reads; blocks of 4.5 to 8.5
 bits per weight read 4 to 7 times fewer than float32. Where the CPU has integer dot products
 (AVX-512 VNNI's `vpdpbusd`, or AVX2's `vpmaddubsw` at about 60% of its rate per core), a weight
 is repacked at its first use into the tiles of the integer kernel
-(rust/core/src/quant/packed.rs: activations split into two int8 parts per block of 32, to about
+(rust/kernels/src/quant/packed.rs: activations split into two int8 parts per block of 32, to about
 15 bits), and its blocks are released; elsewhere (CPUs below AVX2) the portable float kernel
 expands the blocks and keeps float32's results. Both take few rows (decode). Many rows (prefill)
 may instead take one of two paths: on tiles, the one-int8 kernel (`_one_int8`: activations
@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from srt import _rust
-from srt.layers import cpu_kernels, plan_cache
+from srt.kernels.cpu import cpu_kernels, plan_cache
 from srt.tensor_views import numpy_view
 
 BLOCK_SIZE = 32
