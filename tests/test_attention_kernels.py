@@ -292,7 +292,7 @@ COMPILE_FOR_GPU = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from srt.kernels import decode_attention as da, extend_attention as ea
+from srt.kernels.triton import decode_attention as da, extend_attention as ea
 
 INDEX = {"req_to_token_ptr": "*i32", "req_pool_indices_ptr": "*i64", "seq_lens_ptr": "*i32",
          "extend_seq_lens_ptr": "*i32", "extend_start_loc_ptr": "*i64", "scratch_ptr": "*fp32"}
