@@ -25,26 +25,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import random
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import bench_serving
 import psutil
+from bench_scale import replicas
 from bench_utils import emit
 from serving_client import ProcessTreeCpu, discover_model, discover_tokenizer
 from serving_datasets import BenchRequest, BenchTokenizer
 from serving_metrics import RequestResult, summarize
 
 from srt.testing.router_process import running_router
-from srt.testing.server_process import ServerProcess, all_healthy, spawn_server
+from srt.testing.server_process import ServerProcess
 
 TIMEOUT_S = 600.0
 SUMMARY_KEYS = ("completed", "duration_s", "total_output_tokens", "output_throughput")
@@ -179,18 +178,6 @@ def cpu_by_process(servers: Sequence[ServerProcess]) -> dict[str, float]:
             times = process.cpu_times()
             out[name] = out.get(name, 0.0) + times.user + times.system
     return out
-
-
-@contextlib.contextmanager
-def replicas(model: str | None, cores: Sequence[int], *flags: str) -> Iterator[list[ServerProcess]]:
-    """One replica per core in `cores`, each computing on one thread pinned to its core."""
-    with tempfile.TemporaryDirectory(prefix="bench-grpc-") as log_dir:
-        servers = [
-            spawn_server(model, "--cpu-omp-threads-bind", str(core), *flags, log_dir=Path(log_dir))
-            for core in cores
-        ]
-        with all_healthy(servers):
-            yield servers
 
 
 def benchmark(args: argparse.Namespace, seed: int) -> dict[str, Any]:

@@ -137,15 +137,12 @@ def machine_cpu_s() -> float:
 
 
 @contextlib.contextmanager
-def replicas(model: str | None, cores: Sequence[int]) -> Iterator[list[ServerProcess]]:
-    """One replica per core in `cores`, each computing on one thread pinned to its core."""
-    with tempfile.TemporaryDirectory(prefix="bench-scale-") as log_dir:
+def replicas(model: str | None, cores: Sequence[int], *flags: str) -> Iterator[list[ServerProcess]]:
+    """One replica per core in `cores`, each computing on one thread pinned to its core, with
+    `srt-serve` flags `flags` (bench_grpc.py's too)."""
+    with tempfile.TemporaryDirectory(prefix="bench-replicas-") as log_dir:
         servers = [
-            spawn_server(
-                model,
-                *("--cpu-omp-threads-bind", str(core), "--enable-metrics"),
-                log_dir=Path(log_dir),
-            )
+            spawn_server(model, "--cpu-omp-threads-bind", str(core), *flags, log_dir=Path(log_dir))
             for core in cores
         ]
         with all_healthy(servers):
@@ -154,9 +151,9 @@ def replicas(model: str | None, cores: Sequence[int]) -> Iterator[list[ServerPro
 
 def benchmark(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     shared = "generated-shared-prefix"
-    with replicas(args.model, [0]) as (single,):
+    with replicas(args.model, [0], "--enable-metrics") as (single,):
         one = {d: run(args, single.url, d, seed, [single]) for d in ("random", shared)}
-    with replicas(args.model, [0, 1]) as servers:
+    with replicas(args.model, [0, 1], "--enable-metrics") as servers:
         urls = [s.url for s in servers]
         with running_router(urls, "cache_aware") as router:
             cache_aware = {d: run(args, router.url, d, seed, servers) for d in ("random", shared)}
