@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-/// Why a core operation failed. Expected shortfalls (an allocator out of slots, a full ring) are
-/// not errors: they are `None`/`false` results.
+/// Why a kernel refused its call: an argument it cannot take (a length, a shape, a format), or
+/// one of its invariants found broken.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
     /// The caller passed something the operation cannot take.
@@ -23,7 +23,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// The result of a fallible core operation.
+/// The result of a kernel call.
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// The number of elements of `what`, of shape `dims`: the product of the dimensions, or

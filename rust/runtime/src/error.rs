@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-/// Why a core operation failed. Expected shortfalls (an allocator out of slots, a full ring) are
+/// Why an operation of the serving structures failed. Expected shortfalls (an allocator out of slots, a full ring) are
 /// not errors: they are `None`/`false` results.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
@@ -23,5 +23,5 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// The result of a fallible core operation.
+/// The result of a fallible operation of the serving structures.
 pub type Result<T> = std::result::Result<T, Error>;

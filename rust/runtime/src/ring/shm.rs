@@ -16,7 +16,7 @@ pub(super) const DATA: &str = "data";
 /// The FIFO the producer sleeps on (the consumer rings it when it pops).
 pub(super) const SPACE: &str = "space";
 
-/// An OS error as the core reports it, naming the ring.
+/// An OS error as the runtime reports it, naming the ring.
 pub(super) fn os_error(what: &str, name: &str) -> Error {
     let err = io::Error::last_os_error();
     Error::InvalidArgument(format!("ring {name:?}: {what}: {err}"))
