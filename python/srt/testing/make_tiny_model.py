@@ -227,7 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(args.out)
     if args.gguf:
         gguf = args.out / f"tiny.{args.gguf}.gguf"
-        write_tiny_gguf(args.out, gguf, args.gguf)
+        try:
+            write_tiny_gguf(args.out, gguf, args.gguf)
+        except ValueError as e:  # widths that are not whole super-blocks (--preset tiny-k are)
+            parser.error(f"argument --gguf: {e}")
         print(gguf)
     return 0
 
