@@ -182,6 +182,18 @@ def test_a_file_of_types_srt_cannot_serve_is_refused_before_anything_loads(
     )
 
 
+def test_a_tensor_no_layer_names_is_refused_before_anything_loads(
+    tiny_k_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    hf_config = AutoConfig.from_pretrained(tiny_k_model("qwen3"))
+    write_with_types(
+        tmp_path / "tiny.gguf", {"blk.0.attn_q.weight": Q.Q4_K, "blk.0.attn_sinks.weight": Q.Q4_K}
+    )
+    weights = iterate_weights(str(tmp_path), "tiny.gguf", hf_config, "gguf")
+    with pytest.raises(ValueError, match=r"blk\.0\.attn_sinks\.weight is not one srt knows"):
+        next(weights)
+
+
 def test_a_gguf_architecture_srt_does_not_serve_is_refused_by_name(tmp_path: Path) -> None:
     # phi3: one transformers reads a config of, srt has no model for.
     writer = GGUFWriter(tmp_path / "phi.gguf", "phi3")

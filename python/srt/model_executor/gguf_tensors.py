@@ -121,11 +121,14 @@ def _refuse_unknown_types(infos: list[tuple[str, int, tuple[int, ...], int]]) ->
     if unknown:
         raise ValueError(
             "tensor types unknown to the gguf package, which srt cannot serve: "
-            + "; ".join(
-                f"type {type_id} ({', '.join(names[:3])}{' ...' if len(names) > 3 else ''})"
-                for type_id, names in unknown.items()
-            )
+            + "; ".join(f"type {type_id} ({listed(names)})" for type_id, names in unknown.items())
         )
+
+
+def listed(names: list[str], shown: int = 3) -> str:
+    """The first `shown` of `names`, and how many more there are."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _string(mapped: mmap.mmap, offset: int) -> tuple[bytes, int]:

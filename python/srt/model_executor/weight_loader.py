@@ -127,6 +127,8 @@ def _gguf_weights(
 def _refuse_unservable(path: Path, tensors: list[GGUFTensor]) -> None:
     """ValueError naming the types of `tensors` that srt can serve neither in blocks nor
     dequantized (the `gguf` package cannot decode them), and tensors of each."""
+    from srt.model_executor.gguf_tensors import listed
+
     unservable: dict[str, list[str]] = {}
     for tensor in tensors:
         if not _dequantizable(tensor.tensor_type):
@@ -135,13 +137,8 @@ def _refuse_unservable(path: Path, tensors: list[GGUFTensor]) -> None:
         raise ValueError(
             f"{path.name} holds tensor types srt cannot serve (the gguf package cannot "
             "dequantize them): "
-            + "; ".join(f"{kind} ({_listed(names)})" for kind, names in unservable.items())
+            + "; ".join(f"{kind} ({listed(names)})" for kind, names in unservable.items())
         )
-
-
-def _listed(names: list[str], shown: int = 3) -> str:
-    more = len(names) - shown
-    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 @functools.cache

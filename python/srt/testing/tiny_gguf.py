@@ -39,6 +39,8 @@ MIXES: dict[str, tuple[GGMLQuantizationType, GGMLQuantizationType, LlamaFileType
 _MORE_BITS = ("attn_v", "ffn_down")
 # llama.cpp writes Mistral as the Llama architecture.
 _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# Hugging Face name -> GGUF name, written out here rather than taken from srt's loader, so that
+# a fixture checks the loader's names instead of repeating them.
 _GLOBAL = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
