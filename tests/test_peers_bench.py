@@ -4,6 +4,7 @@ no server starts here and nothing is downloaded."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from peers.install import (
 from peers.report import ROWS, markdown_table, medians
 
 from srt.kernels.cpu import cpu_kernels
+from srt.testing import smollm2
 
 ENGINE_CONFIGS = [
     "vllm-all-cores:bf16=--dtype bfloat16 --max-model-len 2048",
@@ -44,7 +46,9 @@ def engines_for(names: str, vllm_dtype: str = "float32") -> list[Any]:
 
 
 def fake_paths(tmp_path: Path) -> Paths:
-    models = Models(tmp_path / "hf", tmp_path / "q4_1.gguf", tmp_path / "f16.gguf")
+    models = Models(
+        tmp_path / "hf", tmp_path / "q4_1.gguf", tmp_path / "f16.gguf", tmp_path / "q4_k_m.gguf"
+    )
     return Paths(
         models, tmp_path / "srt-serve", tmp_path / "venv", tmp_path / "llama-server", tmp_path
     )
@@ -90,6 +94,68 @@ def test_server_commands_listen_on_loopback_with_each_engine_s_weights(tmp_path:
     for name, gguf in (("llama-f16", models.f16_gguf), ("llama-q4_1", models.q4_1_gguf)):
         argv, _ = commands[name]
         assert argv[argv.index("-m") + 1] == str(gguf)
+
+
+def test_srt_and_llama_server_serve_the_same_q4_k_m_file(tmp_path: Path) -> None:
+    paths = fake_paths(tmp_path)
+    srt, llama = engines_for("srt-q4_k_m,llama-q4_k_m")
+    assert (srt.label, llama.label) == ("srt Q4_K_M", "llama-server Q4_K_M")
+    srt_argv, _ = server_command(srt, 9000, paths, 2)
+    llama_argv, _ = server_command(llama, 9001, paths, 2)
+    assert srt_argv[0] == str(paths.srt_serve)
+    assert srt_argv[srt_argv.index("--model-path") + 1] == str(tmp_path / "q4_k_m.gguf")
+    assert llama_argv[llama_argv.index("-m") + 1] == str(tmp_path / "q4_k_m.gguf")
+    # An engine derived from srt-q4_k_m serves the same file with its flags.
+    (derived,) = select_engines(
+        all_engines([0, 1], "float32", [], ["srt-q4_k_m:bf16=--dtype bfloat16"]),
+        "srt-q4_k_m-bf16",
+    )
+    argv, _ = server_command(derived, 9000, paths, 2)
+    assert argv[argv.index("--model-path") + 1] == str(tmp_path / "q4_k_m.gguf")
+    assert argv[-2:] == ["--dtype", "bfloat16"]
+    unprepared = dataclasses.replace(
+        paths, models=dataclasses.replace(paths.models, q4_k_m_gguf=None)
+    )
+    with pytest.raises(ValueError, match="no q4_k_m GGUF"):
+        server_command(llama, 9001, unprepared, 2)
+
+
+def test_the_q4_k_m_file_is_quantized_once_from_the_converted_f16_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`Installer.models` with its tools replaced: the f16 GGUF converted from the Hugging Face
+    directory, then `llama-quantize` of the same llama.cpp build run on it, each once."""
+    commands: list[list[str]] = []
+
+    def fake_run(argv: Sequence[str | Path], **kwargs: Any) -> None:
+        command = [str(a) for a in argv]
+        commands.append(command)
+        out = command[command.index("--outfile") + 1] if "--outfile" in command else command[2]
+        Path(out).write_bytes(b"GGUF")
+
+    monkeypatch.setattr(peers.install, "run", fake_run)
+    monkeypatch.setattr(peers.install.Installer, "llama_source", lambda self: tmp_path / "src")
+    monkeypatch.setattr(peers.install.Installer, "tools", lambda self: tmp_path / "bin")
+    monkeypatch.setattr(
+        peers.install.Installer, "llama_quantize", lambda self: tmp_path / "llama-quantize"
+    )
+    monkeypatch.setattr(smollm2, "smollm2_path", lambda: tmp_path / "hf")
+    monkeypatch.setattr(smollm2, "smollm2_gguf", lambda: tmp_path / "q4_1.gguf")
+    installer = Installer(tmp_path / "cache", jobs=3)
+    models = installer.models(need_f16=False, need_q4_k_m=True)
+    f16 = tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct.f16.gguf"
+    q4_k_m = tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct.Q4_K_M.gguf"
+    assert (models.f16_gguf, models.q4_k_m_gguf) == (f16, q4_k_m)
+    assert [c[1] for c in commands] == [str(tmp_path / "src" / "convert_hf_to_gguf.py"), str(f16)]
+    assert commands[1] == [
+        str(tmp_path / "llama-quantize"),
+        str(f16),
+        str(q4_k_m.with_suffix(".partial")),
+        "Q4_K_M",
+        "3",
+    ]
+    assert installer.models(need_f16=True, need_q4_k_m=True) == models
+    assert len(commands) == 2
 
 
 def run(engine: str, workload: str, round_: int, value: float | None, ok: bool = True) -> Any:

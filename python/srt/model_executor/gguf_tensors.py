@@ -90,10 +90,12 @@ def _tensors(mapped: mmap.mmap) -> list[GGUFTensor]:
         shape = struct.unpack_from(f"<{dims}Q", mapped, offset + 4)
         kind, data_offset = struct.unpack_from("<IQ", mapped, offset + 4 + 8 * dims)
         offset += 4 + 8 * dims + 12
-        infos.append((raw_name.decode(), GGMLQuantizationType(kind), shape, data_offset))
+        infos.append((raw_name.decode(), kind, shape, data_offset))
+    _refuse_unknown_types(infos)
     start = -(-offset // alignment) * alignment
     tensors = []
-    for name, kind, shape, data_offset in infos:
+    for name, type_id, shape, data_offset in infos:
+        kind = GGMLQuantizationType(type_id)
         dims = tuple(reversed(shape))
         dtype = _ELEMENT_DTYPES.get(kind)
         if dtype is None:
@@ -106,6 +108,27 @@ def _tensors(mapped: mmap.mmap) -> list[GGUFTensor]:
         data = np.frombuffer(mapped, dtype, count, start + data_offset).reshape(dims)
         tensors.append(GGUFTensor(name, kind, shape, data))
     return tensors
+
+
+def _refuse_unknown_types(infos: list[tuple[str, int, tuple[int, ...], int]]) -> None:
+    """ValueError naming the tensor type ids the `gguf` package does not know (a type newer than
+    it, whose block size it cannot give), and tensors of each."""
+    known = {kind.value for kind in GGMLQuantizationType}
+    unknown: dict[int, list[str]] = {}
+    for name, type_id, _, _ in infos:
+        if type_id not in known:
+            unknown.setdefault(type_id, []).append(name)
+    if unknown:
+        raise ValueError(
+            "tensor types unknown to the gguf package, which srt cannot serve: "
+            + "; ".join(f"type {type_id} ({listed(names)})" for type_id, names in unknown.items())
+        )
+
+
+def listed(names: list[str], shown: int = 3) -> str:
+    """The first `shown` of `names`, and how many more there are."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _string(mapped: mmap.mmap, offset: int) -> tuple[bytes, int]:

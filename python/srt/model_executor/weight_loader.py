@@ -4,7 +4,11 @@ GGUF tensors are renamed to Hugging Face's names (a layer's as its model class d
 `gguf_layer_names`; a name with `{expert}` is a 3-D tensor of a mixture's experts, cut into one
 tensor per expert) and dequantized with the `gguf` package, except, with `--quantization gguf`,
 the types srt multiplies in their blocks (Q4_0, Q4_1, Q8_0), which come as `QuantizedWeight`s
-holding the file's bytes. For the Llama architecture, llama.cpp's
+holding the file's bytes. So a file of mixed types (llama.cpp's Q4_K_M: Q4_K and Q6_K matrices,
+float32 norms) loads with no per-tensor case in model code; the types dequantized are said once
+in the log. A file holding a type the `gguf` package cannot dequantize either, or a tensor no
+model layer names, is refused before any tensor is loaded, naming them. For the Llama
+architecture (Mistral's files included: llama.cpp writes Mistral as Llama), llama.cpp's
 conversion permuted the rows of the q/k projections (to its interleaved rotary layout), which is
 undone here; each row of blocks is one row of weights, so the same permutation of rows undoes it
 on blocks too.
@@ -12,6 +16,7 @@ on blocks too.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections import Counter
@@ -21,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from safetensors import safe_open
 
 from srt.kernels.cpu.quant_kernels import BLOCK_BYTES, QuantizedWeight
@@ -85,11 +91,14 @@ def _gguf_weights(
 ) -> Iterator[tuple[str, CheckpointTensor]]:
     from srt.model_executor.gguf_tensors import read_tensors
 
-    permute_qk = hf_config.model_type == "llama"
+    # transformers reads a llama.cpp Mistral file as Llama, or as Mistral where it is named so.
+    permute_qk = hf_config.model_type in ("llama", "mistral")
     layer_names = getattr(model_class_for(hf_config), "gguf_layer_names", {})
+    tensors = read_tensors(path)
+    names = [_hf_name(tensor.name, layer_names) for tensor in tensors]
+    _refuse_unservable(path, tensors)
     dequantized: Counter[str] = Counter()
-    for tensor in read_tensors(path):
-        name = _hf_name(tensor.name, layer_names)
+    for tensor, name in zip(tensors, names, strict=True):
         kind = tensor.tensor_type.name
         shape = tuple(reversed(tensor.shape))
         stacked = "{expert}" in name
@@ -113,6 +122,36 @@ def _gguf_weights(
             path.name,
             ", ".join(f"{n} {kind}" for kind, n in sorted(dequantized.items())),
         )
+
+
+def _refuse_unservable(path: Path, tensors: list[GGUFTensor]) -> None:
+    """ValueError naming the types of `tensors` that srt can serve neither in blocks nor
+    dequantized (the `gguf` package cannot decode them), and tensors of each."""
+    from srt.model_executor.gguf_tensors import listed
+
+    unservable: dict[str, list[str]] = {}
+    for tensor in tensors:
+        if not _dequantizable(tensor.tensor_type):
+            unservable.setdefault(tensor.tensor_type.name, []).append(tensor.name)
+    if unservable:
+        raise ValueError(
+            f"{path.name} holds tensor types srt cannot serve (the gguf package cannot "
+            "dequantize them): "
+            + "; ".join(f"{kind} ({listed(names)})" for kind, names in unservable.items())
+        )
+
+
+@functools.cache
+def _dequantizable(kind: GGMLQuantizationType) -> bool:
+    """Whether the `gguf` package dequantizes tensors of type `kind` (tried on one zero block:
+    it says so only by raising NotImplementedError)."""
+    from gguf.quants import dequantize
+
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[kind][1]), np.uint8), kind)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def _gguf_tensor(

@@ -64,9 +64,15 @@ def model_class_for(config: Any) -> type[nn.Module]:
     for arch in architectures:
         if arch in _BY_ARCHITECTURE:
             return _BY_ARCHITECTURE[arch]
-    if not architectures and getattr(config, "model_type", None) in _BY_MODEL_TYPE:
-        return _BY_MODEL_TYPE[config.model_type]
+    model_type = getattr(config, "model_type", None)
+    if not architectures and model_type in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[model_type]
+    if not architectures:  # a GGUF file's config: its architecture is the model type
+        raise ValueError(
+            f"unsupported GGUF architecture {model_type}; srt serves GGUF files of "
+            f"{', '.join(sorted(_BY_MODEL_TYPE))}"
+        )
     raise ValueError(
-        f"unsupported model architecture {', '.join(architectures) or '(none given)'}; "
+        f"unsupported model architecture {', '.join(architectures)}; "
         f"srt supports {', '.join(supported_architectures())}"
     )

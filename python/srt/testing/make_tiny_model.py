@@ -1,7 +1,7 @@
 """Write a tiny random-weight Hugging Face model directory, offline and deterministically.
 
     python -m srt.testing.make_tiny_model --arch qwen3 --out /tmp/m [--seed 0] \
-        [--context-length 2048]
+        [--context-length 2048] [--preset tiny-k --gguf Q4_K_M]
 
 The directory holds config.json, generation_config.json, model.safetensors, and a byte-level BPE
 tokenizer (tokenizer.json, its config, a ChatML chat template) that transformers loads with
@@ -29,6 +29,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
+from srt.testing.tiny_gguf import MIXES, write_tiny_gguf
 from srt.testing.tiny_tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, train_byte_level_bpe
 
 # Shapes small enough to build and run in well under a second, with grouped-query attention
@@ -58,6 +59,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 8,
         "num_key_value_heads": 2,
         "head_dim": 64,
+    },
+    # Widths of whole K-quant super-blocks (256 weights), and the head size of every Qwen3
+    # (128, which transformers assumes for a Qwen3 GGUF file, whose metadata it does not read it
+    # from): for GGUF fixtures (`tiny_gguf.py`).
+    "tiny-k": {
+        **_TINY,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
     },
     "llama3-8b": {
         "hidden_size": 4096,
@@ -194,9 +206,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-weights", action="store_true", help="config and tokenizer only (--load-format dummy)"
     )
+    parser.add_argument(
+        "--gguf",
+        choices=MIXES,
+        help="also write the model as OUT/tiny.MIX.gguf, as llama.cpp writes a file of that mix",
+    )
     args = parser.parse_args(argv)
     if args.context_length < 16:
         parser.error("argument --context-length: must be >= 16")
+    if args.gguf and args.no_weights:
+        parser.error("argument --gguf: needs the weights")
     make_tiny_model(
         args.arch,
         args.out,
@@ -206,6 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         weights=not args.no_weights,
     )
     print(args.out)
+    if args.gguf:
+        gguf = args.out / f"tiny.{args.gguf}.gguf"
+        try:
+            write_tiny_gguf(args.out, gguf, args.gguf)
+        except ValueError as e:  # widths that are not whole super-blocks (--preset tiny-k are)
+            parser.error(f"argument --gguf: {e}")
+        print(gguf)
     return 0
 
 

@@ -1,0 +1,149 @@
+"""A tiny fixture model written as llama.cpp writes a GGUF file: its tensor names, q/k row order
+and metadata, in one of llama.cpp's K-quant mixes.
+
+    python -m srt.testing.make_tiny_model --arch qwen3 --preset tiny-k --out /tmp/m --gguf Q4_K_M
+
+A mix names the type of most matrices and of the ones llama.cpp gives more bits (attn_v and
+ffn_down, and the output layer, always Q6_K); norms and biases stay float32, and a model with
+tied embeddings has no output tensor, as in llama.cpp's files. The metadata is what transformers
+reads a config from (`ModelConfig.load` of a GGUF file with no prepared directory beside it), so
+a fixture shows what srt makes of a file as llama.cpp writes it. K-quant rows are whole
+super-blocks of 256 weights: the `tiny-k` preset's widths are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
+from gguf.quants import dequantize
+from safetensors.torch import load_file
+from transformers import AutoConfig
+
+from srt.models.llama import head_dim_of
+from srt.testing import gguf_kquants
+
+Q = GGMLQuantizationType
+# mix -> (most matrices, attn_v and ffn_down), as llama.cpp's `llama-quantize` picks them for
+# small models (its Q4_K_M and Q5_K_M give some layers' attn_v and ffn_down Q6_K; with two
+# layers, all); Q2_K's matrices are of a type srt dequantizes at load.
+MIXES: dict[str, tuple[GGMLQuantizationType, GGMLQuantizationType, LlamaFileType]] = {
+    "Q4_K_M": (Q.Q4_K, Q.Q6_K, LlamaFileType.MOSTLY_Q4_K_M),
+    "Q5_K_M": (Q.Q5_K, Q.Q6_K, LlamaFileType.MOSTLY_Q5_K_M),
+    "Q2_K": (Q.Q2_K, Q.Q4_K, LlamaFileType.MOSTLY_Q2_K),
+}
+_MORE_BITS = ("attn_v", "ffn_down")
+# llama.cpp writes Mistral as the Llama architecture.
+_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# Hugging Face name -> GGUF name, written out here rather than taken from srt's loader, so that
+# a fixture checks the loader's names instead of repeating them.
+_GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_name(name: str) -> str:
+    """The GGUF name of Hugging Face tensor `name`."""
+    if name in _GLOBAL:
+        return _GLOBAL[name]
+    _, _, layer, rest = name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_LAYER[module]}.{kind}"
+
+
+def mix_type(mix: str) -> Callable[[str, int], GGMLQuantizationType]:
+    """The type `mix` gives a GGUF tensor, by its name and number of dimensions."""
+    body, more_bits, _ = MIXES[mix]
+
+    def type_of(name: str, dims: int) -> GGMLQuantizationType:
+        if dims == 1:
+            return Q.F32
+        if name == "output.weight":
+            return Q.Q6_K
+        return more_bits if name.split(".")[-2] in _MORE_BITS else body
+
+    return type_of
+
+
+def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's conversion of Llama q/k rows to its interleaved rotary layout."""
+    rows = weight.shape[0]
+    grouped = weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
+    return np.ascontiguousarray(grouped.swapaxes(1, 2)).reshape(weight.shape)
+
+
+def write_tiny_gguf(model_dir: Path, out: Path, mix: str = "Q4_K_M") -> dict[str, torch.Tensor]:
+    """Writes the model at `model_dir` (a `make_tiny_model` directory) as GGUF file `out` in
+    `mix`; returns what each tensor holds once dequantized, by Hugging Face name and in its row
+    order (the values a loader must give the model)."""
+    config = AutoConfig.from_pretrained(model_dir)
+    arch = _GGUF_ARCH[config.model_type]
+    writer = GGUFWriter(out, arch)
+    _write_metadata(writer, config, mix)
+    type_of = mix_type(mix)
+    expected: dict[str, torch.Tensor] = {}
+    for name, tensor in sorted(load_file(model_dir / "model.safetensors").items()):
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        target = gguf_name(name)
+        values = tensor.float().numpy()
+        kind = type_of(target, values.ndim)
+        if kind == Q.F32:
+            stored, held = values, values
+        else:
+            stored = gguf_kquants.quantize(values, kind)
+            held = dequantize(stored, kind)
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            # Rows are whole blocks: permuting the blocks permutes the weights.
+            heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
+            stored = llama_cpp_permute(stored, heads)
+        writer.add_tensor(target, stored, raw_dtype=None if kind == Q.F32 else kind)
+        expected[name] = torch.from_numpy(np.array(held, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return expected
+
+
+def _write_metadata(writer: GGUFWriter, config: Any, mix: str) -> None:
+    """The model's shape as llama.cpp's conversion writes it (what transformers maps back).
+    Llama 3's rope scaling is left out: llama.cpp writes it as a `rope_freqs` tensor, which
+    neither transformers' config nor srt reads, so the tiny llama's file is read beside its
+    Hugging Face files."""
+    head_dim = head_dim_of(config)
+    writer.add_name(f"tiny {config.model_type}")
+    writer.add_file_type(MIXES[mix][2])
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_bos_token_id(config.bos_token_id)
+    writer.add_eos_token_id(config.eos_token_id)
