@@ -169,31 +169,19 @@ def linear(
 # --- CPU decode attention (rust/python/src/attention.rs) ----------------------------------------
 
 def decode_attention(
-    q: _Floats,
-    k_cache: _Floats,
-    v_cache: _Floats,
+    q: _Floats | _Bf16,
+    k_cache: _Floats | _Bf16,
+    v_cache: _Floats | _Bf16,
     slots: Buffer | NDArray[np.int32],
     seq_lens: Buffer | NDArray[np.int32],
     kv_heads: int,
     head_dim: int,
     scale: float,
-    out: _Floats,
+    out: _Floats | _Bf16,
 ) -> None:
     """`out[b] = softmax(q[b] · Kᵀ · scale) · V` over the first `seq_lens[b]` slots of row `b`
-    of `slots` ([batch, width] int32), each query head against its KV head (GIL released)."""
-
-def decode_attention_bf16(
-    q: _Bf16,
-    k_cache: _Bf16,
-    v_cache: _Bf16,
-    slots: Buffer | NDArray[np.int32],
-    seq_lens: Buffer | NDArray[np.int32],
-    kv_heads: int,
-    head_dim: int,
-    scale: float,
-    out: _Bf16,
-) -> None:
-    """`decode_attention` over bf16 q, caches and output (float32 arithmetic, output rounded)."""
+    of `slots` ([batch, width] int32), each query head against its KV head (GIL released). q,
+    the caches and the output are all float32 or all bf16 (float32 arithmetic, output rounded)."""
 
 def prefill_attention_bf16(
     q: _Bf16,
@@ -258,7 +246,7 @@ def rotary_bf16(x: _Bf16, x_stride: int, cos: _Bf16, sin: _Bf16, head_dim: int, 
     """`rotary` over bf16 tensors (each product and the sum rounded)."""
 
 def moe_route(
-    x: _Floats,
+    x: _Floats | _Bf16,
     router: _Floats,
     experts: int,
     top_k: int,
@@ -266,21 +254,10 @@ def moe_route(
     ids: NDArray[np.int64],
     weights: _Floats,
 ) -> None:
-    """Each row of `x` (`[rows, hidden]`) routed through `router` (float32
+    """Each row of `x` (`[rows, hidden]`, float32 or bf16) routed through `router` (float32
     `[experts, hidden]`): float32 logits, softmax, its `top_k` experts in descending
     probability (a tie to the lower index) into `ids` (`[rows, top_k]`) and their
     probabilities into `weights`, divided by their sum when `renormalize`."""
-
-def moe_route_bf16(
-    x: _Bf16,
-    router: _Floats,
-    experts: int,
-    top_k: int,
-    renormalize: bool,
-    ids: NDArray[np.int64],
-    weights: _Floats,
-) -> None:
-    """`moe_route` of a bf16 input."""
 
 def cpu_isa() -> tuple[str, str]:
     """The instruction set the CPU kernels run now and the best the CPU runs: each one of

@@ -169,8 +169,7 @@ def decode_attention(
     kv_heads, head_dim]), read in place, all of q's dtype. Returns [batch, heads * head_dim]."""
     query = q.contiguous()
     out = torch.empty_like(query)
-    kernel = _rust.decode_attention_bf16 if _bf16(query) else _rust.decode_attention
-    kernel(
+    _rust.decode_attention(
         _view(query),
         _view(k_cache),
         _view(v_cache),
@@ -249,8 +248,9 @@ def moe_route(
     x = x.contiguous()
     ids = torch.empty(x.shape[0], top_k, dtype=torch.int64)
     weights = torch.empty(x.shape[0], top_k, dtype=torch.float32)
-    kernel = _rust.moe_route_bf16 if _bf16(x) else _rust.moe_route
     router = router.detach()
     experts = router.shape[0]
-    kernel(_view(x), _view(router), experts, top_k, renormalize, ids.numpy(), _view(weights))
+    _rust.moe_route(
+        _view(x), _view(router), experts, top_k, renormalize, ids.numpy(), _view(weights)
+    )
     return ids, weights
