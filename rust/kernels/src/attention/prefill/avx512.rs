@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::kernels::{key_index, value_index, Micro, LANES};
+use super::kernels::{key_index, value_index, Micro, LANES, SLICE};
 use super::{Scratch, Task, BLOCK_KEYS, TILE_ROWS};
 use crate::element::Bf16;
 use crate::isa::Avx512Bf16;
@@ -289,7 +289,7 @@ pub(super) fn exp2(_: Avx512Bf16, mask: __mmask16, t: __m512) -> __m512 {
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
 unsafe fn scores_tile<const N: usize>(
-    _: Avx512Bf16,
+    cpu: Avx512Bf16,
     q: &[Bf16],
     tile: &[usize],
     d: usize,
@@ -303,22 +303,10 @@ unsafe fn scores_tile<const N: usize>(
     let queries: [*const i32; N] = std::array::from_fn(|i| q.as_ptr().wrapping_add(tile[i]).cast());
     for k0 in (0..width).step_by(32) {
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
-        for p in 0..d / 2 {
-            let row = keys
-                .as_ptr()
-                .wrapping_add(key_index(p, k0, d))
-                .cast::<__m512i>();
-            // SAFETY: pair p of 32 keys from k0, inside `keys`.
-            let (key0, key1) = unsafe { (_mm512_loadu_si512(row), _mm512_loadu_si512(row.add(1))) };
-            let (key0, key1) = (bf16_lanes(key0), bf16_lanes(key1));
-            for (sums, query) in acc.iter_mut().zip(queries) {
-                // SAFETY: pair p of a query of `d` elements (read unaligned).
-                let pair = unsafe { query.add(p).read_unaligned() };
-                let pair = bf16_lanes(_mm512_set1_epi32(pair));
-                sums[0] = _mm512_dpbf16_ps(sums[0], pair, key0);
-                sums[1] = _mm512_dpbf16_ps(sums[1], pair, key1);
-            }
-        }
+        let slice = keys.as_ptr().wrapping_add(key_index(0, k0, d));
+        // SAFETY: the d / 2 pairs of each query, and of 32 keys from k0 (pair p at
+        // `key_index(p, k0, d)`, SLICE after pair p - 1), inside `q` and `keys`.
+        unsafe { pair_products(cpu, queries, slice, d / 2, &mut acc) };
         for (i, sums) in acc.iter().enumerate() {
             let out = scores.as_mut_ptr().wrapping_add(i * BLOCK_KEYS + k0);
             // SAFETY: 32 scores of row i, inside `scores`.
@@ -334,7 +322,7 @@ unsafe fn scores_tile<const N: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
 unsafe fn weighted_tile<const N: usize>(
-    _: Avx512Bf16,
+    cpu: Avx512Bf16,
     weights: &[Bf16],
     values: &[u32],
     d: usize,
@@ -352,28 +340,50 @@ unsafe fn weighted_tile<const N: usize>(
         let mut sums: [[__m512; 2]; N] = std::array::from_fn(|i| unsafe {
             [_mm512_loadu_ps(out[i]), _mm512_loadu_ps(out[i].add(16))]
         });
-        for jp in 0..width / 2 {
-            let row = values
-                .as_ptr()
-                .wrapping_add(value_index(jp, c0))
-                .cast::<__m512i>();
-            // SAFETY: 32 columns from c0 of key pair jp, inside `values`.
-            let (v0, v1) = unsafe { (_mm512_loadu_si512(row), _mm512_loadu_si512(row.add(1))) };
-            let (v0, v1) = (bf16_lanes(v0), bf16_lanes(v1));
-            for (s, row) in sums.iter_mut().zip(rows) {
-                // SAFETY: weights 2jp and 2jp + 1 of a row of BLOCK_KEYS (read unaligned).
-                let pair = unsafe { row.add(jp).read_unaligned() };
-                let pair = bf16_lanes(_mm512_set1_epi32(pair));
-                s[0] = _mm512_dpbf16_ps(s[0], pair, v0);
-                s[1] = _mm512_dpbf16_ps(s[1], pair, v1);
-            }
-        }
+        let slice = values.as_ptr().wrapping_add(value_index(0, c0));
+        // SAFETY: the width / 2 weight pairs of each row, and 32 columns from c0 of as many
+        // key pairs (pair jp at `value_index(jp, c0)`, SLICE after pair jp - 1), inside
+        // `weights` and `values`.
+        unsafe { pair_products(cpu, rows, slice, width / 2, &mut sums) };
         for (s, o) in sums.iter().zip(out) {
             // SAFETY: as the loads above.
             unsafe {
                 _mm512_storeu_ps(o, s[0]);
                 _mm512_storeu_ps(o.add(16), s[1]);
             }
+        }
+    }
+}
+
+/// `sums[i] += Σ_{p < pairs} (pair p of row i) · (run p of slice)` in `vdpbf16ps`, for `N`
+/// rows: a row's pair (two bf16 of one 32-bit word, adjacent along the reduction) broadcast
+/// against a run of 32 packed pairs (the `SLICE` lanes of 32 keys or 32 columns), runs one
+/// after another. The inner loop of both products: each pair of loaded vectors serves every
+/// row of the tile.
+///
+/// # Safety
+/// Each of `rows` holds `pairs` pairs, and `slice` `pairs` runs of `SLICE` pairs (read
+/// unaligned).
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[inline]
+unsafe fn pair_products<const N: usize>(
+    _: Avx512Bf16,
+    rows: [*const i32; N],
+    slice: *const u32,
+    pairs: usize,
+    sums: &mut [[__m512; 2]; N],
+) {
+    for p in 0..pairs {
+        let run = slice.wrapping_add(p * SLICE).cast::<__m512i>();
+        // SAFETY: run p of `slice`, 32 pairs (the caller's promise).
+        let (low, high) = unsafe { (_mm512_loadu_si512(run), _mm512_loadu_si512(run.add(1))) };
+        let (low, high) = (bf16_lanes(low), bf16_lanes(high));
+        for (s, row) in sums.iter_mut().zip(rows) {
+            // SAFETY: pair p of the row (the caller's promise).
+            let pair = unsafe { row.add(p).read_unaligned() };
+            let pair = bf16_lanes(_mm512_set1_epi32(pair));
+            s[0] = _mm512_dpbf16_ps(s[0], pair, low);
+            s[1] = _mm512_dpbf16_ps(s[1], pair, high);
         }
     }
 }
