@@ -13,7 +13,7 @@ use srt_kernels::attention::prefill::{self, PrefillShape};
 use srt_kernels::attention::{self, DecodeShape};
 use srt_kernels::element::Element;
 
-use crate::boundary::{bf16_bits, contiguous, overlap, Floats};
+use crate::boundary::{bf16_bits, contiguous, overlap, SameFloats};
 use crate::to_py_err;
 
 /// `out[b] = softmax(q[b] · Kᵀ · scale) · V` over the first `seq_lens[b]` slots of row `b` of
@@ -41,21 +41,15 @@ fn decode_attention(
         head_dim,
         scale,
     };
-    match [
-        Floats::get("the query", q)?,
-        Floats::get("the K cache", k_cache)?,
-        Floats::get("the V cache", v_cache)?,
-        Floats::get("the output", out)?,
-    ] {
-        [Floats::F32(q), Floats::F32(k), Floats::F32(v), Floats::F32(out)] => {
-            attend(py, [&q, &k, &v, &out], &kv, |b| b)
-        }
-        [Floats::Bf16(q), Floats::Bf16(k), Floats::Bf16(v), Floats::Bf16(out)] => {
-            attend(py, [&q, &k, &v, &out], &kv, bf16_bits)
-        }
-        _ => Err(PyValueError::new_err(
-            "the query, the K/V caches and the output must all be float32 or all bfloat16",
-        )),
+    let buffers = SameFloats::get([
+        ("the query", q),
+        ("the K cache", k_cache),
+        ("the V cache", v_cache),
+        ("the output", out),
+    ])?;
+    match buffers {
+        SameFloats::F32(buffers) => attend(py, buffers, &kv, |b| b),
+        SameFloats::Bf16(buffers) => attend(py, buffers, &kv, bf16_bits),
     }
 }
 
@@ -70,7 +64,7 @@ struct Kv {
 
 fn attend<P: BufferElement, T: Element>(
     py: Python<'_>,
-    [q, k_cache, v_cache, out]: [&PyBuffer<P>; 4],
+    [q, k_cache, v_cache, out]: [PyBuffer<P>; 4],
     kv: &Kv,
     cast: fn(NonNull<[P]>) -> NonNull<[T]>,
 ) -> PyResult<()> {
@@ -80,12 +74,12 @@ fn attend<P: BufferElement, T: Element>(
         scale,
         ..
     } = *kv;
-    let query = cast(contiguous("the query", q, false)?);
-    let keys = cast(contiguous("the K cache", k_cache, false)?);
-    let values = cast(contiguous("the V cache", v_cache, false)?);
+    let query = cast(contiguous("the query", &q, false)?);
+    let keys = cast(contiguous("the K cache", &k_cache, false)?);
+    let values = cast(contiguous("the V cache", &v_cache, false)?);
     let slot_ids = contiguous("the slots", &kv.slots, false)?;
     let lens = contiguous("the sequence lengths", &kv.seq_lens, false)?;
-    let output = cast(contiguous("the output", out, true)?);
+    let output = cast(contiguous("the output", &out, true)?);
     if overlap(query, output)
         || overlap(keys, output)
         || overlap(values, output)
