@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::kernels::{key_index, value_index, Micro, LANES, SLICE};
+use super::kernels::{key_index, value_index, Micro, Rows, Tile, LANES, SLICE};
 use super::{Scratch, Task, BLOCK_KEYS, TILE_ROWS};
 use crate::element::Bf16;
 use crate::isa::Avx512Bf16;
@@ -56,74 +56,21 @@ macro_rules! by_rows {
 
 impl Micro for Avx512Bf16 {
     #[inline(always)]
-    unsafe fn scores(
-        self,
-        q: &[Bf16],
-        tile: &[usize],
-        d: usize,
-        keys: &[u32],
-        width: usize,
-        scores: &mut [f32],
-    ) {
+    unsafe fn scores(self, tile: Tile<'_>, scores: &mut [f32]) {
         // SAFETY: forwarded from the caller; `self` proves the CPU has AVX-512 BF16.
-        unsafe {
-            by_rows!(
-                tile.len(),
-                scores_tile,
-                self,
-                q,
-                tile,
-                d,
-                keys,
-                width,
-                scores
-            )
-        }
+        unsafe { by_rows!(tile.queries.len(), scores_tile, self, tile, scores) }
     }
 
     #[inline(always)]
-    unsafe fn softmax(
-        self,
-        scores: &[f32],
-        scale: f32,
-        visible: &[usize],
-        width: usize,
-        max: &mut [f32],
-        sums: &mut [f32],
-        weights: &mut [Bf16],
-        acc: &mut [f32],
-        d: usize,
-    ) {
+    unsafe fn softmax(self, tile: Tile<'_>, scores: &[f32], weights: &mut [Bf16], rows: Rows<'_>) {
         // SAFETY: forwarded from the caller.
-        unsafe {
-            softmax_tile(
-                self, scores, scale, visible, width, max, sums, weights, acc, d,
-            )
-        }
+        unsafe { softmax_tile(self, tile, scores, weights, rows) }
     }
 
     #[inline(always)]
-    unsafe fn weighted_sum(
-        self,
-        weights: &[Bf16],
-        values: &[u32],
-        d: usize,
-        width: usize,
-        acc: &mut [f32],
-    ) {
+    unsafe fn weighted_sum(self, tile: Tile<'_>, weights: &[Bf16], acc: &mut [f32]) {
         // SAFETY: as above.
-        unsafe {
-            by_rows!(
-                acc.len() / d,
-                weighted_tile,
-                self,
-                weights,
-                values,
-                d,
-                width,
-                acc
-            )
-        }
+        unsafe { by_rows!(tile.queries.len(), weighted_tile, self, tile, weights, acc) }
     }
 }
 
@@ -144,19 +91,21 @@ const _: () = assert!(TILE_ROWS <= 16);
 /// `Bf16::from_f32`). The corrections of the tile's rows are one vector of `2^t`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-#[allow(clippy::too_many_arguments)]
 unsafe fn softmax_tile(
     cpu: Avx512Bf16,
+    tile: Tile<'_>,
     scores: &[f32],
-    scale: f32,
-    visible: &[usize],
-    width: usize,
-    max: &mut [f32],
-    sums: &mut [f32],
     weights: &mut [Bf16],
-    acc: &mut [f32],
-    d: usize,
+    rows: Rows<'_>,
 ) {
+    let Tile {
+        visible,
+        width,
+        d,
+        scale,
+        ..
+    } = tile;
+    let Rows { max, sums, acc } = rows;
     let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
     let below = _mm512_set1_ps(f32::NEG_INFINITY);
     let above = _mm512_set1_ps(f32::INFINITY);
@@ -288,19 +237,15 @@ pub(super) fn exp2(_: Avx512Bf16, mask: __mmask16, t: __m512) -> __m512 {
 /// `scores` of `N` rows, 32 keys at a time; see `Micro::scores`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-unsafe fn scores_tile<const N: usize>(
-    cpu: Avx512Bf16,
-    q: &[Bf16],
-    tile: &[usize],
-    d: usize,
-    keys: &[u32],
-    width: usize,
-    scores: &mut [f32],
-) {
-    // The caller promises `tile[i] + d` within `q`, `keys` a whole packed block (32 keys' pairs
-    // at each `key_index(p, k0, d)`, k0 a multiple of 32 below BLOCK_KEYS), and `scores` of N
-    // rows of BLOCK_KEYS: every pointer below stays inside them.
-    let queries: [*const i32; N] = std::array::from_fn(|i| q.as_ptr().wrapping_add(tile[i]).cast());
+unsafe fn scores_tile<const N: usize>(cpu: Avx512Bf16, tile: Tile<'_>, scores: &mut [f32]) {
+    let Tile {
+        q, keys, width, d, ..
+    } = tile;
+    // The caller promises each query's `d` elements within `q`, `keys` a whole packed block
+    // (32 keys' pairs at each `key_index(p, k0, d)`, k0 a multiple of 32 below BLOCK_KEYS),
+    // and `scores` of N rows of BLOCK_KEYS: every pointer below stays inside them.
+    let queries: [*const i32; N] =
+        std::array::from_fn(|i| q.as_ptr().wrapping_add(tile.queries[i]).cast());
     for k0 in (0..width).step_by(32) {
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
         let slice = keys.as_ptr().wrapping_add(key_index(0, k0, d));
@@ -323,12 +268,13 @@ unsafe fn scores_tile<const N: usize>(
 #[inline]
 unsafe fn weighted_tile<const N: usize>(
     cpu: Avx512Bf16,
+    tile: Tile<'_>,
     weights: &[Bf16],
-    values: &[u32],
-    d: usize,
-    width: usize,
     acc: &mut [f32],
 ) {
+    let Tile {
+        values, width, d, ..
+    } = tile;
     // The caller promises `weights` of N rows of BLOCK_KEYS, `acc` of N rows of `d` (a
     // multiple of 32), `values` a whole packed block (32 columns of key pair jp at each
     // `value_index(jp, c0)`, c0 a multiple of 32 below d): every pointer below stays inside them.
