@@ -85,6 +85,18 @@ def test_outputs_that_overlap_an_input_are_refused() -> None:
         _rust.silu_and_mul(x.numpy(), 3, torch.empty(4, 3).numpy())
 
 
+def test_operands_of_mixed_dtypes_are_refused() -> None:
+    """Each kernel takes float32 or bf16 (int16 bits), all of one type."""
+    x, weight = torch.randn(4, 8), torch.ones(8)
+    bits = torch.empty(4, 8, dtype=torch.bfloat16).view(torch.int16).numpy()
+    with pytest.raises(ValueError, match="must all be float32 or all bfloat16"):
+        _rust.rms_norm(x.numpy(), None, weight.numpy(), 1e-6, bits)
+    with pytest.raises(ValueError, match="the residual must be of the input's type"):
+        _rust.rms_norm(x.numpy(), bits, weight.numpy(), 1e-6, torch.empty(4, 8).numpy())
+    with pytest.raises(ValueError, match="must all be float32 or all bfloat16"):
+        _rust.silu_and_mul(x.numpy(), 4, bits[:, :4].copy())
+
+
 def test_sizes_past_the_address_space_are_value_errors() -> None:
     gate_up, out = torch.randn(4).numpy(), torch.empty(2).numpy()
     # 2 · 2^63 is 0 and 2 · (2^63 + 1) is 2 modulo 2^64: a row of "0" or "2" floats.

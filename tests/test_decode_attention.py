@@ -1,7 +1,7 @@
 """Float32 CPU decode attention read in place (`srt._rust.decode_attention`): it equals SDPA over
 the gathered rows (GQA and not, scattered slots, sequences of different lengths), a sequence's
-result is the same bits alone and in a batch, bad slots are refused, and a model decoding
-through it gives the logits of the gather-and-SDPA path."""
+result is the same bits alone and in a batch, bad slots and mixed dtypes are refused, and a model
+decoding through it gives the logits of the gather-and-SDPA path."""
 
 from __future__ import annotations
 
@@ -83,6 +83,12 @@ def test_slots_outside_the_pool_and_bad_lengths_are_refused() -> None:
         _rust.decode_attention(
             q.numpy(), k.numpy(), v.numpy(), rows.numpy(), lens.numpy(), 2, 24, 0.3, q.numpy()
         )
+    bf16_out = torch.empty_like(q, dtype=torch.bfloat16).view(torch.int16)
+    with pytest.raises(ValueError, match="must all be float32 or all bfloat16"):
+        _rust.decode_attention(
+            q.numpy(), k.numpy(), v.numpy(), rows.numpy(), lens.numpy(), 2, 24, 0.3,
+            bf16_out.numpy(),
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize(

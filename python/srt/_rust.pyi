@@ -169,31 +169,19 @@ def linear(
 # --- CPU decode attention (rust/python/src/attention.rs) ----------------------------------------
 
 def decode_attention(
-    q: _Floats,
-    k_cache: _Floats,
-    v_cache: _Floats,
+    q: _Floats | _Bf16,
+    k_cache: _Floats | _Bf16,
+    v_cache: _Floats | _Bf16,
     slots: Buffer | NDArray[np.int32],
     seq_lens: Buffer | NDArray[np.int32],
     kv_heads: int,
     head_dim: int,
     scale: float,
-    out: _Floats,
+    out: _Floats | _Bf16,
 ) -> None:
     """`out[b] = softmax(q[b] · Kᵀ · scale) · V` over the first `seq_lens[b]` slots of row `b`
-    of `slots` ([batch, width] int32), each query head against its KV head (GIL released)."""
-
-def decode_attention_bf16(
-    q: _Bf16,
-    k_cache: _Bf16,
-    v_cache: _Bf16,
-    slots: Buffer | NDArray[np.int32],
-    seq_lens: Buffer | NDArray[np.int32],
-    kv_heads: int,
-    head_dim: int,
-    scale: float,
-    out: _Bf16,
-) -> None:
-    """`decode_attention` over bf16 q, caches and output (float32 arithmetic, output rounded)."""
+    of `slots` ([batch, width] int32), each query head against its KV head (GIL released). q,
+    the caches and the output are all float32 or all bf16 (float32 arithmetic, output rounded)."""
 
 def prefill_attention_bf16(
     q: _Bf16,
@@ -231,34 +219,36 @@ def prefill_attention_paged_bf16(
 # --- CPU row-wise operators (rust/python/src/ops.rs) --------------------------------------------
 
 def rms_norm(
-    x: _Floats, residual: _Floats | None, weight: _Floats, eps: float, out: _Floats
+    x: _Floats | _Bf16,
+    residual: _Floats | _Bf16 | None,
+    weight: _Floats | _Bf16,
+    eps: float,
+    out: _Floats | _Bf16,
 ) -> None:
     """`out = weight · x / sqrt(mean(x²) + eps)` per row of `len(weight)` floats; with
-    `residual`, `residual += x` first (in place) and the sum is normalized."""
+    `residual`, `residual += x` first (in place) and the sum is normalized. All float32, or all
+    bf16 (rounded where PyTorch's bf16 operators round)."""
 
-def silu_and_mul(gate_up: _Floats, dim: int, out: _Floats) -> None:
+def silu_and_mul(gate_up: _Floats | _Bf16, dim: int, out: _Floats | _Bf16) -> None:
     """`out = silu(gate) · up` per row, where a row of `gate_up` is `[gate | up]`, each `dim`
-    floats."""
+    floats. Both float32, or both bf16 (silu rounded before the product)."""
 
 def rotary(
-    x: _Floats, x_stride: int, cos: _Floats, sin: _Floats, head_dim: int, out: _Floats
+    x: _Floats | _Bf16,
+    x_stride: int,
+    cos: _Floats | _Bf16,
+    sin: _Floats | _Bf16,
+    head_dim: int,
+    out: _Floats | _Bf16,
 ) -> None:
     """`out = x · cos + [x₂ | x₁] · sin` for every head of each token's row of `x`; `cos` and
     `sin` are `[tokens, head_dim]`, `sin` signed as `[-sin | sin]`. The rows of `x` lie
     `x_stride` elements apart (`x` spans the first row's start to the last row's end); `out` is
-    contiguous, its length giving the row width."""
-
-def rms_norm_bf16(x: _Bf16, residual: _Bf16 | None, weight: _Bf16, eps: float, out: _Bf16) -> None:
-    """`rms_norm` over bf16 tensors, rounded where PyTorch's bf16 operators round."""
-
-def silu_and_mul_bf16(gate_up: _Bf16, dim: int, out: _Bf16) -> None:
-    """`silu_and_mul` over bf16 tensors (silu rounded before the product)."""
-
-def rotary_bf16(x: _Bf16, x_stride: int, cos: _Bf16, sin: _Bf16, head_dim: int, out: _Bf16) -> None:
-    """`rotary` over bf16 tensors (each product and the sum rounded)."""
+    contiguous, its length giving the row width. All float32, or all bf16 (each product and the
+    sum rounded)."""
 
 def moe_route(
-    x: _Floats,
+    x: _Floats | _Bf16,
     router: _Floats,
     experts: int,
     top_k: int,
@@ -266,21 +256,10 @@ def moe_route(
     ids: NDArray[np.int64],
     weights: _Floats,
 ) -> None:
-    """Each row of `x` (`[rows, hidden]`) routed through `router` (float32
+    """Each row of `x` (`[rows, hidden]`, float32 or bf16) routed through `router` (float32
     `[experts, hidden]`): float32 logits, softmax, its `top_k` experts in descending
     probability (a tie to the lower index) into `ids` (`[rows, top_k]`) and their
     probabilities into `weights`, divided by their sum when `renormalize`."""
-
-def moe_route_bf16(
-    x: _Bf16,
-    router: _Floats,
-    experts: int,
-    top_k: int,
-    renormalize: bool,
-    ids: NDArray[np.int64],
-    weights: _Floats,
-) -> None:
-    """`moe_route` of a bf16 input."""
 
 def cpu_isa() -> tuple[str, str]:
     """The instruction set the CPU kernels run now and the best the CPU runs: each one of

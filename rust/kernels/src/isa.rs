@@ -38,6 +38,10 @@ use std::sync::OnceLock;
 
 use crate::{Error, Result};
 
+mod portable;
+
+pub(crate) use portable::portable_tiers;
+
 /// A tier of the kernels' instruction sets, each including the ones below it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]

@@ -254,47 +254,14 @@ fn rotary_tokens<T>(cos: &[T], head_dim: usize) -> Result<usize> {
 mod simd {
     use super::LANES;
     use crate::element::Element;
-    use crate::isa::Isa;
-    #[cfg(target_arch = "x86_64")]
-    use crate::isa::{Avx2, Avx512};
+    use crate::isa::portable_tiers;
 
-    /// Defines `$name(isa, args)`, which runs `$portable(args)` compiled for the features of
-    /// `isa`, or of the detected tier if that is lower.
-    macro_rules! tiers {
-        ($name:ident, $portable:ident, ($($arg:ident: $ty:ty),*)) => {
-            pub(super) fn $name<T: Element>(isa: Isa, $($arg: $ty),*) {
-                #[cfg(target_arch = "x86_64")]
-                {
-                    #[target_feature(enable = "avx2,fma")]
-                    fn avx2<T: Element>(_: Avx2, $($arg: $ty),*) {
-                        $portable($($arg),*)
-                    }
-                    #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
-                    fn avx512<T: Element>(_: Avx512, $($arg: $ty),*) {
-                        $portable($($arg),*)
-                    }
-                    if let Some(cpu) = Avx512::at_most(isa) {
-                        // SAFETY: the token proves the CPU has the function's features.
-                        return unsafe { avx512(cpu, $($arg),*) };
-                    }
-                    if let Some(cpu) = Avx2::at_most(isa) {
-                        // SAFETY: as above.
-                        return unsafe { avx2(cpu, $($arg),*) };
-                    }
-                }
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = isa;
-                $portable($($arg),*)
-            }
-        };
-    }
-
-    tiers!(rms_norm_rows, rms_norm_portable, (
+    portable_tiers!(pub(super) fn rms_norm_rows(
         x: &[T], residual: Option<&mut [T]>, weight: &[T], eps: f32, out: &mut [T]
-    ));
-    tiers!(rotary_rows, rotary_portable, (
+    ) = rms_norm_portable);
+    portable_tiers!(pub(super) fn rotary_rows(
         x: &[T], stride: usize, cos: &[T], sin: &[T], dim: usize, out: &mut [T]
-    ));
+    ) = rotary_portable);
 
     #[inline(always)]
     fn rms_norm_portable<T: Element>(

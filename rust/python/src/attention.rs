@@ -1,7 +1,7 @@
-//! `srt._rust.decode_attention`, `decode_attention_bf16`, `prefill_attention_bf16` and
-//! `prefill_attention_paged_bf16`: the
-//! binding of `srt_kernels::attention`. The query, the layer's K and V caches and the output arrive as float32
-//! numpy views of CPU tensors (int16 views of the bits, for bf16), the slots and lengths as int32
+//! `srt._rust.decode_attention`, `prefill_attention_bf16` and `prefill_attention_paged_bf16`:
+//! the binding of `srt_kernels::attention`. The query, the layer's K and V caches and the output
+//! arrive as float32 numpy views of CPU tensors, or int16 views of the bits for bf16 (decode
+//! attention takes either: the buffers' format says which), the slots and lengths as int32
 //! buffers; every length and slot is checked by the core before any is read.
 
 use std::ptr::NonNull;
@@ -13,24 +13,26 @@ use srt_kernels::attention::prefill::{self, PrefillShape};
 use srt_kernels::attention::{self, DecodeShape};
 use srt_kernels::element::Element;
 
-use crate::boundary::{bf16_bits, contiguous, overlap};
+use crate::boundary::{bf16_bits, contiguous, overlap, SameFloats};
 use crate::to_py_err;
 
 /// `out[b] = softmax(q[b] · Kᵀ · scale) · V` over the first `seq_lens[b]` slots of row `b` of
-/// `slots` (`[batch, width]`), for each query head against its KV head.
+/// `slots` (`[batch, width]`), for each query head against its KV head. The query, caches and
+/// output are float32, or bf16 (int16 views of their bits: float32 arithmetic, the output
+/// rounded once), all of one type.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn decode_attention(
     py: Python<'_>,
-    q: PyBuffer<f32>,
-    k_cache: PyBuffer<f32>,
-    v_cache: PyBuffer<f32>,
+    q: &Bound<'_, PyAny>,
+    k_cache: &Bound<'_, PyAny>,
+    v_cache: &Bound<'_, PyAny>,
     slots: PyBuffer<i32>,
     seq_lens: PyBuffer<i32>,
     kv_heads: usize,
     head_dim: usize,
     scale: f32,
-    out: PyBuffer<f32>,
+    out: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
     let kv = Kv {
         slots,
@@ -39,33 +41,16 @@ fn decode_attention(
         head_dim,
         scale,
     };
-    attend(py, [&q, &k_cache, &v_cache, &out], &kv, |b| b)
-}
-
-/// `decode_attention` over a bf16 query, caches and output (int16 views of their bits); the
-/// arithmetic is float32 and the output is rounded once.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn decode_attention_bf16(
-    py: Python<'_>,
-    q: PyBuffer<i16>,
-    k_cache: PyBuffer<i16>,
-    v_cache: PyBuffer<i16>,
-    slots: PyBuffer<i32>,
-    seq_lens: PyBuffer<i32>,
-    kv_heads: usize,
-    head_dim: usize,
-    scale: f32,
-    out: PyBuffer<i16>,
-) -> PyResult<()> {
-    let kv = Kv {
-        slots,
-        seq_lens,
-        kv_heads,
-        head_dim,
-        scale,
-    };
-    attend(py, [&q, &k_cache, &v_cache, &out], &kv, bf16_bits)
+    let buffers = SameFloats::get([
+        ("the query", q),
+        ("the K cache", k_cache),
+        ("the V cache", v_cache),
+        ("the output", out),
+    ])?;
+    match buffers {
+        SameFloats::F32(buffers) => attend(py, buffers, &kv, |b| b),
+        SameFloats::Bf16(buffers) => attend(py, buffers, &kv, bf16_bits),
+    }
 }
 
 /// The arguments that do not depend on the element type.
@@ -79,7 +64,7 @@ struct Kv {
 
 fn attend<P: BufferElement, T: Element>(
     py: Python<'_>,
-    [q, k_cache, v_cache, out]: [&PyBuffer<P>; 4],
+    [q, k_cache, v_cache, out]: [PyBuffer<P>; 4],
     kv: &Kv,
     cast: fn(NonNull<[P]>) -> NonNull<[T]>,
 ) -> PyResult<()> {
@@ -89,12 +74,12 @@ fn attend<P: BufferElement, T: Element>(
         scale,
         ..
     } = *kv;
-    let query = cast(contiguous("the query", q, false)?);
-    let keys = cast(contiguous("the K cache", k_cache, false)?);
-    let values = cast(contiguous("the V cache", v_cache, false)?);
+    let query = cast(contiguous("the query", &q, false)?);
+    let keys = cast(contiguous("the K cache", &k_cache, false)?);
+    let values = cast(contiguous("the V cache", &v_cache, false)?);
     let slot_ids = contiguous("the slots", &kv.slots, false)?;
     let lens = contiguous("the sequence lengths", &kv.seq_lens, false)?;
-    let output = cast(contiguous("the output", out, true)?);
+    let output = cast(contiguous("the output", &out, true)?);
     if overlap(query, output)
         || overlap(keys, output)
         || overlap(values, output)
@@ -260,6 +245,5 @@ fn prefill_attention_paged_bf16(
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prefill_attention_bf16, m)?)?;
     m.add_function(wrap_pyfunction!(prefill_attention_paged_bf16, m)?)?;
-    m.add_function(wrap_pyfunction!(decode_attention, m)?)?;
-    m.add_function(wrap_pyfunction!(decode_attention_bf16, m)?)
+    m.add_function(wrap_pyfunction!(decode_attention, m)?)
 }

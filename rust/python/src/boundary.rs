@@ -142,15 +142,52 @@ pub(crate) enum Floats {
 }
 
 impl Floats {
-    /// `obj`'s buffer, named `what` in errors.
+    /// `obj`'s buffer, named `what` in errors. Acquired once and typed by its format, so that
+    /// a bf16 buffer costs no failed float32 attempt (an exception made and dropped: a few
+    /// percent of a decode step's kernel call).
     pub(crate) fn get(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Floats> {
-        if let Ok(buffer) = PyBuffer::<f32>::get(obj) {
-            return Ok(Floats::F32(buffer));
-        }
-        PyBuffer::<i16>::get(obj).map(Floats::Bf16).map_err(|_| {
+        let refused = || {
             PyValueError::new_err(format!(
                 "{what} must be a float32 or an int16 (bfloat16 bits) buffer"
             ))
-        })
+        };
+        let buffer = PyUntypedBuffer::get(obj).map_err(|_| refused())?;
+        if <f32 as Element>::is_compatible_format(buffer.format()) {
+            buffer.into_typed().map(Floats::F32)
+        } else {
+            buffer.into_typed().map(Floats::Bf16)
+        }
+        .map_err(|_| refused())
+    }
+}
+
+/// Buffers of one element type, as the row-wise kernels and decode attention take them: all
+/// float32, or all bfloat16 bits (int16).
+pub(crate) enum SameFloats<const N: usize> {
+    F32([PyBuffer<f32>; N]),
+    Bf16([PyBuffer<i16>; N]),
+}
+
+impl<const N: usize> SameFloats<N> {
+    /// The buffers of `objs`, each named in errors, which must all be of one type.
+    pub(crate) fn get(objs: [(&str, &Bound<'_, PyAny>); N]) -> PyResult<Self> {
+        let (mut f32s, mut bf16s) = (Vec::with_capacity(N), Vec::with_capacity(N));
+        for (what, obj) in objs {
+            match Floats::get(what, obj)? {
+                Floats::F32(buffer) => f32s.push(buffer),
+                Floats::Bf16(buffer) => bf16s.push(buffer),
+            }
+        }
+        if let Ok(all) = f32s.try_into() {
+            return Ok(SameFloats::F32(all));
+        }
+        if let Ok(all) = bf16s.try_into() {
+            return Ok(SameFloats::Bf16(all));
+        }
+        let names: Vec<&str> = objs.iter().map(|&(what, _)| what).collect();
+        Err(PyValueError::new_err(format!(
+            "{} must all be float32 or all bfloat16",
+            names.join(", ")
+        )))
     }
 }

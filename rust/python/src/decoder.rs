@@ -1,188 +1,29 @@
 //! `srt._rust.DecoderStack`: the binding of `srt_kernels::decoder`. A stack holds the buffers of
 //! every layer (norm weights, quantized projections and their float32 biases, a mixture's
-//! float32 router, the layer's K/V caches), described by typed specs (`LayerSpec`,
-//! `ProjectionSpec`, `MoeSpec`: keyword fields, which the stub in `_rust.pyi` names and a test
-//! holds to the binding's) and acquired once when it is made, so that a decode step passes only its own tensors:
-//! the hidden state, the residual stream, the rotary tables, the output slots, the sequences'
-//! slots and lengths. Float32 buffers, or bfloat16 bits as int16, all of one type. The core
-//! checks every size and slot before anything is written; writability and overlap are checked
-//! here (the caches when the stack is made, the step's outputs at every step).
+//! float32 router, the layer's K/V caches), described by typed specs (`specs.rs`) and acquired
+//! once when it is made, so that a decode step passes only its own tensors: the hidden state,
+//! the residual stream, the rotary tables, the output slots, the sequences' slots and lengths.
+//! Float32 buffers, or bfloat16 bits as int16, all of one type. The core checks every size and
+//! slot before anything is written; writability and overlap are checked here (the caches when
+//! the stack is made, the step's outputs at every step).
 
 use std::ptr::NonNull;
 
 use pyo3::buffer::{Element as BufferElement, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_kernels::decoder::{
-    self, DecoderLayer, Experts, FeedForward, Heads, Mlp, Projection, Tokens, Weight,
-};
-use srt_kernels::element::{Bf16, Element};
-use srt_kernels::quant::{Format, PackedKernel, PackedMatrix, QuantMatrix};
+use srt_kernels::decoder::{self, DecoderLayer, Heads, Tokens};
+use srt_kernels::element::Element;
+use srt_kernels::quant::PackedKernel;
 
-use crate::boundary::{contiguous, overlap};
+use crate::boundary::{bf16_bits, contiguous, overlap};
 use crate::to_py_err;
 
-/// A quantized projection of a decoder layer (`decoder::Projection`'s fields): its format, its
-/// tiles (`packed`) or blocks, its shape, optional float32 bias, and the rows from which its
-/// product rounds activations to one int8. The buffers are held from here on.
-#[pyclass(frozen, module = "srt._rust")]
-struct ProjectionSpec {
-    format: Format,
-    packed: bool,
-    bytes: PyBuffer<u8>,
-    shape: (usize, usize),
-    bias: Option<PyBuffer<f32>>,
-    one_int8_from: Option<usize>,
-}
+mod specs;
 
-#[pymethods]
-impl ProjectionSpec {
-    #[new]
-    #[pyo3(signature = (*, format, packed, weight, out_features, in_features, bias, one_int8_from))]
-    fn new(
-        format: &str,
-        packed: bool,
-        weight: PyBuffer<u8>,
-        out_features: usize,
-        in_features: usize,
-        bias: Option<PyBuffer<f32>>,
-        one_int8_from: Option<usize>,
-    ) -> PyResult<Self> {
-        Ok(ProjectionSpec {
-            format: Format::parse(format).map_err(to_py_err)?,
-            packed,
-            bytes: weight,
-            shape: (out_features, in_features),
-            bias,
-            one_int8_from,
-        })
-    }
-}
-
-/// A sparse mixture of experts of a decoder layer (`decoder::Experts`' fields): the router's
-/// float32 `[experts, hidden_size]` weight, each expert's gate/up and down projections, how
-/// many experts each token takes, and whether their weights are divided by their sum. The
-/// buffers are held from here on.
-#[pyclass(frozen, module = "srt._rust")]
-struct MoeSpec {
-    router: PyBuffer<f32>,
-    gate_up: Vec<Py<ProjectionSpec>>,
-    down: Vec<Py<ProjectionSpec>>,
-    top_k: usize,
-    renormalize: bool,
-}
-
-#[pymethods]
-impl MoeSpec {
-    #[new]
-    #[pyo3(signature = (*, router, gate_up, down, top_k, renormalize))]
-    fn new(
-        router: PyBuffer<f32>,
-        gate_up: Vec<Py<ProjectionSpec>>,
-        down: Vec<Py<ProjectionSpec>>,
-        top_k: usize,
-        renormalize: bool,
-    ) -> PyResult<Self> {
-        if gate_up.is_empty() || gate_up.len() != down.len() {
-            return Err(PyValueError::new_err(format!(
-                "a mixture has a gate_up and a down projection per expert, not {} and {}",
-                gate_up.len(),
-                down.len()
-            )));
-        }
-        Ok(MoeSpec {
-            router,
-            gate_up,
-            down,
-            top_k,
-            renormalize,
-        })
-    }
-}
-
-/// A layer's feed-forward: the gated MLP's two projections, or a mixture of experts.
-enum FeedForwardSpec {
-    Dense(Py<ProjectionSpec>, Py<ProjectionSpec>),
-    Sparse(Py<MoeSpec>),
-}
-
-impl FeedForwardSpec {
-    fn clone_ref(&self, py: Python<'_>) -> FeedForwardSpec {
-        match self {
-            FeedForwardSpec::Dense(gate_up, down) => {
-                FeedForwardSpec::Dense(gate_up.clone_ref(py), down.clone_ref(py))
-            }
-            FeedForwardSpec::Sparse(moe) => FeedForwardSpec::Sparse(moe.clone_ref(py)),
-        }
-    }
-}
-
-/// A decoder layer's buffers (`decoder::DecoderLayer`'s): its norm weights (with per-head q
-/// and k norms where the model has them, as Qwen3 does), its projections (q/k/v and o, then
-/// the gated MLP's `gate_up` and `down`, or a mixture of experts, `moe`) and K/V caches. The
-/// norms and caches are float32, or bfloat16 bits as int16, of one type for the whole stack:
-/// `DecoderStack` reads them as that type.
-#[pyclass(frozen, module = "srt._rust")]
-struct LayerSpec {
-    input_norm: Py<PyAny>,
-    qkv: Py<ProjectionSpec>,
-    o: Py<ProjectionSpec>,
-    q_norm: Option<Py<PyAny>>,
-    k_norm: Option<Py<PyAny>>,
-    post_norm: Py<PyAny>,
-    feed_forward: FeedForwardSpec,
-    k_cache: Py<PyAny>,
-    v_cache: Py<PyAny>,
-}
-
-#[pymethods]
-impl LayerSpec {
-    #[new]
-    #[pyo3(signature = (
-        *, input_norm, qkv, o, post_norm, k_cache, v_cache, gate_up=None, down=None, moe=None,
-        q_norm=None, k_norm=None
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        input_norm: Py<PyAny>,
-        qkv: Py<ProjectionSpec>,
-        o: Py<ProjectionSpec>,
-        post_norm: Py<PyAny>,
-        k_cache: Py<PyAny>,
-        v_cache: Py<PyAny>,
-        gate_up: Option<Py<ProjectionSpec>>,
-        down: Option<Py<ProjectionSpec>>,
-        moe: Option<Py<MoeSpec>>,
-        q_norm: Option<Py<PyAny>>,
-        k_norm: Option<Py<PyAny>>,
-    ) -> PyResult<Self> {
-        if q_norm.is_some() != k_norm.is_some() {
-            return Err(PyValueError::new_err(
-                "a layer has both per-head norms (q_norm and k_norm) or neither",
-            ));
-        }
-        let feed_forward = match (gate_up, down, moe) {
-            (Some(gate_up), Some(down), None) => FeedForwardSpec::Dense(gate_up, down),
-            (None, None, Some(moe)) => FeedForwardSpec::Sparse(moe),
-            _ => {
-                return Err(PyValueError::new_err(
-                    "a layer's feed-forward is gate_up and down, or moe",
-                ))
-            }
-        };
-        Ok(LayerSpec {
-            input_norm,
-            qkv,
-            o,
-            q_norm,
-            k_norm,
-            post_norm,
-            feed_forward,
-            k_cache,
-            v_cache,
-        })
-    }
-}
+use specs::{
+    feed_forward, projection, weight, FeedForwardSpec, LayerSpec, MoeSpec, ProjectionSpec,
+};
 
 /// One layer's buffers, norms and caches of element `P` (f32, or i16 holding bf16 bits).
 struct LayerBuffers<P> {
@@ -261,7 +102,7 @@ impl DecoderStack {
         let stack = DecoderStack { heads, layers };
         match &stack.layers {
             Layers::F32(layers) => check_caches(layers, |b| b)?,
-            Layers::Bf16(layers) => check_caches(layers, bf16_cast)?,
+            Layers::Bf16(layers) => check_caches(layers, bf16_bits)?,
         }
         Ok(stack)
     }
@@ -298,14 +139,10 @@ impl DecoderStack {
             }
             Layers::Bf16(layers) => {
                 let floats = [hidden, residual, cos, sin].map(PyBuffer::<i16>::get);
-                step(py, self, layers, floats, &ids, bf16_cast)
+                step(py, self, layers, floats, &ids, bf16_bits)
             }
         }
     }
-}
-
-fn bf16_cast(buffer: NonNull<[i16]>) -> NonNull<[Bf16]> {
-    crate::boundary::bf16_bits(buffer)
 }
 
 fn collect<P: BufferElement>(
@@ -362,69 +199,6 @@ fn read_only<P: BufferElement>(layer: &LayerBuffers<P>) -> PyResult<Vec<NonNull<
 /// A buffer's memory as bytes (the same addresses), for overlap checks across element types.
 fn bytes<T>(buffer: NonNull<[T]>) -> NonNull<[u8]> {
     NonNull::slice_from_raw_parts(buffer.cast::<u8>(), buffer.len() * size_of::<T>())
-}
-
-/// A projection's weight over its held buffer, its length checked against its shape.
-fn weight(projection: &ProjectionSpec) -> PyResult<Weight<'_>> {
-    let bytes = contiguous("a projection", &projection.bytes, false)?;
-    let (format, (n, k)) = (projection.format, projection.shape);
-    // SAFETY: the buffer is held by the stack, which outlives the returned borrow; nothing
-    // writes it while a step runs (every writable buffer is checked not to overlap it).
-    let bytes = unsafe { bytes.as_ref() };
-    if projection.packed {
-        PackedMatrix::new(format, bytes, n, k).map(Weight::Packed)
-    } else {
-        QuantMatrix::new(format, bytes, n, k).map(Weight::Blocks)
-    }
-    .map_err(to_py_err)
-}
-
-/// A projection over its held buffers.
-fn projection(buffers: &ProjectionSpec) -> PyResult<Projection<'_>> {
-    let bias = buffers
-        .bias
-        .as_ref()
-        .map(|b| contiguous("a bias", b, false))
-        .transpose()?;
-    // SAFETY: the stack holds the bias acquired; nothing writes it during the step (every
-    // writable buffer is checked not to overlap it).
-    let bias = bias.map(|b| unsafe { b.as_ref() });
-    Ok(Projection {
-        weight: weight(buffers)?,
-        bias,
-        one_int8_from: buffers.one_int8_from,
-    })
-}
-
-/// A gated MLP over its projections' held buffers.
-fn mlp<'a>(gate_up: &'a Py<ProjectionSpec>, down: &'a Py<ProjectionSpec>) -> PyResult<Mlp<'a>> {
-    Ok(Mlp {
-        gate_up: projection(gate_up.get())?,
-        down: projection(down.get())?,
-    })
-}
-
-/// A layer's feed-forward over its held buffers.
-fn feed_forward(spec: &FeedForwardSpec) -> PyResult<FeedForward<'_>> {
-    Ok(match spec {
-        FeedForwardSpec::Dense(gate_up, down) => FeedForward::Dense(mlp(gate_up, down)?),
-        FeedForwardSpec::Sparse(moe) => {
-            let moe = moe.get();
-            let router = contiguous("a router", &moe.router, false)?;
-            FeedForward::Sparse(Experts {
-                // SAFETY: as the projections' weights.
-                router: unsafe { router.as_ref() },
-                experts: moe
-                    .gate_up
-                    .iter()
-                    .zip(&moe.down)
-                    .map(|(gate_up, down)| mlp(gate_up, down))
-                    .collect::<PyResult<_>>()?,
-                top_k: moe.top_k,
-                renormalize: moe.renormalize,
-            })
-        }
-    })
 }
 
 /// The caches: writable, contiguous, not overlapping one another or any weight of the stack.

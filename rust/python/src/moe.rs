@@ -1,8 +1,8 @@
-//! `srt._rust.moe_route` and `moe_route_bf16`: the binding of `srt_kernels::moe`, the router of a
-//! sparse mixture of experts. The input arrives as a float32 numpy view of a CPU tensor, or as
-//! an int16 view of a bf16 tensor's bits; the router's weight as float32; the outputs as int64
-//! (expert ids) and float32 (weights). Lengths are checked by the core, writability and
-//! overlap here. The work runs with the GIL released.
+//! `srt._rust.moe_route`: the binding of `srt_kernels::moe`, the router of a sparse mixture of
+//! experts. The input arrives as a float32 numpy view of a CPU tensor, or as an int16 view of a
+//! bf16 tensor's bits (one function for both: the buffer's format says which); the router's
+//! weight as float32; the outputs as int64 (expert ids) and float32 (weights). Lengths are
+//! checked by the core, writability and overlap here. The work runs with the GIL released.
 
 use std::ptr::NonNull;
 
@@ -12,21 +12,32 @@ use pyo3::prelude::*;
 use srt_kernels::element::Element;
 use srt_kernels::moe;
 
-use crate::boundary::{bf16_bits, contiguous, overlap};
+use crate::boundary::{bf16_bits, contiguous, overlap, Floats};
 use crate::to_py_err;
 
-#[allow(clippy::too_many_arguments)]
+/// How many experts there are, how many each row takes, and whether their weights are divided
+/// by their sum.
+#[derive(Clone, Copy)]
+struct Route {
+    experts: usize,
+    top_k: usize,
+    renormalize: bool,
+}
+
 fn route_any<P: BufferElement, T: Element>(
     py: Python<'_>,
     x: &PyBuffer<P>,
     router: &PyBuffer<f32>,
-    experts: usize,
-    top_k: usize,
-    renormalize: bool,
+    route: Route,
     ids: &PyBuffer<i64>,
     weights: &PyBuffer<f32>,
     cast: fn(NonNull<[P]>) -> NonNull<[T]>,
 ) -> PyResult<()> {
+    let Route {
+        experts,
+        top_k,
+        renormalize,
+    } = route;
     let input = cast(contiguous("the input", x, false)?);
     let router = contiguous("the router", router, false)?;
     let ids = contiguous("the expert ids", ids, true)?;
@@ -55,15 +66,15 @@ fn route_any<P: BufferElement, T: Element>(
         .map_err(to_py_err)
 }
 
-/// Each row of `x` (float32 `[rows, hidden]`) routed through `router` (float32
-/// `[experts, hidden]`): its `top_k` experts, in descending weight, into `ids` (int64
+/// Each row of `x` (`[rows, hidden]`, float32 or bf16 bits as int16) routed through `router`
+/// (float32 `[experts, hidden]`): its `top_k` experts, in descending weight, into `ids` (int64
 /// `[rows, top_k]`) and their weights into `weights` (float32), divided by their sum when
 /// `renormalize`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn moe_route(
     py: Python<'_>,
-    x: PyBuffer<f32>,
+    x: &Bound<'_, PyAny>,
     router: PyBuffer<f32>,
     experts: usize,
     top_k: usize,
@@ -71,46 +82,17 @@ fn moe_route(
     ids: PyBuffer<i64>,
     weights: PyBuffer<f32>,
 ) -> PyResult<()> {
-    route_any(
-        py,
-        &x,
-        &router,
+    let route = Route {
         experts,
         top_k,
         renormalize,
-        &ids,
-        &weights,
-        |b| b,
-    )
-}
-
-/// `moe_route` of a bf16 input (an int16 view of its bits).
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn moe_route_bf16(
-    py: Python<'_>,
-    x: PyBuffer<i16>,
-    router: PyBuffer<f32>,
-    experts: usize,
-    top_k: usize,
-    renormalize: bool,
-    ids: PyBuffer<i64>,
-    weights: PyBuffer<f32>,
-) -> PyResult<()> {
-    route_any(
-        py,
-        &x,
-        &router,
-        experts,
-        top_k,
-        renormalize,
-        &ids,
-        &weights,
-        bf16_bits,
-    )
+    };
+    match Floats::get("the input", x)? {
+        Floats::F32(x) => route_any(py, &x, &router, route, &ids, &weights, |b| b),
+        Floats::Bf16(x) => route_any(py, &x, &router, route, &ids, &weights, bf16_bits),
+    }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(moe_route, m)?)?;
-    m.add_function(wrap_pyfunction!(moe_route_bf16, m)?)
+    m.add_function(wrap_pyfunction!(moe_route, m)?)
 }

@@ -1,7 +1,7 @@
-//! `srt._rust.rms_norm`, `silu_and_mul` and `rotary` (float32) and their `_bf16` twins: the
-//! binding of `srt_kernels::ops`, and the kernels' instruction-set tier (`cpu_isa`,
-//! `set_cpu_isa`). Float32 tensors arrive as float32 numpy views of CPU tensors, bf16 tensors
-//! as int16 views of their bits (numpy has no bf16); lengths are checked by the core,
+//! `srt._rust.rms_norm`, `silu_and_mul` and `rotary`: the binding of `srt_kernels::ops`, and the
+//! kernels' instruction-set tier (`cpu_isa`, `set_cpu_isa`). Float32 tensors arrive as float32
+//! numpy views of CPU tensors, bf16 tensors as int16 views of their bits (numpy has no bf16),
+//! each kernel taking either (the buffers' format says which); lengths are checked by the core,
 //! writability and overlap here. The work runs with the GIL released.
 
 use std::ptr::NonNull;
@@ -13,7 +13,7 @@ use srt_kernels::element::Element;
 use srt_kernels::isa::{self, Ceiling};
 use srt_kernels::ops;
 
-use crate::boundary::{bf16_bits, contiguous, overlap};
+use crate::boundary::{bf16_bits, contiguous, overlap, SameFloats};
 use crate::to_py_err;
 
 /// How a buffer of `P` (float32, or int16 holding bf16 bits) is read as elements `T`.
@@ -25,17 +25,24 @@ fn same<T>(buffer: NonNull<[T]>) -> NonNull<[T]> {
 
 fn rms_norm_any<P: BufferElement, T: Element>(
     py: Python<'_>,
-    [x, weight, out]: [&PyBuffer<P>; 3],
-    residual: Option<&PyBuffer<P>>,
+    [x, weight, out]: [PyBuffer<P>; 3],
+    residual: Option<&Bound<'_, PyAny>>,
     eps: f32,
     cast: Cast<P, T>,
 ) -> PyResult<()> {
-    let input = cast(contiguous("the input", x, false)?);
     let residual = residual
+        .map(|r| {
+            PyBuffer::<P>::get(r)
+                .map_err(|_| PyValueError::new_err("the residual must be of the input's type"))
+        })
+        .transpose()?;
+    let input = cast(contiguous("the input", &x, false)?);
+    let residual = residual
+        .as_ref()
         .map(|r| contiguous("the residual", r, true).map(cast))
         .transpose()?;
-    let scale = cast(contiguous("the weight", weight, false)?);
-    let output = cast(contiguous("the output", out, true)?);
+    let scale = cast(contiguous("the weight", &weight, false)?);
+    let output = cast(contiguous("the output", &out, true)?);
     let mut written = vec![output];
     written.extend(residual);
     for (i, &target) in written.iter().enumerate() {
@@ -64,43 +71,36 @@ fn rms_norm_any<P: BufferElement, T: Element>(
 }
 
 /// `out = weight · x / sqrt(mean(x²) + eps)` per row; with `residual`, `residual += x` first (in
-/// place) and the sum is normalized.
+/// place) and the sum is normalized. Float32 tensors, or bf16 ones (int16 views of their bits,
+/// rounded as PyTorch rounds), all of one type.
 #[pyfunction]
 #[pyo3(signature = (x, residual, weight, eps, out))]
 fn rms_norm(
     py: Python<'_>,
-    x: PyBuffer<f32>,
-    residual: Option<PyBuffer<f32>>,
-    weight: PyBuffer<f32>,
+    x: &Bound<'_, PyAny>,
+    residual: Option<&Bound<'_, PyAny>>,
+    weight: &Bound<'_, PyAny>,
     eps: f32,
-    out: PyBuffer<f32>,
+    out: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    rms_norm_any(py, [&x, &weight, &out], residual.as_ref(), eps, same)
-}
-
-/// `rms_norm` over bf16 tensors (int16 views of their bits), rounded as PyTorch rounds.
-#[pyfunction]
-#[pyo3(signature = (x, residual, weight, eps, out))]
-fn rms_norm_bf16(
-    py: Python<'_>,
-    x: PyBuffer<i16>,
-    residual: Option<PyBuffer<i16>>,
-    weight: PyBuffer<i16>,
-    eps: f32,
-    out: PyBuffer<i16>,
-) -> PyResult<()> {
-    rms_norm_any(py, [&x, &weight, &out], residual.as_ref(), eps, bf16_bits)
+    match SameFloats::get([
+        ("the input", x),
+        ("the weight", weight),
+        ("the output", out),
+    ])? {
+        SameFloats::F32(buffers) => rms_norm_any(py, buffers, residual, eps, same),
+        SameFloats::Bf16(buffers) => rms_norm_any(py, buffers, residual, eps, bf16_bits),
+    }
 }
 
 fn silu_and_mul_any<P: BufferElement, T: Element>(
     py: Python<'_>,
-    gate_up: &PyBuffer<P>,
+    [gate_up, out]: [PyBuffer<P>; 2],
     dim: usize,
-    out: &PyBuffer<P>,
     cast: Cast<P, T>,
 ) -> PyResult<()> {
-    let input = cast(contiguous("the input", gate_up, false)?);
-    let output = cast(contiguous("the output", out, true)?);
+    let input = cast(contiguous("the input", &gate_up, false)?);
+    let output = cast(contiguous("the output", &out, true)?);
     if overlap(input, output) {
         return Err(PyValueError::new_err("the output overlaps the input"));
     }
@@ -112,39 +112,32 @@ fn silu_and_mul_any<P: BufferElement, T: Element>(
 }
 
 /// `out = silu(gate) · up` per row, where a row of `gate_up` is `[gate | up]`, each `dim` wide.
+/// Float32, or bf16 (int16 views of the bits; silu rounded before the product), both of one
+/// type.
 #[pyfunction]
 fn silu_and_mul(
     py: Python<'_>,
-    gate_up: PyBuffer<f32>,
+    gate_up: &Bound<'_, PyAny>,
     dim: usize,
-    out: PyBuffer<f32>,
+    out: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    silu_and_mul_any(py, &gate_up, dim, &out, same)
-}
-
-/// `silu_and_mul` over bf16 tensors (int16 views of their bits).
-#[pyfunction]
-fn silu_and_mul_bf16(
-    py: Python<'_>,
-    gate_up: PyBuffer<i16>,
-    dim: usize,
-    out: PyBuffer<i16>,
-) -> PyResult<()> {
-    silu_and_mul_any(py, &gate_up, dim, &out, bf16_bits)
+    match SameFloats::get([("the input", gate_up), ("the output", out)])? {
+        SameFloats::F32(buffers) => silu_and_mul_any(py, buffers, dim, same),
+        SameFloats::Bf16(buffers) => silu_and_mul_any(py, buffers, dim, bf16_bits),
+    }
 }
 
 fn rotary_any<P: BufferElement, T: Element>(
     py: Python<'_>,
-    [x, cos, sin]: [&PyBuffer<P>; 3],
+    [x, cos, sin, out]: [PyBuffer<P>; 4],
     x_stride: usize,
     head_dim: usize,
-    out: &PyBuffer<P>,
     cast: Cast<P, T>,
 ) -> PyResult<()> {
-    let input = cast(contiguous("the input", x, false)?);
-    let cos = cast(contiguous("the cosine table", cos, false)?);
-    let sin = cast(contiguous("the sine table", sin, false)?);
-    let output = cast(contiguous("the output", out, true)?);
+    let input = cast(contiguous("the input", &x, false)?);
+    let cos = cast(contiguous("the cosine table", &cos, false)?);
+    let sin = cast(contiguous("the sine table", &sin, false)?);
+    let output = cast(contiguous("the output", &out, true)?);
     if [input, cos, sin]
         .into_iter()
         .any(|other| overlap(other, output))
@@ -167,32 +160,28 @@ fn rotary_any<P: BufferElement, T: Element>(
 
 /// `out = x · cos + [x₂ | x₁] · sin` for every head of each token's row of `x`, whose rows lie
 /// `x_stride` elements apart (`x` spans the first row's start to the last row's end); `out` is
-/// contiguous.
+/// contiguous. Float32, or bf16 (int16 views of the bits; each product and the sum rounded),
+/// all of one type.
 #[pyfunction]
 fn rotary(
     py: Python<'_>,
-    x: PyBuffer<f32>,
+    x: &Bound<'_, PyAny>,
     x_stride: usize,
-    cos: PyBuffer<f32>,
-    sin: PyBuffer<f32>,
+    cos: &Bound<'_, PyAny>,
+    sin: &Bound<'_, PyAny>,
     head_dim: usize,
-    out: PyBuffer<f32>,
+    out: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    rotary_any(py, [&x, &cos, &sin], x_stride, head_dim, &out, same)
-}
-
-/// `rotary` over bf16 tensors (int16 views of their bits).
-#[pyfunction]
-fn rotary_bf16(
-    py: Python<'_>,
-    x: PyBuffer<i16>,
-    x_stride: usize,
-    cos: PyBuffer<i16>,
-    sin: PyBuffer<i16>,
-    head_dim: usize,
-    out: PyBuffer<i16>,
-) -> PyResult<()> {
-    rotary_any(py, [&x, &cos, &sin], x_stride, head_dim, &out, bf16_bits)
+    let buffers = SameFloats::get([
+        ("the input", x),
+        ("the cosine table", cos),
+        ("the sine table", sin),
+        ("the output", out),
+    ])?;
+    match buffers {
+        SameFloats::F32(buffers) => rotary_any(py, buffers, x_stride, head_dim, same),
+        SameFloats::Bf16(buffers) => rotary_any(py, buffers, x_stride, head_dim, bf16_bits),
+    }
 }
 
 /// The tier the CPU kernels run now, and the highest this CPU runs: each one of "scalar",
@@ -219,11 +208,8 @@ fn cpu_bf16_matmul() -> (bool, bool) {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rms_norm, m)?)?;
-    m.add_function(wrap_pyfunction!(rms_norm_bf16, m)?)?;
     m.add_function(wrap_pyfunction!(rotary, m)?)?;
-    m.add_function(wrap_pyfunction!(rotary_bf16, m)?)?;
     m.add_function(wrap_pyfunction!(silu_and_mul, m)?)?;
-    m.add_function(wrap_pyfunction!(silu_and_mul_bf16, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;
     m.add_function(wrap_pyfunction!(set_cpu_isa, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_bf16_matmul, m)?)

@@ -76,10 +76,6 @@ if _configured_isa is not None:
     set_isa(_configured_isa)
 
 
-def _bf16(t: torch.Tensor) -> bool:
-    return t.dtype == torch.bfloat16
-
-
 def linear_supported() -> bool:
     """Whether this CPU runs the linear kernel (x86-64 with AVX2 and FMA)."""
     return _rust.linear_supported()
@@ -122,8 +118,7 @@ def rms_norm(
     runner turns them off.)"""
     x = x.contiguous()
     out = torch.empty_like(x)
-    kernel = _rust.rms_norm_bf16 if _bf16(x) else _rust.rms_norm
-    kernel(
+    _rust.rms_norm(
         _view(x),
         None if residual is None else _view(residual),
         _view(weight),
@@ -138,8 +133,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     dim = gate_up.shape[-1] // 2
     gate_up = gate_up.contiguous()
     out = gate_up.new_empty((*gate_up.shape[:-1], dim))
-    kernel = _rust.silu_and_mul_bf16 if _bf16(gate_up) else _rust.silu_and_mul
-    kernel(_view(gate_up), dim, _view(out))
+    _rust.silu_and_mul(_view(gate_up), dim, _view(out))
     return out
 
 
@@ -151,8 +145,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     if x.shape[0] == 0:
         return out
     span, stride = strided_rows(x)
-    kernel = _rust.rotary_bf16 if _bf16(x) else _rust.rotary
-    kernel(_view(span), stride, _view(cos), _view(sin), x.shape[-1], _view(out))
+    _rust.rotary(_view(span), stride, _view(cos), _view(sin), x.shape[-1], _view(out))
     return out
 
 
@@ -169,8 +162,7 @@ def decode_attention(
     kv_heads, head_dim]), read in place, all of q's dtype. Returns [batch, heads * head_dim]."""
     query = q.contiguous()
     out = torch.empty_like(query)
-    kernel = _rust.decode_attention_bf16 if _bf16(query) else _rust.decode_attention
-    kernel(
+    _rust.decode_attention(
         _view(query),
         _view(k_cache),
         _view(v_cache),
@@ -249,8 +241,9 @@ def moe_route(
     x = x.contiguous()
     ids = torch.empty(x.shape[0], top_k, dtype=torch.int64)
     weights = torch.empty(x.shape[0], top_k, dtype=torch.float32)
-    kernel = _rust.moe_route_bf16 if _bf16(x) else _rust.moe_route
     router = router.detach()
     experts = router.shape[0]
-    kernel(_view(x), _view(router), experts, top_k, renormalize, ids.numpy(), _view(weights))
+    _rust.moe_route(
+        _view(x), _view(router), experts, top_k, renormalize, ids.numpy(), _view(weights)
+    )
     return ids, weights

@@ -35,6 +35,7 @@ mod kernels;
 mod paged;
 mod sequences;
 
+use kernels::{Rows, Tile};
 pub use paged::{prefill_attention_paged, prefill_attention_paged_on, PagedBatch};
 use sequences::{attend, Inputs, Seq};
 
@@ -282,29 +283,33 @@ impl Task<'_> {
                 if width == 0 {
                     continue;
                 }
-                let tile = &scratch.offsets[r0..r0 + n];
+                let tile = Tile {
+                    q: self.q,
+                    queries: &scratch.offsets[r0..r0 + n],
+                    keys,
+                    values,
+                    visible,
+                    width,
+                    d,
+                    scale: self.scale,
+                };
                 let scores = &mut scratch.scores[..n * BLOCK_KEYS];
                 let weights = &mut scratch.weights[..n * BLOCK_KEYS];
                 let acc = &mut scratch.acc[r0 * d..(r0 + n) * d];
-                // SAFETY: the caller promises M's instructions; `tile` holds offsets of whole
-                // queries inside q (checked lengths), `keys` and `values` whole packed blocks,
-                // the other slices exactly the tile's n rows; `width` is a multiple of 32 of
-                // at most BLOCK_KEYS and no row sees past it; every row seeing nothing of
-                // this block saw key 0, so its maximum is finite.
+                let rows = Rows {
+                    max: &mut scratch.max[r0..r0 + n],
+                    sums: &mut scratch.sums[r0 * kernels::LANES..(r0 + n) * kernels::LANES],
+                    acc: &mut *acc,
+                };
+                // SAFETY: the caller promises M's instructions; the tile is sound: its
+                // offsets are of whole queries inside q (checked lengths), `keys` and `values`
+                // whole packed blocks, `width` a multiple of 32 of at most BLOCK_KEYS that no
+                // row sees past; the other slices are exactly the tile's n rows; every row
+                // seeing nothing of this block saw key 0, so its maximum is finite.
                 unsafe {
-                    micro.scores(self.q, tile, d, keys, width, scores);
-                    micro.softmax(
-                        scores,
-                        self.scale,
-                        visible,
-                        width,
-                        &mut scratch.max[r0..r0 + n],
-                        &mut scratch.sums[r0 * kernels::LANES..(r0 + n) * kernels::LANES],
-                        weights,
-                        acc,
-                        d,
-                    );
-                    micro.weighted_sum(weights, values, d, width, acc);
+                    micro.scores(tile, scores);
+                    micro.softmax(tile, scores, weights, rows);
+                    micro.weighted_sum(tile, weights, acc);
                 }
             }
         }

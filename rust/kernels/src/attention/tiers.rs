@@ -13,9 +13,9 @@ use std::ops::Range;
 use super::grouped;
 use super::{dot, Scratch, Task};
 use crate::element::{Bf16, Element};
-use crate::isa::Isa;
 #[cfg(target_arch = "x86_64")]
-use crate::isa::{Avx2, Avx512, Avx512Bf16};
+use crate::isa::Avx512Bf16;
+use crate::isa::{portable_tiers, Isa};
 
 /// Runs query heads `heads` of sequence `seq` of `task` on tier `isa`, or the detected one if
 /// lower.
@@ -46,45 +46,29 @@ pub(super) unsafe fn run<T: Element>(
                 }
             };
         }
-        if let Some(cpu) = Avx512::at_most(isa) {
-            // SAFETY: the token proves the CPU has these features; the rest is the caller's
-            // promise.
-            return unsafe { run_avx512(cpu, task, seq, heads, scratch) };
-        }
-        if let Some(cpu) = Avx2::at_most(isa) {
-            // SAFETY: as above.
-            return unsafe { run_avx2(cpu, task, seq, heads, scratch) };
-        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (isa, TypeId::of::<Bf16>());
+    let _ = TypeId::of::<Bf16>();
     // SAFETY: forwarded from the caller.
-    unsafe { task.run_with(seq, heads, scratch, dot::<T>) }
+    unsafe { run_portable(isa, task, seq, heads, scratch) }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn run_avx2<T: Element>(
-    _: Avx2,
+portable_tiers!(unsafe fn run_portable(
+    task: &Task<'_, T>, seq: usize, heads: Range<usize>, scratch: &mut Scratch
+) = portable);
+
+/// The body every tier but AVX-512 BF16 runs: the float32 products of `dot`.
+///
+/// # Safety
+/// As [`run`].
+#[inline(always)]
+unsafe fn portable<T: Element>(
     task: &Task<'_, T>,
     seq: usize,
     heads: Range<usize>,
     scratch: &mut Scratch,
 ) {
-    // SAFETY: forwarded from `run`; this copy is compiled for AVX2.
-    unsafe { task.run_with(seq, heads, scratch, dot::<T>) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
-unsafe fn run_avx512<T: Element>(
-    _: Avx512,
-    task: &Task<'_, T>,
-    seq: usize,
-    heads: Range<usize>,
-    scratch: &mut Scratch,
-) {
-    // SAFETY: forwarded from `run`; this copy is compiled for AVX-512.
+    // SAFETY: forwarded from the caller.
     unsafe { task.run_with(seq, heads, scratch, dot::<T>) }
 }
 

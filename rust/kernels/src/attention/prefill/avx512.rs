@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::kernels::{key_index, value_index, Micro, LANES};
+use super::kernels::{key_index, value_index, Micro, Rows, Tile, LANES, SLICE};
 use super::{Scratch, Task, BLOCK_KEYS, TILE_ROWS};
 use crate::element::Bf16;
 use crate::isa::Avx512Bf16;
@@ -56,74 +56,21 @@ macro_rules! by_rows {
 
 impl Micro for Avx512Bf16 {
     #[inline(always)]
-    unsafe fn scores(
-        self,
-        q: &[Bf16],
-        tile: &[usize],
-        d: usize,
-        keys: &[u32],
-        width: usize,
-        scores: &mut [f32],
-    ) {
+    unsafe fn scores(self, tile: Tile<'_>, scores: &mut [f32]) {
         // SAFETY: forwarded from the caller; `self` proves the CPU has AVX-512 BF16.
-        unsafe {
-            by_rows!(
-                tile.len(),
-                scores_tile,
-                self,
-                q,
-                tile,
-                d,
-                keys,
-                width,
-                scores
-            )
-        }
+        unsafe { by_rows!(tile.queries.len(), scores_tile, self, tile, scores) }
     }
 
     #[inline(always)]
-    unsafe fn softmax(
-        self,
-        scores: &[f32],
-        scale: f32,
-        visible: &[usize],
-        width: usize,
-        max: &mut [f32],
-        sums: &mut [f32],
-        weights: &mut [Bf16],
-        acc: &mut [f32],
-        d: usize,
-    ) {
+    unsafe fn softmax(self, tile: Tile<'_>, scores: &[f32], weights: &mut [Bf16], rows: Rows<'_>) {
         // SAFETY: forwarded from the caller.
-        unsafe {
-            softmax_tile(
-                self, scores, scale, visible, width, max, sums, weights, acc, d,
-            )
-        }
+        unsafe { softmax_tile(self, tile, scores, weights, rows) }
     }
 
     #[inline(always)]
-    unsafe fn weighted_sum(
-        self,
-        weights: &[Bf16],
-        values: &[u32],
-        d: usize,
-        width: usize,
-        acc: &mut [f32],
-    ) {
+    unsafe fn weighted_sum(self, tile: Tile<'_>, weights: &[Bf16], acc: &mut [f32]) {
         // SAFETY: as above.
-        unsafe {
-            by_rows!(
-                acc.len() / d,
-                weighted_tile,
-                self,
-                weights,
-                values,
-                d,
-                width,
-                acc
-            )
-        }
+        unsafe { by_rows!(tile.queries.len(), weighted_tile, self, tile, weights, acc) }
     }
 }
 
@@ -144,19 +91,21 @@ const _: () = assert!(TILE_ROWS <= 16);
 /// `Bf16::from_f32`). The corrections of the tile's rows are one vector of `2^t`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-#[allow(clippy::too_many_arguments)]
 unsafe fn softmax_tile(
     cpu: Avx512Bf16,
+    tile: Tile<'_>,
     scores: &[f32],
-    scale: f32,
-    visible: &[usize],
-    width: usize,
-    max: &mut [f32],
-    sums: &mut [f32],
     weights: &mut [Bf16],
-    acc: &mut [f32],
-    d: usize,
+    rows: Rows<'_>,
 ) {
+    let Tile {
+        visible,
+        width,
+        d,
+        scale,
+        ..
+    } = tile;
+    let Rows { max, sums, acc } = rows;
     let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
     let below = _mm512_set1_ps(f32::NEG_INFINITY);
     let above = _mm512_set1_ps(f32::INFINITY);
@@ -288,37 +237,21 @@ pub(super) fn exp2(_: Avx512Bf16, mask: __mmask16, t: __m512) -> __m512 {
 /// `scores` of `N` rows, 32 keys at a time; see `Micro::scores`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
-unsafe fn scores_tile<const N: usize>(
-    _: Avx512Bf16,
-    q: &[Bf16],
-    tile: &[usize],
-    d: usize,
-    keys: &[u32],
-    width: usize,
-    scores: &mut [f32],
-) {
-    // The caller promises `tile[i] + d` within `q`, `keys` a whole packed block (32 keys' pairs
-    // at each `key_index(p, k0, d)`, k0 a multiple of 32 below BLOCK_KEYS), and `scores` of N
-    // rows of BLOCK_KEYS: every pointer below stays inside them.
-    let queries: [*const i32; N] = std::array::from_fn(|i| q.as_ptr().wrapping_add(tile[i]).cast());
+unsafe fn scores_tile<const N: usize>(cpu: Avx512Bf16, tile: Tile<'_>, scores: &mut [f32]) {
+    let Tile {
+        q, keys, width, d, ..
+    } = tile;
+    // The caller promises each query's `d` elements within `q`, `keys` a whole packed block
+    // (32 keys' pairs at each `key_index(p, k0, d)`, k0 a multiple of 32 below BLOCK_KEYS),
+    // and `scores` of N rows of BLOCK_KEYS: every pointer below stays inside them.
+    let queries: [*const i32; N] =
+        std::array::from_fn(|i| q.as_ptr().wrapping_add(tile.queries[i]).cast());
     for k0 in (0..width).step_by(32) {
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
-        for p in 0..d / 2 {
-            let row = keys
-                .as_ptr()
-                .wrapping_add(key_index(p, k0, d))
-                .cast::<__m512i>();
-            // SAFETY: pair p of 32 keys from k0, inside `keys`.
-            let (key0, key1) = unsafe { (_mm512_loadu_si512(row), _mm512_loadu_si512(row.add(1))) };
-            let (key0, key1) = (bf16_lanes(key0), bf16_lanes(key1));
-            for (sums, query) in acc.iter_mut().zip(queries) {
-                // SAFETY: pair p of a query of `d` elements (read unaligned).
-                let pair = unsafe { query.add(p).read_unaligned() };
-                let pair = bf16_lanes(_mm512_set1_epi32(pair));
-                sums[0] = _mm512_dpbf16_ps(sums[0], pair, key0);
-                sums[1] = _mm512_dpbf16_ps(sums[1], pair, key1);
-            }
-        }
+        let slice = keys.as_ptr().wrapping_add(key_index(0, k0, d));
+        // SAFETY: the d / 2 pairs of each query, and of 32 keys from k0 (pair p at
+        // `key_index(p, k0, d)`, SLICE after pair p - 1), inside `q` and `keys`.
+        unsafe { pair_products(cpu, queries, slice, d / 2, &mut acc) };
         for (i, sums) in acc.iter().enumerate() {
             let out = scores.as_mut_ptr().wrapping_add(i * BLOCK_KEYS + k0);
             // SAFETY: 32 scores of row i, inside `scores`.
@@ -334,13 +267,14 @@ unsafe fn scores_tile<const N: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
 unsafe fn weighted_tile<const N: usize>(
-    _: Avx512Bf16,
+    cpu: Avx512Bf16,
+    tile: Tile<'_>,
     weights: &[Bf16],
-    values: &[u32],
-    d: usize,
-    width: usize,
     acc: &mut [f32],
 ) {
+    let Tile {
+        values, width, d, ..
+    } = tile;
     // The caller promises `weights` of N rows of BLOCK_KEYS, `acc` of N rows of `d` (a
     // multiple of 32), `values` a whole packed block (32 columns of key pair jp at each
     // `value_index(jp, c0)`, c0 a multiple of 32 below d): every pointer below stays inside them.
@@ -352,28 +286,50 @@ unsafe fn weighted_tile<const N: usize>(
         let mut sums: [[__m512; 2]; N] = std::array::from_fn(|i| unsafe {
             [_mm512_loadu_ps(out[i]), _mm512_loadu_ps(out[i].add(16))]
         });
-        for jp in 0..width / 2 {
-            let row = values
-                .as_ptr()
-                .wrapping_add(value_index(jp, c0))
-                .cast::<__m512i>();
-            // SAFETY: 32 columns from c0 of key pair jp, inside `values`.
-            let (v0, v1) = unsafe { (_mm512_loadu_si512(row), _mm512_loadu_si512(row.add(1))) };
-            let (v0, v1) = (bf16_lanes(v0), bf16_lanes(v1));
-            for (s, row) in sums.iter_mut().zip(rows) {
-                // SAFETY: weights 2jp and 2jp + 1 of a row of BLOCK_KEYS (read unaligned).
-                let pair = unsafe { row.add(jp).read_unaligned() };
-                let pair = bf16_lanes(_mm512_set1_epi32(pair));
-                s[0] = _mm512_dpbf16_ps(s[0], pair, v0);
-                s[1] = _mm512_dpbf16_ps(s[1], pair, v1);
-            }
-        }
+        let slice = values.as_ptr().wrapping_add(value_index(0, c0));
+        // SAFETY: the width / 2 weight pairs of each row, and 32 columns from c0 of as many
+        // key pairs (pair jp at `value_index(jp, c0)`, SLICE after pair jp - 1), inside
+        // `weights` and `values`.
+        unsafe { pair_products(cpu, rows, slice, width / 2, &mut sums) };
         for (s, o) in sums.iter().zip(out) {
             // SAFETY: as the loads above.
             unsafe {
                 _mm512_storeu_ps(o, s[0]);
                 _mm512_storeu_ps(o.add(16), s[1]);
             }
+        }
+    }
+}
+
+/// `sums[i] += Σ_{p < pairs} (pair p of row i) · (run p of slice)` in `vdpbf16ps`, for `N`
+/// rows: a row's pair (two bf16 of one 32-bit word, adjacent along the reduction) broadcast
+/// against a run of 32 packed pairs (the `SLICE` lanes of 32 keys or 32 columns), runs one
+/// after another. The inner loop of both products: each pair of loaded vectors serves every
+/// row of the tile.
+///
+/// # Safety
+/// Each of `rows` holds `pairs` pairs, and `slice` `pairs` runs of `SLICE` pairs (read
+/// unaligned).
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[inline]
+unsafe fn pair_products<const N: usize>(
+    _: Avx512Bf16,
+    rows: [*const i32; N],
+    slice: *const u32,
+    pairs: usize,
+    sums: &mut [[__m512; 2]; N],
+) {
+    for p in 0..pairs {
+        let run = slice.wrapping_add(p * SLICE).cast::<__m512i>();
+        // SAFETY: run p of `slice`, 32 pairs (the caller's promise).
+        let (low, high) = unsafe { (_mm512_loadu_si512(run), _mm512_loadu_si512(run.add(1))) };
+        let (low, high) = (bf16_lanes(low), bf16_lanes(high));
+        for (s, row) in sums.iter_mut().zip(rows) {
+            // SAFETY: pair p of the row (the caller's promise).
+            let pair = unsafe { row.add(p).read_unaligned() };
+            let pair = bf16_lanes(_mm512_set1_epi32(pair));
+            s[0] = _mm512_dpbf16_ps(s[0], pair, low);
+            s[1] = _mm512_dpbf16_ps(s[1], pair, high);
         }
     }
 }

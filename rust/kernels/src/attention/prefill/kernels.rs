@@ -128,67 +128,68 @@ impl Packed<'_> {
     }
 }
 
-/// The two products and the online softmax of a tile of rows (at most `TILE_ROWS`) against
-/// one packed block, over its first `width` keys (a multiple of 32: the tile's rows see none
-/// past them, so the products stop there). A value of the implementation is its proof that
-/// the CPU runs its instructions (the vector one is the AVX-512 BF16 token).
+/// A tile of rows (at most `TILE_ROWS`) against one packed block: what the three steps of
+/// [`Micro`] read. Each step's safety asks that it be sound: every query inside `q`, the keys
+/// and values whole blocks, `width` a multiple of 32 up to `BLOCK_KEYS`, `visible[i] <= width`.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile<'t> {
+    /// The call's queries, and where each row's `d` elements start in them.
+    pub(crate) q: &'t [Bf16],
+    pub(crate) queries: &'t [usize],
+    /// The block's packed keys and values, whole.
+    pub(crate) keys: &'t [u32],
+    pub(crate) values: &'t [u32],
+    /// How many of the block's keys each row sees (at most `width`).
+    pub(crate) visible: &'t [usize],
+    /// The block's first keys the products cover, a multiple of 32 up to `BLOCK_KEYS`: the
+    /// tile's rows see none past them, so the products stop there.
+    pub(crate) width: usize,
+    /// The head size.
+    pub(crate) d: usize,
+    /// The scores' scale.
+    pub(crate) scale: f32,
+}
+
+/// The online softmax of a tile's rows, carried from block to block.
+pub(crate) struct Rows<'r> {
+    /// Each row's largest scaled score so far (`-inf` before the first block).
+    pub(crate) max: &'r mut [f32],
+    /// Each row's sum of terms so far, `LANES` partial sums a row.
+    pub(crate) sums: &'r mut [f32],
+    /// Each row's weighted sum of values so far, rows of `d`.
+    pub(crate) acc: &'r mut [f32],
+}
+
+/// The two products and the online softmax of a tile of rows against one packed block. A value
+/// of the implementation is its proof that the CPU runs its instructions (the vector one is the
+/// AVX-512 BF16 token). The slices a step writes or carries hold the tile's rows: `scores` and
+/// `weights` rows of `BLOCK_KEYS`, `acc` rows of `d`.
 pub(crate) trait Micro: Copy {
-    /// `scores[i][j] = q_i · key j` for `i` in the tile (`q_i` the `d` elements of `q` at
-    /// `tile[i]`) and `j < width`, `scores` rows of `BLOCK_KEYS`: unscaled, the softmax scales
-    /// them on the way (one fused step there instead of a product here).
+    /// `scores[i][j] = q_i · key j` for each row `i` of the tile (`q_i` its query) and
+    /// `j < width`: unscaled, the softmax scales them on the way (one fused step there instead
+    /// of a product here).
     ///
     /// # Safety
-    /// Every `tile[i] + d` is within `q`, `keys` is a whole block, `scores` holds the tile's
-    /// rows, and `width` is a multiple of 32 up to `BLOCK_KEYS`.
-    unsafe fn scores(
-        self,
-        q: &[Bf16],
-        tile: &[usize],
-        d: usize,
-        keys: &[u32],
-        width: usize,
-        scores: &mut [f32],
-    );
+    /// The tile is sound (see [`Tile`]) and `scores` holds its rows.
+    unsafe fn scores(self, tile: Tile<'_>, scores: &mut [f32]);
 
     /// One block's step of the online softmax for the tile's rows, row `i` seeing the first
-    /// `visible[i]` of its `scores` (rows of `BLOCK_KEYS`, each times `scale` the float32
-    /// score): raises `max[i]` to their maximum,
-    /// writes their terms `e^(score - max)` rounded to bf16 to `weights` (zeros up to `width`
-    /// past the visible ones), and rescales by `e^(old max - max)` the row's float32 sum
-    /// (`sums`, `LANES` partial sums a row) before adding the terms to it, and the row's
-    /// weighted sum (`acc`, rows of `d`).
+    /// `visible[i]` of its `scores` (each times `scale` the float32 score): raises the row's
+    /// maximum to their maximum, writes their terms `e^(score - max)` rounded to bf16 to
+    /// `weights` (zeros up to `width` past the visible ones), and rescales by
+    /// `e^(old max - max)` the row's sum before adding the terms to it, and the row's weighted
+    /// sum.
     ///
     /// # Safety
-    /// The slices hold the tile's rows, `visible[i] <= width`, `width` is a multiple of 32 up
-    /// to `BLOCK_KEYS`, a row seeing nothing has a finite `max`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn softmax(
-        self,
-        scores: &[f32],
-        scale: f32,
-        visible: &[usize],
-        width: usize,
-        max: &mut [f32],
-        sums: &mut [f32],
-        weights: &mut [Bf16],
-        acc: &mut [f32],
-        d: usize,
-    );
+    /// The tile is sound, the slices hold its rows, and a row seeing nothing has a finite
+    /// maximum.
+    unsafe fn softmax(self, tile: Tile<'_>, scores: &[f32], weights: &mut [Bf16], rows: Rows<'_>);
 
-    /// `acc[i][c] += Σ_{j < width} weights[i][j] · value j column c` for the tile's rows
-    /// (`weights` rows of `BLOCK_KEYS`, `acc` rows of `d`).
+    /// `acc[i][c] += Σ_{j < width} weights[i][j] · value j column c` for the tile's rows.
     ///
     /// # Safety
-    /// `weights` and `acc` hold the same rows, `values` is a whole block, and `width` is a
-    /// multiple of 32 up to `BLOCK_KEYS`.
-    unsafe fn weighted_sum(
-        self,
-        weights: &[Bf16],
-        values: &[u32],
-        d: usize,
-        width: usize,
-        acc: &mut [f32],
-    );
+    /// The tile is sound, and `weights` and `acc` hold its rows.
+    unsafe fn weighted_sum(self, tile: Tile<'_>, weights: &[Bf16], acc: &mut [f32]);
 }
 
 /// Portable code, each pair's two products summed before they join the float32 sum.
@@ -196,16 +197,11 @@ pub(crate) trait Micro: Copy {
 pub(crate) struct Portable;
 
 impl Micro for Portable {
-    unsafe fn scores(
-        self,
-        q: &[Bf16],
-        tile: &[usize],
-        d: usize,
-        keys: &[u32],
-        width: usize,
-        scores: &mut [f32],
-    ) {
-        for (&offset, row) in tile.iter().zip(scores.chunks_exact_mut(BLOCK_KEYS)) {
+    unsafe fn scores(self, tile: Tile<'_>, scores: &mut [f32]) {
+        let Tile {
+            q, keys, width, d, ..
+        } = tile;
+        for (&offset, row) in tile.queries.iter().zip(scores.chunks_exact_mut(BLOCK_KEYS)) {
             let query = &q[offset..offset + d];
             for (j, score) in row[..width].iter_mut().enumerate() {
                 let mut sum = 0f32;
@@ -218,19 +214,12 @@ impl Micro for Portable {
         }
     }
 
-    unsafe fn softmax(
-        self,
-        scores: &[f32],
-        scale: f32,
-        visible: &[usize],
-        width: usize,
-        max: &mut [f32],
-        sums: &mut [f32],
-        weights: &mut [Bf16],
-        acc: &mut [f32],
-        d: usize,
-    ) {
-        for (r, &seen) in visible.iter().enumerate() {
+    unsafe fn softmax(self, tile: Tile<'_>, scores: &[f32], weights: &mut [Bf16], rows: Rows<'_>) {
+        let Tile {
+            width, d, scale, ..
+        } = tile;
+        let Rows { max, sums, acc } = rows;
+        for (r, &seen) in tile.visible.iter().enumerate() {
             let row: Vec<f32> = scores[r * BLOCK_KEYS..][..seen]
                 .iter()
                 .map(|&s| s * scale)
@@ -266,14 +255,10 @@ impl Micro for Portable {
         }
     }
 
-    unsafe fn weighted_sum(
-        self,
-        weights: &[Bf16],
-        values: &[u32],
-        d: usize,
-        width: usize,
-        acc: &mut [f32],
-    ) {
+    unsafe fn weighted_sum(self, tile: Tile<'_>, weights: &[Bf16], acc: &mut [f32]) {
+        let Tile {
+            values, width, d, ..
+        } = tile;
         for (row, out) in weights
             .chunks_exact(BLOCK_KEYS)
             .zip(acc.chunks_exact_mut(d))
