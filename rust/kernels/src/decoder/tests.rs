@@ -467,6 +467,38 @@ fn blocks_refuse_one_int8_activations() {
     assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("k norm")));
 }
 
+#[test]
+fn k_quants_are_refused() {
+    let layer = &layers()[0];
+    let (mut k, mut v) = caches().swap_remove(0);
+    let data = blocks(Format::Q4_K, DIM, 256, 3);
+    let down = Projection {
+        weight: Weight::Blocks(QuantMatrix::new(Format::Q4_K, &data, DIM, 256).unwrap()),
+        bias: None,
+        one_int8_from: None,
+    };
+    let stacked = DecoderLayer {
+        input_norm: &layer.input_norm,
+        qkv: layer.qkv.projection(Products::Blocks),
+        o: layer.o.projection(Products::Blocks),
+        qk_norms: None,
+        post_norm: &layer.post_norm,
+        feed_forward: FeedForward::Dense(Mlp {
+            gate_up: layer.gate_up.projection(Products::Blocks),
+            down,
+        }),
+        k_cache: &mut k,
+        v_cache: &mut v,
+    };
+    let widths = (
+        HEADS.heads * HEADS.head_dim,
+        HEADS.kv_heads * HEADS.head_dim,
+        HEADS.head_dim,
+    );
+    let refused = check_layer(&stacked, DIM, widths);
+    assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("Q4_K")));
+}
+
 /// Experts of the tiny mixture: `(gate_up, down)` of 32 rows each.
 fn experts(count: u64) -> Vec<(Random, Random)> {
     (0..count)

@@ -8,7 +8,7 @@ use crate::element::Element;
 use crate::error::{check_len, elements};
 use crate::isa::Avx512;
 use crate::parallel;
-use crate::quant::{block, Format, QuantMatrix, BLOCK};
+use crate::quant::{block, check_shape, Format, QuantMatrix, BLOCK};
 use crate::{Error, Result};
 
 /// Bytes of one block's values in a tile.
@@ -16,6 +16,9 @@ pub(super) const fn values_bytes(format: Format) -> usize {
     match format {
         Format::Q8_0 => TILE * BLOCK,
         Format::Q4_0 | Format::Q4_1 => TILE * BLOCK / 2,
+        Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+            panic!("a K-quant's tiles hold super-blocks, not blocks of 32")
+        }
     }
 }
 
@@ -26,12 +29,12 @@ pub(super) const fn tile_block_bytes(format: Format) -> usize {
 
 /// Bytes that `pack` writes for a `[n, k]` weight of `format`.
 pub fn packed_len(format: Format, out_features: usize, in_features: usize) -> Result<usize> {
-    if in_features == 0 || !in_features.is_multiple_of(BLOCK) || out_features == 0 {
+    if format.is_k() {
         return Err(Error::InvalidArgument(format!(
-            "a packed weight needs at least one output and a positive multiple of {BLOCK} \
-             input features, got [{out_features}, {in_features}]"
+            "{format:?} has no tile layout yet: its blocks are served by the float kernel"
         )));
     }
+    check_shape(format, "a packed weight", out_features, in_features)?;
     elements(
         "the packed weight",
         &[
@@ -75,6 +78,11 @@ impl<'a> PackedMatrix<'a> {
             out_features,
             in_features,
         })
+    }
+
+    /// The block format it was packed from.
+    pub fn format(&self) -> Format {
+        self.format
     }
 
     /// Output features (rows of the weight).
@@ -124,6 +132,9 @@ pub(super) fn dequantized(format: Format, q: u8, d: f32, m: f32) -> f32 {
         Format::Q4_0 => d * (q - 8.0),
         Format::Q4_1 => d * q + m,
         Format::Q8_0 => d * (q - 128.0),
+        Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+            unreachable!("a K-quant's tiles never reach the layout of blocks of 32")
+        }
     }
 }
 
@@ -133,6 +144,9 @@ pub(crate) const fn zero_point(format: Format) -> i32 {
         Format::Q4_0 => 8,
         Format::Q4_1 => 0,
         Format::Q8_0 => 128,
+        Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+            panic!("a K-quant's tiles never reach the layout of blocks of 32")
+        }
     }
 }
 
@@ -142,6 +156,9 @@ fn value_place(format: Format, at: usize, lane: usize, i: usize) -> (usize, bool
     match format {
         Format::Q8_0 => (at + group * 64 + lane * 4 + within, false),
         Format::Q4_0 | Format::Q4_1 => (at + (group % 4) * 64 + lane * 4 + within, group >= 4),
+        Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+            unreachable!("a K-quant's tiles never reach the layout of blocks of 32")
+        }
     }
 }
 
@@ -182,6 +199,9 @@ pub fn pack(weight: &QuantMatrix<'_>, out: &mut [u8]) -> Result<()> {
                     (m, low.chain(nibbles.iter().map(|byte| byte >> 4)).collect())
                 }
                 Format::Q8_0 => (0, source[2..].iter().map(|&q| q ^ 0x80).collect()),
+                Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+                    unreachable!("packed_len refused the K-quants")
+                }
             };
             for (i, &q) in values.iter().enumerate() {
                 let (byte, high) = value_place(format, at, lane, i);
