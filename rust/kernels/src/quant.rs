@@ -183,7 +183,7 @@ impl<'a> QuantMatrix<'a> {
         self.in_features / self.format.block_weights() * self.format.block_bytes()
     }
 
-    fn row(&self, index: usize) -> &'a [u8] {
+    pub(crate) fn row(&self, index: usize) -> &'a [u8] {
         let bytes = self.row_bytes();
         &self.blocks[index * bytes..(index + 1) * bytes]
     }

@@ -1,14 +1,15 @@
-//! The tile layout of `packed` (see there): packing GGUF blocks into it and reading weights
-//! back out of it, as rows (embedding lookups) or, for a matrix multiply, transposed.
+//! The tile layout of `packed` (see there; the K-quants' in `k_layout.rs`): packing GGUF
+//! blocks into it and reading weights back out of it, as rows (embedding lookups) or, for a
+//! matrix multiply, transposed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::TILE;
+use super::{k_layout, TILE};
 use crate::element::Element;
 use crate::error::{check_len, elements};
 use crate::isa::Avx512;
 use crate::parallel;
-use crate::quant::{block, check_shape, Format, QuantMatrix, BLOCK};
+use crate::quant::{block, check_shape, Format, QuantMatrix, BLOCK, SUPER_BLOCK};
 use crate::{Error, Result};
 
 /// Bytes of one block's values in a tile.
@@ -22,24 +23,24 @@ pub(super) const fn values_bytes(format: Format) -> usize {
     }
 }
 
-/// Bytes of one block of a tile: its values, then 16 scales and 16 offsets as halves.
+/// Bytes of one block of a tile: its values, then 16 scales and 16 offsets as halves; for a
+/// K-quant, of one super-block (`k_layout.rs`).
 pub(super) const fn tile_block_bytes(format: Format) -> usize {
-    values_bytes(format) + 4 * TILE
+    if format.is_k() {
+        k_layout::tile_super_block_bytes(format)
+    } else {
+        values_bytes(format) + 4 * TILE
+    }
 }
 
 /// Bytes that `pack` writes for a `[n, k]` weight of `format`.
 pub fn packed_len(format: Format, out_features: usize, in_features: usize) -> Result<usize> {
-    if format.is_k() {
-        return Err(Error::InvalidArgument(format!(
-            "{format:?} has no tile layout yet: its blocks are served by the float kernel"
-        )));
-    }
     check_shape(format, "a packed weight", out_features, in_features)?;
     elements(
         "the packed weight",
         &[
             out_features.div_ceil(TILE),
-            in_features / BLOCK,
+            in_features / format.block_weights(),
             tile_block_bytes(format),
         ],
     )
@@ -95,9 +96,9 @@ impl<'a> PackedMatrix<'a> {
         self.in_features
     }
 
-    /// The offset of block `b` of tile `t`.
+    /// The offset of block `b` (a K-quant's super-block) of tile `t`.
     pub(super) fn tile_block(&self, t: usize, b: usize) -> usize {
-        (t * (self.in_features / BLOCK) + b) * tile_block_bytes(self.format)
+        (t * (self.in_features / self.format.block_weights()) + b) * tile_block_bytes(self.format)
     }
 
     /// Column `lane`'s scale and offset in the tile block at `at`.
@@ -113,6 +114,13 @@ impl<'a> PackedMatrix<'a> {
     /// Column `column`'s weights, as `block::decode` computes them, into `out` (`in_features`).
     fn decode_column<T: Element>(&self, column: usize, out: &mut [T]) {
         let (t, lane) = (column / TILE, column % TILE);
+        if self.format.is_k() {
+            for (s, values) in out.chunks_exact_mut(SUPER_BLOCK).enumerate() {
+                let at = self.tile_block(t, s);
+                k_layout::decode(self.format, self.bytes, at, lane, |i, v| values[i] = v);
+            }
+            return;
+        }
         for (b, values) in out.chunks_exact_mut(BLOCK).enumerate() {
             let at = self.tile_block(t, b);
             let (d, m) = self.scales(at, lane);
@@ -177,6 +185,10 @@ pub fn pack(weight: &QuantMatrix<'_>, out: &mut [u8]) -> Result<()> {
     let (n, k) = (weight.out_features(), weight.in_features());
     check_bytes(out.len(), packed_len(format, n, k)?)?;
     out.fill(0);
+    if format.is_k() {
+        k_layout::pack(weight, out);
+        return Ok(());
+    }
     let blocks = k / BLOCK;
     for column in 0..n {
         let (t, lane) = (column / TILE, column % TILE);
@@ -200,7 +212,7 @@ pub fn pack(weight: &QuantMatrix<'_>, out: &mut [u8]) -> Result<()> {
                 }
                 Format::Q8_0 => (0, source[2..].iter().map(|&q| q ^ 0x80).collect()),
                 Format::Q4_K | Format::Q5_K | Format::Q6_K => {
-                    unreachable!("packed_len refused the K-quants")
+                    unreachable!("the K-quants pack in k_layout.rs")
                 }
             };
             for (i, &q) in values.iter().enumerate() {
@@ -258,7 +270,8 @@ pub fn dequantize_packed_transposed<T: Element>(
     let (n, k) = (weight.out_features, weight.in_features);
     check_len("the output", out.len(), elements("the output", &[k, n])?)?;
     let tiles = n.div_ceil(TILE);
-    let simd = Avx512::active();
+    // The AVX-512 decoder takes tiles of blocks of 32.
+    let simd = Avx512::active().filter(|_| !weight.format.is_k());
     let threads = if n * k >= TRANSPOSE_PARALLEL_MIN {
         parallel::max_threads()
     } else {
@@ -306,6 +319,19 @@ unsafe impl<T> Sync for Target<T> {}
 pub(super) unsafe fn transpose_tile<T: Element>(weight: &PackedMatrix<'_>, t: usize, out: *mut T) {
     let n = weight.out_features;
     let width = TILE.min(n - t * TILE);
+    if weight.format.is_k() {
+        for s in 0..weight.in_features / SUPER_BLOCK {
+            let at = weight.tile_block(t, s);
+            for lane in 0..width {
+                let column = out.wrapping_add(s * SUPER_BLOCK * n + t * TILE + lane);
+                k_layout::decode(weight.format, weight.bytes, at, lane, |i, v| {
+                    // SAFETY: row `256s + i` < k and column `16t + lane` < n lie inside `out`.
+                    unsafe { *column.add(i * n) = v };
+                });
+            }
+        }
+        return;
+    }
     for b in 0..weight.in_features / BLOCK {
         let at = weight.tile_block(t, b);
         for lane in 0..width {
