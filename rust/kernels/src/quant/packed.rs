@@ -55,8 +55,12 @@ use crate::Result;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod k_avx512;
 mod k_kernel;
 mod k_layout;
+#[cfg(target_arch = "x86_64")]
+mod k_simd;
 #[cfg(test)]
 mod k_tests;
 mod layout;

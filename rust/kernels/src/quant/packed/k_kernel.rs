@@ -33,8 +33,8 @@ use crate::{Error, Result};
 /// Refuses `kernel` for `format` where it has no K-quant kernel yet.
 pub(super) fn check(kernel: PackedKernel, format: Format) -> Result<()> {
     match kernel {
-        PackedKernel::Portable => Ok(()),
-        _ => Err(Error::InvalidArgument(format!(
+        PackedKernel::Portable | PackedKernel::Avx512Vnni(_) => Ok(()),
+        PackedKernel::Avx2(_) | PackedKernel::AvxVnni(_) => Err(Error::InvalidArgument(format!(
             "the {} kernel does not take {format:?} yet",
             kernel.name()
         ))),
@@ -70,7 +70,13 @@ pub(super) unsafe fn run<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: 
     unsafe {
         match kernel {
             PackedKernel::Portable => run_portable(job, tiles),
-            _ => unreachable!("`check` refuses the tiers without a K-quant kernel"),
+            #[cfg(target_arch = "x86_64")]
+            PackedKernel::Avx512Vnni(cpu) => super::k_avx512::run(cpu, job, tiles),
+            #[cfg(not(target_arch = "x86_64"))]
+            PackedKernel::Avx512Vnni(_) => unreachable!("detection makes no x86 token off x86-64"),
+            PackedKernel::Avx2(_) | PackedKernel::AvxVnni(_) => {
+                unreachable!("`check` refuses the tiers without a K-quant kernel")
+            }
         }
     }
 }

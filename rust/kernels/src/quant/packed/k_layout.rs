@@ -32,7 +32,7 @@ use crate::quant::k_blocks::{self, sub_blocks};
 use crate::quant::{block, Format, QuantMatrix, BLOCK, SUPER_BLOCK};
 
 /// Bytes of a super-block's low nibbles in a tile: 8 sub-blocks of 256.
-const NIBBLES: usize = 8 * TILE * BLOCK / 2;
+pub(super) const NIBBLES: usize = 8 * TILE * BLOCK / 2;
 
 /// Bytes of one sub-block's high bits in a tile.
 pub(super) const fn plane_bytes(format: Format) -> usize {
