@@ -56,6 +56,8 @@ use crate::Result;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod k_avx2;
+#[cfg(target_arch = "x86_64")]
 mod k_avx512;
 mod k_kernel;
 mod k_layout;
@@ -174,9 +176,6 @@ pub fn linear_packed<T: Element>(
     check_product(weight, x, m, bias, out)?;
     if m == 0 {
         return Ok(());
-    }
-    if weight.format.is_k() {
-        k_kernel::check(kernel, weight.format)?;
     }
     let (n, k) = (weight.out_features, weight.in_features);
     let rows = RoundedRows::split(x, kernel);

@@ -185,7 +185,7 @@ unsafe fn lanes(width: usize) -> __m256i {
 /// `target` holds `width` (at most 8) elements and a non-null `bias` `column + width` floats;
 /// the CPU has AVX2.
 #[inline(always)]
-unsafe fn store<T: Element>(
+pub(super) unsafe fn store<T: Element>(
     acc: __m256,
     bias: *const f32,
     column: usize,

@@ -28,18 +28,6 @@ use super::rounding::RoundedRows;
 use super::{Job, PackedKernel, PackedMatrix, TILE};
 use crate::element::Element;
 use crate::quant::{Format, BLOCK, SUPER_BLOCK};
-use crate::{Error, Result};
-
-/// Refuses `kernel` for `format` where it has no K-quant kernel yet.
-pub(super) fn check(kernel: PackedKernel, format: Format) -> Result<()> {
-    match kernel {
-        PackedKernel::Portable | PackedKernel::Avx512Vnni(_) => Ok(()),
-        PackedKernel::Avx2(_) | PackedKernel::AvxVnni(_) => Err(Error::InvalidArgument(format!(
-            "the {} kernel does not take {format:?} yet",
-            kernel.name()
-        ))),
-    }
-}
 
 /// Q6_K's per-block sums of the first 16 values `256a + b` of the split rows (`[m, k / 32]`);
 /// empty for the other formats. Plain integer sums, so the same whatever tier rounded.
@@ -64,18 +52,21 @@ pub(super) fn first_halves(rows: &RoundedRows, format: Format) -> Vec<i32> {
 ///
 /// # Safety
 /// `job`'s lengths are checked (`first_halves` filled for Q6_K); no other thread writes
-/// `tiles`; `check` accepted `kernel` for the format.
+/// `tiles`.
 pub(super) unsafe fn run<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: Range<usize>) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match kernel {
             PackedKernel::Portable => run_portable(job, tiles),
             #[cfg(target_arch = "x86_64")]
+            PackedKernel::Avx2(cpu) => super::k_avx2::run(cpu, job, tiles),
+            #[cfg(target_arch = "x86_64")]
+            PackedKernel::AvxVnni(cpu) => super::k_avx2::run_vnni(cpu, job, tiles),
+            #[cfg(target_arch = "x86_64")]
             PackedKernel::Avx512Vnni(cpu) => super::k_avx512::run(cpu, job, tiles),
             #[cfg(not(target_arch = "x86_64"))]
-            PackedKernel::Avx512Vnni(_) => unreachable!("detection makes no x86 token off x86-64"),
-            PackedKernel::Avx2(_) | PackedKernel::AvxVnni(_) => {
-                unreachable!("`check` refuses the tiers without a K-quant kernel")
+            PackedKernel::Avx2(_) | PackedKernel::AvxVnni(_) | PackedKernel::Avx512Vnni(_) => {
+                unreachable!("detection makes no x86 token off x86-64")
             }
         }
     }

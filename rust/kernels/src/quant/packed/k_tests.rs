@@ -187,9 +187,6 @@ fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_th
                 }
                 let want_bf16 = product(PackedKernel::Portable, &tiles, &halves, m, None);
                 for kernel in PackedKernel::detected() {
-                    if k_kernel::check(kernel, format).is_err() {
-                        continue;
-                    }
                     let got = product(kernel, &tiles, &x, m, Some(&bias));
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
@@ -223,9 +220,6 @@ fn a_non_finite_activation_makes_only_its_rows_outputs_nan() {
         x[k + 300] = f32::INFINITY;
         x[2 * k + 3] = f32::NAN;
         for kernel in PackedKernel::detected() {
-            if k_kernel::check(kernel, format).is_err() {
-                continue;
-            }
             let out = product(kernel, &tiles, &x, 3, None);
             assert!(
                 out[..n].iter().all(|v| v.is_finite()),
@@ -237,7 +231,7 @@ fn a_non_finite_activation_makes_only_its_rows_outputs_nan() {
 }
 
 #[test]
-fn kernels_without_k_quants_refuse_them() {
+fn the_one_int8_path_refuses_k_quants() {
     let (n, k) = (5, 256);
     for format in K_FORMATS {
         let data = blocks(format, n, k, 3);
@@ -249,12 +243,7 @@ fn kernels_without_k_quants_refuse_them() {
         for kernel in PackedKernel::detected() {
             let refused = linear_packed_one_int8(kernel, &tiles, &x, 2, None, &mut out);
             assert!(matches!(refused, Err(crate::Error::InvalidArgument(_))));
-            let result = linear_packed(kernel, &tiles, &x, 2, None, &mut out);
-            assert_eq!(
-                result.is_ok(),
-                k_kernel::check(kernel, format).is_ok(),
-                "{kernel:?}"
-            );
+            assert!(linear_packed(kernel, &tiles, &x, 2, None, &mut out).is_ok());
         }
     }
 }
