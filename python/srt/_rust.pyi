@@ -323,7 +323,8 @@ def thread_cpus() -> list[int]:
 _Bytes = Buffer | NDArray[np.uint8]
 
 def quant_block_bytes(fmt: str) -> int:
-    """Bytes per block of 32 weights of `fmt` (ValueError for an unknown format)."""
+    """Bytes per block of `fmt`: of 32 weights, or a K-quant's ("q4_k", "q5_k", "q6_k")
+    super-block of 256 (ValueError for an unknown format)."""
 
 def quant_linear(
     fmt: str,
