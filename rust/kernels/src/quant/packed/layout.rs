@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::{k_layout, TILE};
 use crate::element::Element;
 use crate::error::{check_len, elements};
-use crate::isa::Avx512;
+use crate::isa::{Avx512, Avx512Vnni};
 use crate::parallel;
 use crate::quant::{block, check_shape, Format, QuantMatrix, BLOCK, SUPER_BLOCK};
 use crate::{Error, Result};
@@ -270,8 +270,10 @@ pub fn dequantize_packed_transposed<T: Element>(
     let (n, k) = (weight.out_features, weight.in_features);
     check_len("the output", out.len(), elements("the output", &[k, n])?)?;
     let tiles = n.div_ceil(TILE);
-    // The AVX-512 decoder takes tiles of blocks of 32.
+    // The AVX-512 decoder takes tiles of blocks of 32; the K-quants' reads their groups of
+    // values as their AVX-512 VNNI kernel does.
     let simd = Avx512::active().filter(|_| !weight.format.is_k());
+    let k_simd = Avx512Vnni::active().filter(|_| weight.format.is_k());
     let threads = if n * k >= TRANSPOSE_PARALLEL_MIN {
         parallel::max_threads()
     } else {
@@ -288,9 +290,11 @@ pub fn dequantize_packed_transposed<T: Element>(
         // `t` writes only its own columns `16t..16t+16` (below `n`) of each row, claimed by
         // this thread alone.
         unsafe {
-            match simd {
+            match (simd, k_simd) {
                 #[cfg(target_arch = "x86_64")]
-                Some(cpu) => super::vnni::transpose_tile(cpu, weight, t, target.get()),
+                (Some(cpu), _) => super::vnni::transpose_tile(cpu, weight, t, target.get()),
+                #[cfg(target_arch = "x86_64")]
+                (_, Some(cpu)) => super::k_avx512::transpose_tile(cpu, weight, t, target.get()),
                 _ => transpose_tile(weight, t, target.get()),
             }
         }

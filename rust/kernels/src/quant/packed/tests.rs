@@ -83,12 +83,18 @@ pub(super) fn transposed_equals<T: Element + PartialEq + std::fmt::Debug>(
         let mut portable = vec![T::store(f32::NAN); k * n];
         // SAFETY: `portable` holds `[k, n]` elements; one thread.
         unsafe { layout::transpose_tile(tiles, t, portable.as_mut_ptr()) };
-        // The AVX-512 tile decoder takes blocks of 32 (K-quants transpose in plain Rust).
         #[cfg(target_arch = "x86_64")]
         if let Some(cpu) = crate::isa::Avx512::detected().filter(|_| !tiles.format.is_k()) {
             let mut simd = vec![T::store(f32::NAN); k * n];
             // SAFETY: as above; the token proves the CPU has AVX-512 F and BW.
             unsafe { vnni::transpose_tile(cpu, tiles, t, simd.as_mut_ptr()) };
+            assert_eq!(bits(&simd), bits(&portable), "{:?} tile {t}", tiles.format);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(cpu) = crate::isa::Avx512Vnni::detected().filter(|_| tiles.format.is_k()) {
+            let mut simd = vec![T::store(f32::NAN); k * n];
+            // SAFETY: as above; the token proves the CPU has AVX-512 VNNI.
+            unsafe { k_avx512::transpose_tile(cpu, tiles, t, simd.as_mut_ptr()) };
             assert_eq!(bits(&simd), bits(&portable), "{:?} tile {t}", tiles.format);
         }
         let columns = t * TILE..(t * TILE + TILE).min(n);
