@@ -187,10 +187,10 @@ def test_the_float_kernel_runs_where_the_integer_one_is_capped_away() -> None:
     float kernel's results agree with the reference to float rounding."""
     script = (
         "import torch, torch.nn.functional as F\n"
-        "from test_quant_kernels import make, close\n"
-        "weight, reference = make('q4_1', 45, 160)\n"
-        "x = torch.randn(5, 160)\n"
-        "close(weight.linear(x), F.linear(x, reference), 1e-4)\n"
+        "from test_quant_kernels import make, make_k, close\n"
+        "for weight, reference in (make('q4_1', 45, 160), make_k('q6_k', 45, 512)):\n"
+        "    x = torch.randn(5, weight.in_features)\n"
+        "    close(weight.linear(x), F.linear(x, reference), 1e-4)\n"
         "print(weight.packed, weight.blocks is not None)\n"
     )
     assert printed(script, "scalar") == ["False", "True"]
@@ -200,12 +200,12 @@ def test_the_float_kernel_runs_where_the_integer_one_is_capped_away() -> None:
 @pytest.mark.parametrize("cap", ["avx2", "avx2_vnni"])
 def test_the_avx2_integer_kernels_give_the_best_kernels_bits(cap: str) -> None:
     """Under `SRT_CPU_ISA=avx2` weights are packed for the AVX2 integer kernels (`avx2_vnni`:
-    with AVX-VNNI's products), whose few-row (two int8 parts) and many-row (one int8) products
-    equal, bit for bit, those of this CPU's best kernel (each run in a fresh process, as a server
-    starts)."""
+    with AVX-VNNI's products), whose few-row (two int8 parts) and many-row (one int8) products,
+    and the K-quants' few-row products and dequantized tiles, equal, bit for bit, those of this
+    CPU's best kernel (each run in a fresh process, as a server starts)."""
     script = (
         "import hashlib, torch\n"
-        "from test_quant_kernels import make\n"
+        "from test_quant_kernels import make, make_k\n"
         "from srt.kernels.cpu import cpu_kernels\n"
         "digest = hashlib.sha256()\n"
         "for fmt in ('q4_0', 'q4_1', 'q8_0'):\n"
@@ -217,6 +217,13 @@ def test_the_avx2_integer_kernels_give_the_best_kernels_bits(cap: str) -> None:
         "            x = torch.randn(rows, 160, generator=seeded)\n"
         "            out = path(x.to(dtype), bias)\n"
         "            digest.update(out.float().numpy().tobytes())\n"
+        "for fmt in ('q4_k', 'q5_k', 'q6_k'):\n"
+        "    weight, _ = make_k(fmt, 45, 512)\n"
+        "    seeded = torch.Generator().manual_seed(0)\n"
+        "    for dtype in (torch.float32, torch.bfloat16):\n"
+        "        x = torch.randn(5, 512, generator=seeded)\n"
+        "        digest.update(weight._kernel(x.to(dtype), None).float().numpy().tobytes())\n"
+        "        digest.update(weight.dequantize(dtype).float().numpy().tobytes())\n"
         "print(cpu_kernels.quant_packed_kernel(), weight.packed, digest.hexdigest())\n"
     )
     capped = printed(script, cap)
