@@ -148,7 +148,8 @@ unsafe fn shifted<L: Lanes>(isa: L, v: L::Bytes, shift: i32, mask: u8) -> L::Byt
     }
 }
 
-/// The low nibbles (`high` false) or high nibbles of the 64 bytes for `h` of sub-block `j`.
+/// The low nibbles, then the high ones, of the 64 bytes at `h` of sub-block `j`: groups `h` and
+/// `h + 4`'s low four bits.
 #[inline(always)]
 unsafe fn nibbles<L: Lanes>(
     isa: L,
@@ -164,8 +165,11 @@ unsafe fn nibbles<L: Lanes>(
     }
 }
 
+/// Q4_K: the nibbles alone.
 pub(super) struct Q4K;
+/// Q5_K: the nibbles and a bit plane.
 pub(super) struct Q5K;
+/// Q6_K: the nibbles and a plane of two-bit fields, a sub-block in two halves.
 pub(super) struct Q6K;
 
 impl KFormat for Q4K {
