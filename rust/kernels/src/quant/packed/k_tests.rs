@@ -247,3 +247,47 @@ fn the_one_int8_path_refuses_k_quants() {
         }
     }
 }
+
+#[test]
+fn the_largest_values_and_activations_stay_exact() {
+    // Every value at its largest (Q4_K 15, Q5_K 31, Q6_K 63), the largest scales and mins, and
+    // activations at ±1 (every high part ±127, the sums of the module's bound): the integer
+    // sums must not overflow, so every tier equals the portable kernel and the float64 product.
+    let (n, k, m) = (16, 512, 2);
+    for format in K_FORMATS {
+        let mut data = blocks(format, n, k, 5);
+        for block in data.chunks_exact_mut(format.block_bytes()) {
+            block.fill(0xff);
+            let at = scale_at(format);
+            block[at..at + 2].copy_from_slice(&0x2400u16.to_le_bytes()); // d = 2⁻⁶
+            if format == Format::Q6_K {
+                block[192..208].fill(127);
+            } else {
+                block[2..4].copy_from_slice(&0x2000u16.to_le_bytes()); // dmin = 2⁻⁷
+            }
+        }
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        let bytes = packed(&weight);
+        let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
+        let w = dequantized(&weight);
+        let x: Vec<f32> = (0..m * k).map(|i| if i < k { 1.0 } else { -1.0 }).collect();
+        let want = product(PackedKernel::Portable, &tiles, &x, m, None);
+        for row in 0..m {
+            let exact: f64 = (0..k)
+                .map(|i| f64::from(x[row * k + i]) * f64::from(w[i]))
+                .sum();
+            let got = f64::from(want[row * n]);
+            assert!(
+                (got - exact).abs() <= 1e-5 * exact.abs(),
+                "{format:?}: {got} vs {exact}"
+            );
+        }
+        for kernel in PackedKernel::detected() {
+            assert_eq!(
+                product(kernel, &tiles, &x, m, None),
+                want,
+                "{kernel:?} {format:?}"
+            );
+        }
+    }
+}
