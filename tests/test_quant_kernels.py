@@ -234,10 +234,11 @@ def test_the_avx2_integer_kernels_give_the_best_kernels_bits(cap: str) -> None:
     assert capped[2] == best[2]
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("fmt", sorted(FORMATS) + sorted(K_FORMATS))
 def test_dense_path_matches_the_dequantized_reference(fmt: str) -> None:
-    weight, reference = make(fmt, 70, 64, seed=3)
-    x = torch.randn(300, 64)
+    inputs = 512 if fmt in K_FORMATS else 64
+    weight, reference = (make_k if fmt in K_FORMATS else make)(fmt, 70, inputs, seed=3)
+    x = torch.randn(300, inputs)
     close(weight._dense(x, None), F.linear(x, reference), 1e-4)
     bf16 = weight._dense(x.to(torch.bfloat16), None)
     assert bf16.dtype == torch.bfloat16
