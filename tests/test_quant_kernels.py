@@ -25,7 +25,12 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from srt import _rust
-from srt.kernels.cpu.quant_kernels import BLOCK_BYTES, QuantizedWeight
+from srt.kernels.cpu.quant_kernels import (
+    BLOCK_BYTES,
+    ONE_INT8,
+    SUPER_BLOCK_BYTES,
+    QuantizedWeight,
+)
 
 FORMATS = {
     "q4_0": GGMLQuantizationType.Q4_0,
@@ -65,6 +70,60 @@ def split_rounded(x: torch.Tensor) -> torch.Tensor:
 
 
 PACKED = _rust.quant_packed_kernel() is not None
+
+K_FORMATS = {
+    "q4_k": GGMLQuantizationType.Q4_K,
+    "q5_k": GGMLQuantizationType.Q5_K,
+    "q6_k": GGMLQuantizationType.Q6_K,
+}
+
+
+def make_k(fmt: str, out: int, inp: int, seed: int = 0) -> tuple[QuantizedWeight, torch.Tensor]:
+    """A K-quant weight of random super-blocks (the `gguf` package cannot quantize to them:
+    every byte random, the half scales of moderate size), and gguf's dequantization of it."""
+    rng = np.random.default_rng(seed)
+    size = SUPER_BLOCK_BYTES[fmt]
+    blocks = rng.integers(0, 256, (out * inp // 256, size), dtype=np.uint8)
+    d_at = 208 if fmt == "q6_k" else 0
+    halves = rng.uniform(1e-3, 3e-2, (len(blocks), 2)).astype(np.float16).view(np.uint8)
+    blocks[:, d_at : d_at + 2] = halves[:, :2]
+    if fmt != "q6_k":
+        blocks[:, 2:4] = halves[:, 2:]
+    blocks = blocks.reshape(out, -1)
+    reference = torch.from_numpy(dequantize(blocks, K_FORMATS[fmt]).astype(np.float32))
+    return QuantizedWeight(torch.from_numpy(blocks), fmt, inp), reference
+
+
+@pytest.mark.parametrize("fmt", sorted(K_FORMATS))
+def test_k_quants_dequantize_as_gguf_from_blocks_and_tiles(fmt: str) -> None:
+    weight, reference = make_k(fmt, 37, 512)
+    assert SUPER_BLOCK_BYTES[fmt] == _rust.quant_block_bytes(fmt)
+    assert torch.equal(weight.select_columns(256, 512).dequantize(), reference[:, 256:])
+    ids = torch.tensor([[36, 0], [5, 5]])
+    for _ in ("blocks", "tiles"):
+        assert torch.equal(weight.dequantize(), reference)
+        assert torch.equal(weight.dequantize(torch.bfloat16), reference.to(torch.bfloat16))
+        assert torch.equal(weight.rows(ids), reference[ids])
+        assert weight.pack() == PACKED == weight.packed
+    # The tiles hold about the file's bytes (Q4_K 2.8% more, Q5_K 2.3%, Q6_K as many).
+    file_bytes = 64 * 1024 // 256 * SUPER_BLOCK_BYTES[fmt]
+    assert file_bytes <= _rust.quant_packed_len(fmt, 64, 1024) <= 1.03 * file_bytes
+
+
+@pytest.mark.parametrize("fmt", sorted(K_FORMATS))
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_k_quant_kernel_matches_the_dequantized_reference(fmt: str, rows: int) -> None:
+    weight, reference = make_k(fmt, 45, 512, seed=rows)
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    bias = torch.randn(45)
+    got = weight._kernel(x, bias)
+    if not weight.pack():
+        close(got, F.linear(x, reference, bias), 1e-4)
+        return
+    close(got, F.linear(split_rounded(x), reference.double(), bias.double()), 1e-4)
+    close(got, F.linear(x, reference, bias), 1e-3)
+    # The one-int8 kernel does not take K-quants: their plans never offer it.
+    assert all(path != ONE_INT8 for _, path in weight.plan(torch.float32, int8_offered=True))
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
@@ -128,10 +187,10 @@ def test_the_float_kernel_runs_where_the_integer_one_is_capped_away() -> None:
     float kernel's results agree with the reference to float rounding."""
     script = (
         "import torch, torch.nn.functional as F\n"
-        "from test_quant_kernels import make, close\n"
-        "weight, reference = make('q4_1', 45, 160)\n"
-        "x = torch.randn(5, 160)\n"
-        "close(weight.linear(x), F.linear(x, reference), 1e-4)\n"
+        "from test_quant_kernels import make, make_k, close\n"
+        "for weight, reference in (make('q4_1', 45, 160), make_k('q6_k', 45, 512)):\n"
+        "    x = torch.randn(5, weight.in_features)\n"
+        "    close(weight.linear(x), F.linear(x, reference), 1e-4)\n"
         "print(weight.packed, weight.blocks is not None)\n"
     )
     assert printed(script, "scalar") == ["False", "True"]
@@ -141,12 +200,12 @@ def test_the_float_kernel_runs_where_the_integer_one_is_capped_away() -> None:
 @pytest.mark.parametrize("cap", ["avx2", "avx2_vnni"])
 def test_the_avx2_integer_kernels_give_the_best_kernels_bits(cap: str) -> None:
     """Under `SRT_CPU_ISA=avx2` weights are packed for the AVX2 integer kernels (`avx2_vnni`:
-    with AVX-VNNI's products), whose few-row (two int8 parts) and many-row (one int8) products
-    equal, bit for bit, those of this CPU's best kernel (each run in a fresh process, as a server
-    starts)."""
+    with AVX-VNNI's products), whose few-row (two int8 parts) and many-row (one int8) products,
+    and the K-quants' few-row products and dequantized tiles, equal, bit for bit, those of this
+    CPU's best kernel (each run in a fresh process, as a server starts)."""
     script = (
         "import hashlib, torch\n"
-        "from test_quant_kernels import make\n"
+        "from test_quant_kernels import make, make_k\n"
         "from srt.kernels.cpu import cpu_kernels\n"
         "digest = hashlib.sha256()\n"
         "for fmt in ('q4_0', 'q4_1', 'q8_0'):\n"
@@ -158,6 +217,13 @@ def test_the_avx2_integer_kernels_give_the_best_kernels_bits(cap: str) -> None:
         "            x = torch.randn(rows, 160, generator=seeded)\n"
         "            out = path(x.to(dtype), bias)\n"
         "            digest.update(out.float().numpy().tobytes())\n"
+        "for fmt in ('q4_k', 'q5_k', 'q6_k'):\n"
+        "    weight, _ = make_k(fmt, 45, 512)\n"
+        "    seeded = torch.Generator().manual_seed(0)\n"
+        "    for dtype in (torch.float32, torch.bfloat16):\n"
+        "        x = torch.randn(5, 512, generator=seeded)\n"
+        "        digest.update(weight._kernel(x.to(dtype), None).float().numpy().tobytes())\n"
+        "        digest.update(weight.dequantize(dtype).float().numpy().tobytes())\n"
         "print(cpu_kernels.quant_packed_kernel(), weight.packed, digest.hexdigest())\n"
     )
     capped = printed(script, cap)
@@ -168,10 +234,11 @@ def test_the_avx2_integer_kernels_give_the_best_kernels_bits(cap: str) -> None:
     assert capped[2] == best[2]
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("fmt", sorted(FORMATS) + sorted(K_FORMATS))
 def test_dense_path_matches_the_dequantized_reference(fmt: str) -> None:
-    weight, reference = make(fmt, 70, 64, seed=3)
-    x = torch.randn(300, 64)
+    inputs = 512 if fmt in K_FORMATS else 64
+    weight, reference = (make_k if fmt in K_FORMATS else make)(fmt, 70, inputs, seed=3)
+    x = torch.randn(300, inputs)
     close(weight._dense(x, None), F.linear(x, reference), 1e-4)
     bf16 = weight._dense(x.to(torch.bfloat16), None)
     assert bf16.dtype == torch.bfloat16
@@ -204,6 +271,7 @@ def test_bad_arguments_raise_value_error() -> None:
         (lambda: QuantizedWeight(blocks, "q5_0", 64), "unknown format"),
         (lambda: QuantizedWeight(blocks, "q4_0", 96), r"\[out, 54\]"),
         (lambda: QuantizedWeight(blocks, "q4_0", 48), "multiple of 32"),
+        (lambda: QuantizedWeight(blocks, "q4_k", 128), "multiple of 256"),
         (lambda: QuantizedWeight(blocks[:, :-1], "q4_0", 64), r"\[out, 36\]"),
         (lambda: QuantizedWeight(blocks.to(torch.int16), "q4_0", 64), "uint8"),
         (lambda: weight.linear(torch.randn(2, 32)), "expected x"),

@@ -297,12 +297,14 @@ def thread_cpus() -> list[int]:
     """The CPUs the calling thread may run on."""
 
 # --- GGUF quantized weights (rust/python/src/quant.rs) ------------------------------------------
-# Blocks: a C-contiguous uint8 buffer of `[n, k // 32]` blocks ("q4_0", "q4_1", "q8_0");
-# bfloat16 outputs are int16 buffers of the bits. Sizes are checked as for `linear`.
+# Blocks: a C-contiguous uint8 buffer of `[n, k // 32]` blocks ("q4_0", "q4_1", "q8_0") or
+# `[n, k // 256]` super-blocks ("q4_k", "q5_k", "q6_k"); bfloat16 outputs are int16 buffers of
+# the bits. Sizes are checked as for `linear`.
 _Bytes = Buffer | NDArray[np.uint8]
 
 def quant_block_bytes(fmt: str) -> int:
-    """Bytes per block of 32 weights of `fmt` (ValueError for an unknown format)."""
+    """Bytes per block of `fmt`: of 32 weights, or a K-quant's ("q4_k", "q5_k", "q6_k")
+    super-block of 256 (ValueError for an unknown format)."""
 
 def quant_linear(
     fmt: str,
@@ -357,7 +359,7 @@ def quant_packed_linear(
     bfloat16 bits (int16), the bias float32 (GIL released, on PyTorch's OpenMP threads).
     Activations are split into two int8 parts, or with `int8_activations` rounded to one int8
     per value per block of 32 (llama.cpp's Q8; rust/kernels/src/quant/packed/one_int8.rs): half
-    the integer work, for products of many rows."""
+    the integer work, for products of many rows; not for the K-quants yet (ValueError)."""
 
 def quant_packed_dequantize(
     fmt: str,

@@ -51,6 +51,14 @@ impl Weight<'_> {
             Weight::Blocks(w) => (w.out_features(), w.in_features()),
         }
     }
+
+    /// The block format.
+    pub fn format(&self) -> quant::Format {
+        match self {
+            Weight::Packed(w) => w.format(),
+            Weight::Blocks(w) => w.format(),
+        }
+    }
 }
 
 /// A projection, its bias, and from how many rows its product rounds activations to one int8.
@@ -462,6 +470,15 @@ fn check_layer<T: Element>(
         expected.push(("down", &mlp.down, dim, intermediate));
     }
     for (what, projection, out, input) in expected {
+        let format = projection.weight.format();
+        if format.is_k() {
+            // Not wrong, but not yet proved: the stack's tests hold it to the layers' kernels
+            // for the formats of blocks of 32 only.
+            return Err(invalid(format!(
+                "the {what} projection is {format:?}: the fused decode step does not run \
+                 K-quants yet"
+            )));
+        }
         let (n, k) = projection.weight.shape();
         if (n, k) != (out, input) || out == 0 {
             return Err(invalid(format!(

@@ -1,5 +1,6 @@
 //! Linear layers and embedding lookups computed straight from GGUF's quantized blocks
-//! (Q4_0, Q4_1, Q8_0), so that a decode step reads 4.5 to 8.5 bits per weight instead of 32.
+//! (Q4_0, Q4_1, Q8_0, and the K-quants Q4_K, Q5_K, Q6_K), so that a decode step reads 4.5 to
+//! 8.5 bits per weight instead of 32.
 //!
 //! Why: decoding on the CPU reads every weight once per step for a few rows of activations; it
 //! is bound by the bytes of weights it reads, not by arithmetic. Keeping the blocks as they are
@@ -9,7 +10,10 @@
 //! `out` rows of `in / 32` blocks, each block `Format::block_bytes` bytes: a half-precision
 //! scale `d` (Q4_1: and an offset `m`) then the quantized values; weight `j` is `d·(q-8)`
 //! (Q4_0, `q` the low nibble of byte `j` for `j < 16`, the high nibble of byte `j-16` after),
-//! `d·q + m` (Q4_1, same nibbles), `d·q` (Q8_0, `q` the signed byte `j`).
+//! `d·q + m` (Q4_1, same nibbles), `d·q` (Q8_0, `q` the signed byte `j`). The K-quants keep
+//! super-blocks of 256 weights (`k_blocks.rs`: 8 sub-blocks of 32, or for Q6_K 16 of 16, each
+//! with small integer scales under the super-block's half-precision ones), so a K-quant
+//! weight's input width is a multiple of 256.
 //!
 //! Arithmetic: the activations stay float32 and every block is expanded to float32 weights,
 //! then multiplied and added in float32, as with the dequantized weight, so results equal
@@ -29,6 +33,7 @@ use crate::{Error, Result};
 
 mod block;
 mod dequant;
+mod k_blocks;
 mod packed;
 
 #[cfg(target_arch = "x86_64")]
@@ -41,15 +46,20 @@ pub use packed::{
     packed_len, PackedKernel, PackedMatrix, TILE,
 };
 
-/// Weights per block, in every format.
+/// Weights per block of Q4_0, Q4_1 and Q8_0, and per block of activations that the integer
+/// kernels round together (a K-quant's sub-block of 32 is one).
 pub const BLOCK: usize = 32;
+
+/// Weights per super-block of a K-quant (GGML's `QK_K`).
+pub const SUPER_BLOCK: usize = 256;
 
 /// Products with fewer multiply-adds than this (decoding counted as one row) run on the calling
 /// thread alone: starting a parallel region costs about as much as they do.
 const PARALLEL_MIN_WORK: usize = 1 << 20;
 
-/// A GGUF block format.
+/// A GGUF block format, named as GGML names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
 pub enum Format {
     /// 4-bit values with a scale: 18 bytes per block.
     Q4_0,
@@ -57,27 +67,56 @@ pub enum Format {
     Q4_1,
     /// 8-bit values with a scale: 34 bytes per block.
     Q8_0,
+    /// 4-bit values, 8 sub-blocks of 32 with 6-bit scales and mins under a half scale and min:
+    /// 144 bytes per super-block of 256.
+    Q4_K,
+    /// Q4_K with a fifth bit per value: 176 bytes per super-block of 256.
+    Q5_K,
+    /// 6-bit values, 16 sub-blocks of 16 with int8 scales under a half scale: 210 bytes per
+    /// super-block of 256.
+    Q6_K,
 }
 
 impl Format {
-    /// The format named `name` (`"q4_0"`, `"q4_1"`, `"q8_0"`).
+    /// The format named `name` (`"q4_0"`, `"q4_1"`, `"q8_0"`, `"q4_k"`, `"q5_k"`, `"q6_k"`).
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "q4_0" => Ok(Format::Q4_0),
             "q4_1" => Ok(Format::Q4_1),
             "q8_0" => Ok(Format::Q8_0),
+            "q4_k" => Ok(Format::Q4_K),
+            "q5_k" => Ok(Format::Q5_K),
+            "q6_k" => Ok(Format::Q6_K),
             _ => Err(Error::InvalidArgument(format!(
-                "unknown quantization format {name:?} (expected q4_0, q4_1 or q8_0)"
+                "unknown quantization format {name:?} (expected q4_0, q4_1, q8_0, q4_k, q5_k \
+                 or q6_k)"
             ))),
         }
     }
 
-    /// Bytes per block of 32 weights.
+    /// Whether the format is a K-quant (super-blocks of 256).
+    pub const fn is_k(self) -> bool {
+        matches!(self, Format::Q4_K | Format::Q5_K | Format::Q6_K)
+    }
+
+    /// Weights per block: 32, or a K-quant's super-block of 256.
+    pub const fn block_weights(self) -> usize {
+        if self.is_k() {
+            SUPER_BLOCK
+        } else {
+            BLOCK
+        }
+    }
+
+    /// Bytes per block of `block_weights` weights.
     pub const fn block_bytes(self) -> usize {
         match self {
             Format::Q4_0 => 18,
             Format::Q4_1 => 20,
             Format::Q8_0 => 34,
+            Format::Q4_K => 144,
+            Format::Q5_K => 176,
+            Format::Q6_K => 210,
         }
     }
 }
@@ -93,23 +132,22 @@ pub struct QuantMatrix<'a> {
 }
 
 impl<'a> QuantMatrix<'a> {
-    /// Checks that `blocks` holds `out_features` rows of `in_features / 32` blocks of `format`,
-    /// `in_features` a positive multiple of 32.
+    /// Checks that `blocks` holds `out_features` rows of `in_features / block_weights` blocks
+    /// of `format`, `in_features` a positive multiple of the format's `block_weights`.
     pub fn new(
         format: Format,
         blocks: &'a [u8],
         out_features: usize,
         in_features: usize,
     ) -> Result<Self> {
-        if in_features == 0 || !in_features.is_multiple_of(BLOCK) || out_features == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "a quantized weight needs at least one output and a positive multiple of {BLOCK} \
-                 input features, got [{out_features}, {in_features}]"
-            )));
-        }
+        check_shape(format, "a quantized weight", out_features, in_features)?;
         let expected = elements(
             "the quantized weight",
-            &[out_features, in_features / BLOCK, format.block_bytes()],
+            &[
+                out_features,
+                in_features / format.block_weights(),
+                format.block_bytes(),
+            ],
         )?;
         if blocks.len() != expected {
             return Err(Error::InvalidArgument(format!(
@@ -142,10 +180,10 @@ impl<'a> QuantMatrix<'a> {
     }
 
     fn row_bytes(&self) -> usize {
-        self.in_features / BLOCK * self.format.block_bytes()
+        self.in_features / self.format.block_weights() * self.format.block_bytes()
     }
 
-    fn row(&self, index: usize) -> &'a [u8] {
+    pub(crate) fn row(&self, index: usize) -> &'a [u8] {
         let bytes = self.row_bytes();
         &self.blocks[index * bytes..(index + 1) * bytes]
     }
@@ -216,6 +254,23 @@ pub fn linear(
         // SAFETY: every length was checked above, and this thread alone owns `columns`.
         unsafe { block::run(&job, columns) };
     });
+    Ok(())
+}
+
+/// Checks that `[out_features, in_features]` has an output and whole blocks of `format`.
+pub(crate) fn check_shape(
+    format: Format,
+    what: &str,
+    out_features: usize,
+    in_features: usize,
+) -> Result<()> {
+    let width = format.block_weights();
+    if in_features == 0 || !in_features.is_multiple_of(width) || out_features == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{what} of {format:?} needs at least one output and a positive multiple of {width} \
+             input features, got [{out_features}, {in_features}]"
+        )));
+    }
     Ok(())
 }
 

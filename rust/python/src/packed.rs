@@ -57,7 +57,7 @@ fn quant_pack(
 /// `out[m, n] = x[m, k] · Wᵀ + bias` on the packed weight `W`, `x` and `out` both float32 or
 /// both bfloat16 bits, the bias float32. Activations are split into two int8 parts, or with
 /// `int8_activations` rounded to one int8 per value per block of 32 (llama.cpp's Q8: half the
-/// integer work, for products of many rows).
+/// integer work, for products of many rows; not for the K-quants yet).
 #[pyfunction]
 #[pyo3(signature = (fmt, x, m, packed, n, k, bias, out, int8_activations=false))]
 #[allow(clippy::too_many_arguments)]

@@ -11,7 +11,8 @@ use srt_kernels::quant::{self, Format, QuantMatrix};
 use crate::boundary::{bf16_bits, contiguous, overlap, Ids};
 use crate::to_py_err;
 
-/// Bytes per block of 32 weights of the format named `fmt`.
+/// Bytes per block of the format named `fmt`: of 32 weights, or a K-quant's super-block of
+/// 256.
 #[pyfunction]
 fn quant_block_bytes(fmt: &str) -> PyResult<usize> {
     Ok(Format::parse(fmt).map_err(to_py_err)?.block_bytes())

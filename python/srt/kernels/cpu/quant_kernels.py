@@ -1,5 +1,9 @@
-"""Weights kept in GGUF's quantized blocks (Q4_0, Q4_1, Q8_0) and the products computed from
-them: the Rust `quant` kernels (rust/kernels/src/quant.rs) as a tensor class.
+"""Weights kept in GGUF's quantized blocks (Q4_0, Q4_1, Q8_0, and the K-quants Q4_K, Q5_K,
+Q6_K) and the products computed from them: the Rust `quant` kernels (rust/kernels/src/quant.rs)
+as a tensor class.
+
+The K-quants (super-blocks of 256 weights, `SUPER_BLOCK_BYTES`) take the few-row kernels and the
+dense path; the one-int8 kernel does not take them yet, so their plans never offer it.
 
 Why: decoding on the CPU is bound by the bytes of weights each step reads; blocks of 4.5 to 8.5
 bits per weight read 4 to 7 times fewer than float32. Where the CPU has integer dot products
@@ -63,8 +67,14 @@ from srt.kernels.cpu import cpu_kernels, plan_cache
 from srt.tensor_views import numpy_view
 
 BLOCK_SIZE = 32
+SUPER_BLOCK_SIZE = 256
 _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
+# Bytes per block of 32 weights: the formats every path takes, and the ones the GGUF loader keeps
+# in blocks.
 BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+# Bytes per super-block of 256 weights of the K-quants, which `QuantizedWeight` holds but the
+# loader does not offer it yet (the one-int8 kernel and the fused decode step refuse them).
+SUPER_BLOCK_BYTES: dict[str, int] = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 PathFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 # Row counts at which the paths are compared, in order (see `_measure_plan`). Past the last, the
@@ -104,16 +114,28 @@ def int8_offered() -> bool:
     return _int8_offered.get()
 
 
+def block_shape(fmt: str) -> tuple[int, int]:
+    """(weights, bytes) per block of `fmt`: 32 weights, or a K-quant's super-block of 256."""
+    if fmt in BLOCK_BYTES:
+        return BLOCK_SIZE, BLOCK_BYTES[fmt]
+    if fmt in SUPER_BLOCK_BYTES:
+        return SUPER_BLOCK_SIZE, SUPER_BLOCK_BYTES[fmt]
+    known = sorted(BLOCK_BYTES) + sorted(SUPER_BLOCK_BYTES)
+    raise ValueError(f"unknown format {fmt!r}, expected one of {known}")
+
+
 class QuantizedWeight:
     """A [out_features, in_features] weight kept in a GGUF block format (CPU uint8 tensor
-    blocks of shape [out_features, in_features // 32 * BLOCK_BYTES[fmt]], contiguous)."""
+    blocks of shape [out_features, in_features // weights * bytes], `block_shape(fmt)`,
+    contiguous)."""
 
     def __init__(self, blocks: torch.Tensor, fmt: str, in_features: int) -> None:
-        if fmt not in BLOCK_BYTES:
-            raise ValueError(f"unknown format {fmt!r}, expected one of {sorted(BLOCK_BYTES)}")
-        if in_features <= 0 or in_features % BLOCK_SIZE:
-            raise ValueError(f"in_features must be a positive multiple of 32, got {in_features}")
-        row_bytes = in_features // BLOCK_SIZE * BLOCK_BYTES[fmt]
+        width, block_bytes = block_shape(fmt)
+        if in_features <= 0 or in_features % width:
+            raise ValueError(
+                f"in_features must be a positive multiple of {width}, got {in_features}"
+            )
+        row_bytes = in_features // width * block_bytes
         if blocks.dtype != torch.uint8 or not blocks.is_cpu or blocks.dim() != 2:
             raise ValueError(
                 f"blocks must be a 2-D uint8 CPU tensor, got {blocks.dtype} {tuple(blocks.shape)}"
@@ -205,7 +227,8 @@ class QuantizedWeight:
         kernel offered or not (measured once per format, shape, dtype and offer in this
         process)."""
         self.pack()
-        offered = int8_offered and self.packed
+        # The one-int8 kernel takes the formats of blocks of 32 only.
+        offered = int8_offered and self.packed and self.fmt in BLOCK_BYTES
         key = (self.fmt, self.out_features, self.in_features, dtype, self.packed, offered)
         found = _plans.get(key)
         if found is None:
@@ -320,21 +343,24 @@ class QuantizedWeight:
 
     def select_columns(self, start: int, end: int) -> QuantizedWeight:
         """Input columns `start:end` (a copy), e.g. one rank's shard of a row-parallel layer.
-        Blocks run along a row, 32 columns each: both ends must be multiples of 32."""
-        if not 0 <= start < end <= self.in_features or start % BLOCK_SIZE or end % BLOCK_SIZE:
+        Blocks run along a row, 32 columns each (a K-quant's 256): both ends must be multiples
+        of that."""
+        width, block_bytes = block_shape(self.fmt)
+        if not 0 <= start < end <= self.in_features or start % width or end % width:
             raise ValueError(
                 f"columns {start}:{end} of {self.in_features} are not a non-empty range whose "
-                f"ends are multiples of {BLOCK_SIZE} (one block)"
+                f"ends are multiples of {width} (one block)"
             )
-        width = BLOCK_BYTES[self.fmt]
-        blocks = self._unpacked_blocks()[:, start // BLOCK_SIZE * width : end // BLOCK_SIZE * width]
+        first, last = start // width * block_bytes, end // width * block_bytes
+        blocks = self._unpacked_blocks()[:, first:last]
         return QuantizedWeight(blocks.contiguous(), self.fmt, end - start)
 
     @staticmethod
     def zeros(rows: int, fmt: str, in_features: int) -> QuantizedWeight:
         """`rows` rows of zero blocks (a zero scale: every weight dequantizes to 0), which pad a
         rank's shard of a vocabulary to its full share."""
-        row_bytes = in_features // BLOCK_SIZE * BLOCK_BYTES[fmt]
+        width, block_bytes = block_shape(fmt)
+        row_bytes = in_features // width * block_bytes
         return QuantizedWeight(torch.zeros(rows, row_bytes, dtype=torch.uint8), fmt, in_features)
 
     @staticmethod

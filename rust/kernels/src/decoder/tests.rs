@@ -4,6 +4,8 @@
 //! `mixture.rs`.
 
 use super::*;
+use crate::quant::tests::blocks;
+use crate::quant::Format;
 use crate::test_values::values;
 
 mod fixtures;
@@ -126,4 +128,23 @@ fn blocks_refuse_one_int8_activations() {
     };
     let refused = check_layer(&stacked, DIM, ATTENTION_WIDTHS);
     assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("k norm")));
+}
+
+#[test]
+fn k_quants_are_refused() {
+    let layer = &layers()[0];
+    let (mut k, mut v) = caches().swap_remove(0);
+    let data = blocks(Format::Q4_K, DIM, 256, 3);
+    let down = Projection {
+        weight: Weight::Blocks(QuantMatrix::new(Format::Q4_K, &data, DIM, 256).unwrap()),
+        bias: None,
+        one_int8_from: None,
+    };
+    let feed_forward = FeedForward::Dense(Mlp {
+        gate_up: layer.gate_up.projection(Products::Blocks),
+        down,
+    });
+    let stacked = layer.stacked(Products::Blocks, feed_forward, (&mut k, &mut v));
+    let refused = check_layer(&stacked, DIM, ATTENTION_WIDTHS);
+    assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("Q4_K")));
 }

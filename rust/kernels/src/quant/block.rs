@@ -2,9 +2,10 @@
 //! linear kernel, and the half/bfloat16 conversions.
 //!
 //! Decoding rounds as the `gguf` package's numpy reference does (`d * q + m` as a product then
-//! a sum, `d * (q - 8)` as one product), so that `dequantize` is bit-identical to it.
+//! a sum, `d * (q - 8)` as one product), so that `dequantize` is bit-identical to it. The
+//! K-quants' super-blocks decode in `k_blocks.rs`; the kernel here takes a block of either.
 
-use super::{Format, Job, BLOCK};
+use super::{k_blocks, Format, Job, BLOCK, SUPER_BLOCK};
 use crate::element::Element;
 
 /// The value of an IEEE half-precision number given by its bits (every half is a float exactly).
@@ -55,17 +56,32 @@ pub(crate) fn decode(format: Format, block: &[u8]) -> [f32; BLOCK] {
                 *value = d * f32::from(byte as i8);
             }
         }
+        Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+            unreachable!("{format:?} decodes by super-blocks of 256 (`decode_into`)")
+        }
     }
     out
 }
 
-/// Decodes one output row (`in_features / 32` consecutive blocks) into `out`.
+/// The `format.block_weights()` weights of one block of any format into `out`.
+pub(crate) fn decode_into(format: Format, block: &[u8], out: &mut [f32]) {
+    if format.is_k() {
+        out.copy_from_slice(&k_blocks::decode(format, block));
+    } else {
+        out.copy_from_slice(&decode(format, block));
+    }
+}
+
+/// Decodes one output row (its consecutive blocks) into `out`.
 pub(crate) fn decode_row<T: Element>(format: Format, row: &[u8], out: &mut [T]) {
+    let width = format.block_weights();
+    let mut weights = [0f32; SUPER_BLOCK];
     for (block, values) in row
         .chunks_exact(format.block_bytes())
-        .zip(out.chunks_exact_mut(BLOCK))
+        .zip(out.chunks_exact_mut(width))
     {
-        for (value, weight) in values.iter_mut().zip(decode(format, block)) {
+        decode_into(format, block, &mut weights[..width]);
+        for (value, &weight) in values.iter_mut().zip(&weights) {
             *value = T::store(weight);
         }
     }
@@ -74,16 +90,17 @@ pub(crate) fn decode_row<T: Element>(format: Format, row: &[u8], out: &mut [T]) 
 /// Activation rows a pass of the portable kernel takes per decoded block.
 const ROWS: usize = 8;
 
-/// The portable kernel: output columns `outputs` of every row of `job`. Each block is decoded
-/// once per group of `ROWS` rows; each (row, column) sums in 8 lanes, added in a fixed order,
-/// so a row's result does not depend on the others.
+/// The portable kernel: output columns `outputs` of every row of `job`. Each block (of 32, or
+/// a K-quant's super-block of 256) is decoded once per group of `ROWS` rows; each (row, column)
+/// sums in 8 lanes, added in a fixed order, so a row's result does not depend on the others.
 ///
 /// # Safety
 /// `job`'s pointers hold what `Job` says (checked by `quant::linear`), and no other thread
 /// writes the columns `outputs`.
 pub(crate) unsafe fn run(job: &Job, outputs: std::ops::Range<usize>) {
     let k = job.in_features;
-    let row_bytes = k / BLOCK * job.format.block_bytes();
+    let width = job.format.block_weights();
+    let row_bytes = k / width * job.format.block_bytes();
     // SAFETY: the caller guarantees the buffers' extents; these slices cover exactly them and
     // are only read.
     let (x, weight) = unsafe {
@@ -103,10 +120,11 @@ pub(crate) unsafe fn run(job: &Job, outputs: std::ops::Range<usize>) {
         for first in (0..job.m).step_by(ROWS) {
             let rows = ROWS.min(job.m - first);
             let mut lanes = [[0f32; 8]; ROWS];
+            let mut w = [0f32; SUPER_BLOCK];
             for (b, block) in row.chunks_exact(job.format.block_bytes()).enumerate() {
-                let w = decode(job.format, block);
+                decode_into(job.format, block, &mut w[..width]);
                 for (r, sums) in lanes.iter_mut().enumerate().take(rows) {
-                    let xs = &x[(first + r) * k + b * BLOCK..][..BLOCK];
+                    let xs = &x[(first + r) * k + b * width..][..width];
                     for (i, (&xv, &wv)) in xs.iter().zip(&w).enumerate() {
                         sums[i % 8] += xv * wv;
                     }

@@ -56,7 +56,8 @@ fn decode_block_rows<T: Element>(
     count: usize,
     out: &mut [T],
 ) {
-    let simd = Avx512::active();
+    // The AVX-512 decoder takes blocks of 32; the K-quants' super-blocks decode in plain Rust.
+    let simd = Avx512::active().filter(|_| !weight.format.is_k());
     decode_rows(weight.in_features, count, out, &|i, values| {
         let row = weight.row(ids(i));
         #[cfg(target_arch = "x86_64")]

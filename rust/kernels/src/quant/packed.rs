@@ -37,6 +37,9 @@
 //! cancel) then `acc = fma(m, u·Σ(256a + b), acc)`, and finally `acc + bias`, rounded once to
 //! the output's type. A block holding a NaN or an infinity makes its rows' outputs NaN.
 //!
+//! The K-quants (Q4_K, Q5_K, Q6_K) have their own tiles (`k_layout.rs`) and kernels
+//! (`k_kernel.rs`), on the same activations, with the same steps per sub-block of 32.
+//!
 //! What must stay true: a row's outputs do not depend on the other rows of the call or on the
 //! threads (each (row, column) is summed by the same operations in the same order).
 
@@ -52,6 +55,16 @@ use crate::Result;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod k_avx2;
+#[cfg(target_arch = "x86_64")]
+mod k_avx512;
+mod k_kernel;
+mod k_layout;
+#[cfg(target_arch = "x86_64")]
+mod k_simd;
+#[cfg(test)]
+mod k_tests;
 mod layout;
 mod one_int8;
 #[cfg(test)]
@@ -135,6 +148,8 @@ pub(crate) struct Job<T> {
     pub(crate) units: *const f32,
     pub(crate) totals: *const i32,
     pub(crate) sums: *const f32,
+    /// Q6_K's `k_kernel::first_halves` (`[m, k / 32]`), else empty.
+    pub(crate) first_halves: *const i32,
     pub(crate) weight: *const u8,
     pub(crate) bias: *const f32,
     pub(crate) out: *mut T,
@@ -164,6 +179,7 @@ pub fn linear_packed<T: Element>(
     }
     let (n, k) = (weight.out_features, weight.in_features);
     let rows = RoundedRows::split(x, kernel);
+    let first_halves = k_kernel::first_halves(&rows, weight.format);
     let job = Job {
         format: weight.format,
         high: rows.whole.as_ptr(),
@@ -171,6 +187,7 @@ pub fn linear_packed<T: Element>(
         units: rows.units.as_ptr(),
         totals: rows.totals.as_ptr(),
         sums: rows.sums.as_ptr(),
+        first_halves: first_halves.as_ptr(),
         weight: weight.bytes.as_ptr(),
         bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
         out: out.as_mut_ptr(),
@@ -223,6 +240,9 @@ pub(super) fn check_product<T>(
 unsafe fn run_kernel<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: Range<usize>) {
     // SAFETY: forwarded from the caller.
     unsafe {
+        if job.format.is_k() {
+            return k_kernel::run(kernel, job, tiles);
+        }
         match kernel {
             PackedKernel::Portable => run_portable(job, tiles),
             #[cfg(target_arch = "x86_64")]

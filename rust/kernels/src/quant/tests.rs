@@ -6,6 +6,25 @@ use crate::element::Bf16;
 use crate::test_values::values;
 
 pub(super) const FORMATS: [Format; 3] = [Format::Q4_0, Format::Q4_1, Format::Q8_0];
+pub(super) const K_FORMATS: [Format; 3] = [Format::Q4_K, Format::Q5_K, Format::Q6_K];
+
+/// Every format, each with the input width `k` given for blocks of 32 scaled to its blocks (a
+/// K-quant's is 8 times as wide), so that each meets as many blocks.
+fn every_format(k: usize) -> impl Iterator<Item = (Format, usize)> {
+    FORMATS
+        .into_iter()
+        .chain(K_FORMATS)
+        .map(move |format| (format, k * format.block_weights() / BLOCK))
+}
+
+/// Where a block's half scale `d` lies (Q6_K's last).
+pub(crate) fn scale_at(format: Format) -> usize {
+    if format == Format::Q6_K {
+        208
+    } else {
+        0
+    }
+}
 
 /// Half-precision bits of small exact values used as scales.
 const HALF_ONE_EIGHTH: u16 = 0x3000; // 0.125
@@ -14,7 +33,7 @@ const HALF_MINUS_TWO: u16 = 0xc000; // -2.0
 /// Deterministic random blocks: every byte random, with scales drawn from a few halves of
 /// moderate size (random bits could make infinities).
 pub(crate) fn blocks(format: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
-    let count = n * k / BLOCK;
+    let count = n * k / format.block_weights();
     let noise = values(count * format.block_bytes(), seed);
     let scales = values(count * 2, seed + 1);
     let mut out: Vec<u8> = noise.iter().map(|v| ((v + 1.0) * 127.99) as u8).collect();
@@ -28,8 +47,10 @@ pub(crate) fn blocks(format: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
                 bits
             }
         };
-        block[..2].copy_from_slice(&half(scales[2 * b].abs()).to_le_bytes());
-        if format == Format::Q4_1 {
+        let at = scale_at(format);
+        block[at..at + 2].copy_from_slice(&half(scales[2 * b].abs()).to_le_bytes());
+        // Q4_1's offset `m`, Q4_K's and Q5_K's `dmin`.
+        if matches!(format, Format::Q4_1 | Format::Q4_K | Format::Q5_K) {
             block[2..4].copy_from_slice(&half(scales[2 * b + 1]).to_le_bytes());
         }
     }
@@ -113,6 +134,13 @@ fn matrices_and_buffers_are_checked() {
     }
     assert!(Format::parse("q5_0").is_err());
     assert_eq!(Format::parse("q8_0"), Ok(Format::Q8_0));
+    assert_eq!(Format::parse("q6_k"), Ok(Format::Q6_K));
+    let k_data = vec![0u8; 3 * 144];
+    assert!(QuantMatrix::new(Format::Q4_K, &k_data, 3, 256).is_ok());
+    for (n, k) in [(3, 128), (6, 128), (3, 512), (2, 256)] {
+        let err = QuantMatrix::new(Format::Q4_K, &k_data, n, k).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "Q4_K [{n}, {k}]");
+    }
 
     let weight = QuantMatrix::new(Format::Q4_1, &data, 2, 64).unwrap();
     let x = vec![0f32; 3 * 64];
@@ -140,8 +168,8 @@ fn the_product_equals_a_float64_reference() {
         (13, 40, 32),
         (33, 9, 160),
     ];
-    for format in FORMATS {
-        for (m, n, k) in shapes {
+    for (m, n, k) in shapes {
+        for (format, k) in every_format(k) {
             let data = blocks(format, n, k, 7);
             let weight = QuantMatrix::new(format, &data, n, k).unwrap();
             let w = dequantized(&weight);
@@ -164,8 +192,8 @@ fn the_product_equals_a_float64_reference() {
 
 #[test]
 fn a_rows_result_does_not_depend_on_the_batch() {
-    let (n, k) = (45, 96);
-    for format in FORMATS {
+    for (format, k) in every_format(96) {
+        let n = 45;
         let data = blocks(format, n, k, 11);
         let weight = QuantMatrix::new(format, &data, n, k).unwrap();
         let x = values(33 * k, 5);
@@ -200,8 +228,8 @@ fn large_products_split_over_threads_equal_the_single_thread_result() {
 
 #[test]
 fn row_lookups_and_bfloat16_equal_the_full_dequantization() {
-    let (n, k) = (70, 96);
-    for format in FORMATS {
+    for (format, k) in every_format(96) {
+        let n = 70;
         let data = blocks(format, n, k, 19);
         let weight = QuantMatrix::new(format, &data, n, k).unwrap();
         let all = dequantized(&weight);
@@ -224,16 +252,16 @@ fn row_lookups_and_bfloat16_equal_the_full_dequantization() {
 
 #[test]
 fn dequantizing_equals_the_scalar_decoding_bit_for_bit() {
-    let (n, k) = (67, 160);
-    for format in FORMATS {
+    for (format, k) in every_format(160) {
+        let n = 67;
         let mut data = blocks(format, n, k, 31);
         // Scales at the edges of half precision: subnormal, largest, infinite, NaN.
         for (row, half) in [0x0001u16, 0x7bff, 0x7c00, 0x7e00, 0xfc00]
             .iter()
             .enumerate()
         {
-            data[row * k / BLOCK * format.block_bytes()..][..2]
-                .copy_from_slice(&half.to_le_bytes());
+            let at = row * k / format.block_weights() * format.block_bytes() + scale_at(format);
+            data[at..at + 2].copy_from_slice(&half.to_le_bytes());
         }
         let weight = QuantMatrix::new(format, &data, n, k).unwrap();
         let mut expected = vec![0f32; n * k];

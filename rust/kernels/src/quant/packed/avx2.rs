@@ -185,7 +185,7 @@ unsafe fn lanes(width: usize) -> __m256i {
 /// `target` holds `width` (at most 8) elements and a non-null `bias` `column + width` floats;
 /// the CPU has AVX2.
 #[inline(always)]
-unsafe fn store<T: Element>(
+pub(super) unsafe fn store<T: Element>(
     acc: __m256,
     bias: *const f32,
     column: usize,
@@ -428,6 +428,9 @@ pub(super) unsafe fn run<T: Element>(_: Avx2, job: &Job<T>, tiles: Range<usize>)
         match job.format {
             Format::Q8_0 => each_half_tile::<Bytes, _>(job, 0..job.m, tiles),
             Format::Q4_0 | Format::Q4_1 => each_half_tile::<Nibbles, _>(job, 0..job.m, tiles),
+            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
+            }
         }
     }
 }
@@ -443,6 +446,9 @@ pub(super) unsafe fn run_vnni<T: Element>(_: AvxVnni, job: &Job<T>, tiles: Range
         match job.format {
             Format::Q8_0 => each_half_tile::<Dot<false>, _>(job, 0..job.m, tiles),
             Format::Q4_0 | Format::Q4_1 => each_half_tile::<Dot<true>, _>(job, 0..job.m, tiles),
+            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
+            }
         }
     }
 }
@@ -463,6 +469,9 @@ pub(super) unsafe fn run_one_int8<T: Element>(
         match job.format {
             Format::Q8_0 => each_half_tile::<Bytes, _>(job, rows, tiles),
             Format::Q4_0 | Format::Q4_1 => each_half_tile::<Nibbles, _>(job, rows, tiles),
+            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
+            }
         }
     }
 }
@@ -483,6 +492,9 @@ pub(super) unsafe fn run_one_int8_vnni<T: Element>(
         match job.format {
             Format::Q8_0 => each_half_tile::<Dot<false>, _>(job, rows, tiles),
             Format::Q4_0 | Format::Q4_1 => each_half_tile::<Dot<true>, _>(job, rows, tiles),
+            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
+            }
         }
     }
 }

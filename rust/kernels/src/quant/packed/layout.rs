@@ -1,14 +1,15 @@
-//! The tile layout of `packed` (see there): packing GGUF blocks into it and reading weights
-//! back out of it, as rows (embedding lookups) or, for a matrix multiply, transposed.
+//! The tile layout of `packed` (see there; the K-quants' in `k_layout.rs`): packing GGUF
+//! blocks into it and reading weights back out of it, as rows (embedding lookups) or, for a
+//! matrix multiply, transposed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::TILE;
+use super::{k_layout, TILE};
 use crate::element::Element;
 use crate::error::{check_len, elements};
-use crate::isa::Avx512;
+use crate::isa::{Avx512, Avx512Vnni};
 use crate::parallel;
-use crate::quant::{block, Format, QuantMatrix, BLOCK};
+use crate::quant::{block, check_shape, Format, QuantMatrix, BLOCK, SUPER_BLOCK};
 use crate::{Error, Result};
 
 /// Bytes of one block's values in a tile.
@@ -16,27 +17,30 @@ pub(super) const fn values_bytes(format: Format) -> usize {
     match format {
         Format::Q8_0 => TILE * BLOCK,
         Format::Q4_0 | Format::Q4_1 => TILE * BLOCK / 2,
+        Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+            panic!("a K-quant's tiles hold super-blocks, not blocks of 32")
+        }
     }
 }
 
-/// Bytes of one block of a tile: its values, then 16 scales and 16 offsets as halves.
+/// Bytes of one block of a tile: its values, then 16 scales and 16 offsets as halves; for a
+/// K-quant, of one super-block (`k_layout.rs`).
 pub(super) const fn tile_block_bytes(format: Format) -> usize {
-    values_bytes(format) + 4 * TILE
+    if format.is_k() {
+        k_layout::tile_super_block_bytes(format)
+    } else {
+        values_bytes(format) + 4 * TILE
+    }
 }
 
 /// Bytes that `pack` writes for a `[n, k]` weight of `format`.
 pub fn packed_len(format: Format, out_features: usize, in_features: usize) -> Result<usize> {
-    if in_features == 0 || !in_features.is_multiple_of(BLOCK) || out_features == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "a packed weight needs at least one output and a positive multiple of {BLOCK} \
-             input features, got [{out_features}, {in_features}]"
-        )));
-    }
+    check_shape(format, "a packed weight", out_features, in_features)?;
     elements(
         "the packed weight",
         &[
             out_features.div_ceil(TILE),
-            in_features / BLOCK,
+            in_features / format.block_weights(),
             tile_block_bytes(format),
         ],
     )
@@ -77,6 +81,11 @@ impl<'a> PackedMatrix<'a> {
         })
     }
 
+    /// The block format it was packed from.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
     /// Output features (rows of the weight).
     pub fn out_features(&self) -> usize {
         self.out_features
@@ -87,9 +96,9 @@ impl<'a> PackedMatrix<'a> {
         self.in_features
     }
 
-    /// The offset of block `b` of tile `t`.
+    /// The offset of block `b` (a K-quant's super-block) of tile `t`.
     pub(super) fn tile_block(&self, t: usize, b: usize) -> usize {
-        (t * (self.in_features / BLOCK) + b) * tile_block_bytes(self.format)
+        (t * (self.in_features / self.format.block_weights()) + b) * tile_block_bytes(self.format)
     }
 
     /// Column `lane`'s scale and offset in the tile block at `at`.
@@ -105,6 +114,13 @@ impl<'a> PackedMatrix<'a> {
     /// Column `column`'s weights, as `block::decode` computes them, into `out` (`in_features`).
     fn decode_column<T: Element>(&self, column: usize, out: &mut [T]) {
         let (t, lane) = (column / TILE, column % TILE);
+        if self.format.is_k() {
+            for (s, values) in out.chunks_exact_mut(SUPER_BLOCK).enumerate() {
+                let at = self.tile_block(t, s);
+                k_layout::decode(self.format, self.bytes, at, lane, |i, v| values[i] = v);
+            }
+            return;
+        }
         for (b, values) in out.chunks_exact_mut(BLOCK).enumerate() {
             let at = self.tile_block(t, b);
             let (d, m) = self.scales(at, lane);
@@ -124,6 +140,9 @@ pub(super) fn dequantized(format: Format, q: u8, d: f32, m: f32) -> f32 {
         Format::Q4_0 => d * (q - 8.0),
         Format::Q4_1 => d * q + m,
         Format::Q8_0 => d * (q - 128.0),
+        Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+            unreachable!("a K-quant's tiles never reach the layout of blocks of 32")
+        }
     }
 }
 
@@ -133,6 +152,9 @@ pub(crate) const fn zero_point(format: Format) -> i32 {
         Format::Q4_0 => 8,
         Format::Q4_1 => 0,
         Format::Q8_0 => 128,
+        Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+            panic!("a K-quant's tiles never reach the layout of blocks of 32")
+        }
     }
 }
 
@@ -142,6 +164,9 @@ fn value_place(format: Format, at: usize, lane: usize, i: usize) -> (usize, bool
     match format {
         Format::Q8_0 => (at + group * 64 + lane * 4 + within, false),
         Format::Q4_0 | Format::Q4_1 => (at + (group % 4) * 64 + lane * 4 + within, group >= 4),
+        Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+            unreachable!("a K-quant's tiles never reach the layout of blocks of 32")
+        }
     }
 }
 
@@ -160,6 +185,10 @@ pub fn pack(weight: &QuantMatrix<'_>, out: &mut [u8]) -> Result<()> {
     let (n, k) = (weight.out_features(), weight.in_features());
     check_bytes(out.len(), packed_len(format, n, k)?)?;
     out.fill(0);
+    if format.is_k() {
+        k_layout::pack(weight, out);
+        return Ok(());
+    }
     let blocks = k / BLOCK;
     for column in 0..n {
         let (t, lane) = (column / TILE, column % TILE);
@@ -182,6 +211,9 @@ pub fn pack(weight: &QuantMatrix<'_>, out: &mut [u8]) -> Result<()> {
                     (m, low.chain(nibbles.iter().map(|byte| byte >> 4)).collect())
                 }
                 Format::Q8_0 => (0, source[2..].iter().map(|&q| q ^ 0x80).collect()),
+                Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+                    unreachable!("the K-quants pack in k_layout.rs")
+                }
             };
             for (i, &q) in values.iter().enumerate() {
                 let (byte, high) = value_place(format, at, lane, i);
@@ -238,7 +270,10 @@ pub fn dequantize_packed_transposed<T: Element>(
     let (n, k) = (weight.out_features, weight.in_features);
     check_len("the output", out.len(), elements("the output", &[k, n])?)?;
     let tiles = n.div_ceil(TILE);
-    let simd = Avx512::active();
+    // The AVX-512 decoder takes tiles of blocks of 32; the K-quants' reads their groups of
+    // values as their AVX-512 VNNI kernel does.
+    let simd = Avx512::active().filter(|_| !weight.format.is_k());
+    let k_simd = Avx512Vnni::active().filter(|_| weight.format.is_k());
     let threads = if n * k >= TRANSPOSE_PARALLEL_MIN {
         parallel::max_threads()
     } else {
@@ -255,9 +290,11 @@ pub fn dequantize_packed_transposed<T: Element>(
         // `t` writes only its own columns `16t..16t+16` (below `n`) of each row, claimed by
         // this thread alone.
         unsafe {
-            match simd {
+            match (simd, k_simd) {
                 #[cfg(target_arch = "x86_64")]
-                Some(cpu) => super::vnni::transpose_tile(cpu, weight, t, target.get()),
+                (Some(cpu), _) => super::vnni::transpose_tile(cpu, weight, t, target.get()),
+                #[cfg(target_arch = "x86_64")]
+                (_, Some(cpu)) => super::k_avx512::transpose_tile(cpu, weight, t, target.get()),
                 _ => transpose_tile(weight, t, target.get()),
             }
         }
@@ -286,6 +323,19 @@ unsafe impl<T> Sync for Target<T> {}
 pub(super) unsafe fn transpose_tile<T: Element>(weight: &PackedMatrix<'_>, t: usize, out: *mut T) {
     let n = weight.out_features;
     let width = TILE.min(n - t * TILE);
+    if weight.format.is_k() {
+        for s in 0..weight.in_features / SUPER_BLOCK {
+            let at = weight.tile_block(t, s);
+            for lane in 0..width {
+                let column = out.wrapping_add(s * SUPER_BLOCK * n + t * TILE + lane);
+                k_layout::decode(weight.format, weight.bytes, at, lane, |i, v| {
+                    // SAFETY: row `256s + i` < k and column `16t + lane` < n lie inside `out`.
+                    unsafe { *column.add(i * n) = v };
+                });
+            }
+        }
+        return;
+    }
     for b in 0..weight.in_features / BLOCK {
         let at = weight.tile_block(t, b);
         for lane in 0..width {

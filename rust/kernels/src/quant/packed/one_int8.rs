@@ -28,7 +28,7 @@ use super::{check_product, PackedKernel, PackedMatrix, PARALLEL_MIN_WORK, TILE};
 use crate::element::Element;
 use crate::parallel;
 use crate::quant::{block, Format, BLOCK};
-use crate::Result;
+use crate::{Error, Result};
 
 /// Rows of a work item: a panel's int8 rows (60 × 1536 bytes at most for SmolLM2) stay in L2
 /// while its tile chunk passes over them. A multiple of the AVX-512 kernel's register tile
@@ -99,6 +99,12 @@ pub fn linear_packed_one_int8<T: Element>(
     out: &mut [T],
 ) -> Result<()> {
     check_product(weight, x, m, bias, out)?;
+    if weight.format.is_k() {
+        return Err(Error::InvalidArgument(format!(
+            "{:?} has no one-int8 kernel yet: its products take `linear_packed`",
+            weight.format
+        )));
+    }
     if m == 0 {
         return Ok(());
     }

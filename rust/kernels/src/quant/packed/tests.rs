@@ -15,7 +15,7 @@ pub(super) fn packed(weight: &QuantMatrix<'_>) -> Vec<u8> {
     out
 }
 
-fn product<T: Element>(
+pub(super) fn product<T: Element>(
     kernel: PackedKernel,
     weight: &PackedMatrix<'_>,
     x: &[T],
@@ -69,7 +69,7 @@ fn the_packed_weight_dequantizes_to_the_blocks_weights_bit_for_bit() {
 
 /// The transposed dequantization (and, where it runs, its AVX-512 tile decoder) equals the
 /// rows `rows` (`[n, k]`) transposed, bit for bit.
-fn transposed_equals<T: Element + PartialEq + std::fmt::Debug>(
+pub(super) fn transposed_equals<T: Element + PartialEq + std::fmt::Debug>(
     tiles: &PackedMatrix<'_>,
     rows: &[T],
 ) {
@@ -84,10 +84,17 @@ fn transposed_equals<T: Element + PartialEq + std::fmt::Debug>(
         // SAFETY: `portable` holds `[k, n]` elements; one thread.
         unsafe { layout::transpose_tile(tiles, t, portable.as_mut_ptr()) };
         #[cfg(target_arch = "x86_64")]
-        if let Some(cpu) = crate::isa::Avx512::detected() {
+        if let Some(cpu) = crate::isa::Avx512::detected().filter(|_| !tiles.format.is_k()) {
             let mut simd = vec![T::store(f32::NAN); k * n];
             // SAFETY: as above; the token proves the CPU has AVX-512 F and BW.
             unsafe { vnni::transpose_tile(cpu, tiles, t, simd.as_mut_ptr()) };
+            assert_eq!(bits(&simd), bits(&portable), "{:?} tile {t}", tiles.format);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(cpu) = crate::isa::Avx512Vnni::detected().filter(|_| tiles.format.is_k()) {
+            let mut simd = vec![T::store(f32::NAN); k * n];
+            // SAFETY: as above; the token proves the CPU has AVX-512 VNNI.
+            unsafe { k_avx512::transpose_tile(cpu, tiles, t, simd.as_mut_ptr()) };
             assert_eq!(bits(&simd), bits(&portable), "{:?} tile {t}", tiles.format);
         }
         let columns = t * TILE..(t * TILE + TILE).min(n);

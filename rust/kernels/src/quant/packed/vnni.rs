@@ -74,6 +74,9 @@ pub(super) unsafe fn run<T: Element>(_: Avx512Vnni, job: &Job<T>, tiles: Range<u
         match job.format {
             Format::Q8_0 => run_as::<Bytes, T>(job, tiles),
             Format::Q4_0 | Format::Q4_1 => run_as::<Nibbles, T>(job, tiles),
+            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
+            }
         }
     }
 }
@@ -258,6 +261,9 @@ pub(super) unsafe fn transpose_tile<T: Element>(
             Format::Q4_0 => transpose_as::<Nibbles, T, 8>(weight, t, out),
             Format::Q4_1 => transpose_as::<Nibbles, T, 0>(weight, t, out),
             Format::Q8_0 => transpose_as::<Bytes, T, 128>(weight, t, out),
+            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
+            }
         }
     }
 }

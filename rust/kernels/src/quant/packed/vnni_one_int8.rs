@@ -53,6 +53,9 @@ pub(super) unsafe fn run<T: Element>(
             Format::Q8_0 => run_as::<Bytes, T, 128, false>(job, rows, tiles),
             Format::Q4_0 => run_as::<Nibbles, T, 8, false>(job, rows, tiles),
             Format::Q4_1 => run_as::<Nibbles, T, 0, true>(job, rows, tiles),
+            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
+            }
         }
     }
 }

@@ -1,0 +1,293 @@
+//! Unit tests of the K-quants' tiles and kernels (`k_layout.rs`, `k_kernel.rs`): the layout
+//! against the super-blocks it came from, its size against the file's, the portable kernel
+//! against a float64 product within the bound that rounding the activations allows, and every
+//! tier against the portable kernel bit for bit.
+
+use super::tests::{packed, product, transposed_equals};
+use super::*;
+use crate::element::Bf16;
+use crate::quant::tests::{blocks, dequantized, scale_at, K_FORMATS};
+use crate::quant::{dequantize_rows, QuantMatrix, SUPER_BLOCK};
+use crate::quant::{f16_to_f32, k_blocks};
+use crate::test_values::values;
+
+/// Random blocks of `format` whose super-block `nan` (if any) has a NaN scale `d`.
+fn k_blocks_with(format: Format, n: usize, k: usize, seed: u64, nan: Option<usize>) -> Vec<u8> {
+    let mut data = blocks(format, n, k, seed);
+    if let Some(s) = nan {
+        let at = s * format.block_bytes() + scale_at(format);
+        data[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    }
+    data
+}
+
+#[test]
+fn the_packed_weight_dequantizes_to_the_super_blocks_weights_bit_for_bit() {
+    for format in K_FORMATS {
+        for (n, k) in [(1, 256), (16, 512), (37, 768), (70, 256)] {
+            let mut data = blocks(format, n, k, 41);
+            // Scales at the edges of half precision: subnormal, largest, infinite, NaN.
+            for (row, half) in [0x0001u16, 0x7bff, 0x7c00, 0x7e00]
+                .iter()
+                .enumerate()
+                .take(n)
+            {
+                let at = row * k / SUPER_BLOCK * format.block_bytes() + scale_at(format);
+                data[at..at + 2].copy_from_slice(&half.to_le_bytes());
+            }
+            let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+            let bytes = packed(&weight);
+            let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
+            let mut all = vec![f32::NAN; n * k];
+            dequantize_packed(&tiles, None, &mut all).unwrap();
+            let want = dequantized(&weight);
+            assert!(
+                all.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{format:?} [{n}, {k}]"
+            );
+            transposed_equals(&tiles, &all);
+            let mut halves = vec![Bf16::default(); n * k];
+            dequantize_packed(&tiles, None, &mut halves).unwrap();
+            transposed_equals(&tiles, &halves);
+            let ids = [n as u32 - 1, 0, (n / 2) as u32, 0];
+            let mut rows = vec![Bf16::default(); ids.len() * k];
+            dequantize_packed(&tiles, Some(&ids), &mut rows).unwrap();
+            let mut expected = vec![Bf16::default(); ids.len() * k];
+            dequantize_rows(&weight, &ids, &mut expected).unwrap();
+            assert_eq!(rows, expected, "{format:?} [{n}, {k}] rows");
+        }
+    }
+}
+
+#[test]
+fn the_tiles_hold_about_the_files_bytes() {
+    // Per tile of 16 columns and super-block: Q4_K 2368 bytes against the file's 16 × 144,
+    // Q5_K 2880 against 16 × 176, Q6_K 3360, the file's 16 × 210 exactly.
+    for (format, tile_bytes) in [
+        (Format::Q4_K, 2368),
+        (Format::Q5_K, 2880),
+        (Format::Q6_K, 3360),
+    ] {
+        let (n, k) = (64, 1024);
+        let len = packed_len(format, n, k).unwrap();
+        assert_eq!(len, n / TILE * k / SUPER_BLOCK * tile_bytes, "{format:?}");
+        let file = n * k / SUPER_BLOCK * format.block_bytes();
+        assert!(
+            len as f64 <= 1.03 * file as f64,
+            "{format:?}: {len} against {file}"
+        );
+        assert!(packed_len(format, n, 288).is_err());
+        assert!(packed_len(format, n, 32).is_err());
+    }
+}
+
+/// Per weight, the magnitudes of the terms its value is made of (`|d·sc·q| + |dmin·m|`, or
+/// Q6_K's `|d·sc·(q - 32)|`): what the float steps of the kernel round, cancelling or not.
+fn terms(weight: &QuantMatrix<'_>) -> Vec<f64> {
+    let format = weight.format();
+    let per_sub_block = SUPER_BLOCK / k_blocks::sub_blocks(format);
+    let mut out = Vec::new();
+    for row in 0..weight.out_features() {
+        for block in weight.row(row).chunks_exact(format.block_bytes()) {
+            let parts = k_blocks::parts(format, block);
+            let (d, dmin) = (f16_to_f32(parts.d), f16_to_f32(parts.dmin));
+            for (i, &q) in parts.values.iter().enumerate() {
+                let j = i / per_sub_block;
+                let sc = f64::from(d) * f64::from(parts.scales[j]);
+                out.push(if format == Format::Q6_K {
+                    (sc * (f64::from(q) - 32.0)).abs()
+                } else {
+                    (sc * f64::from(q)).abs() + (f64::from(dmin) * f64::from(parts.mins[j])).abs()
+                });
+            }
+        }
+    }
+    out
+}
+
+/// As `tests::bound`: per block, the activations' two parts miss them by at most `s/256`, so
+/// the sum moves by at most `s/256 · Σ|w|`; the float steps add a relative 1e-5 of the terms
+/// they round (`terms`), which for Q4_K and Q5_K may cancel.
+fn bound(x: &[f32], w: &[f32], terms: &[f64]) -> f64 {
+    let mut total = 0f64;
+    for ((xs, ws), ts) in x
+        .chunks_exact(BLOCK)
+        .zip(w.chunks_exact(BLOCK))
+        .zip(terms.chunks_exact(BLOCK))
+    {
+        let step = xs.iter().fold(0f64, |a, &v| a.max(f64::from(v.abs()))) / 127.0;
+        let weights: f64 = ws.iter().map(|&v| f64::from(v.abs())).sum();
+        let rounded: f64 = xs
+            .iter()
+            .zip(ts)
+            .map(|(&a, &t)| f64::from(a.abs()) * t)
+            .sum();
+        total += step / 256.0 * weights + 1e-5 * rounded;
+    }
+    total + 1e-6
+}
+
+#[test]
+fn the_integer_product_is_within_the_rounding_of_the_activations() {
+    for format in K_FORMATS {
+        for (m, n, k) in [(1, 37, 256), (2, 1, 512), (5, 40, 768), (9, 19, 256)] {
+            let data = blocks(format, n, k, 7);
+            let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+            let bytes = packed(&weight);
+            let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
+            let (w, t) = (dequantized(&weight), terms(&weight));
+            let x = values(m * k, 1);
+            let bias = values(n, 3);
+            let out = product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
+            for row in 0..m {
+                for col in 0..n {
+                    let (xs, ws) = (&x[row * k..][..k], &w[col * k..][..k]);
+                    let exact: f64 = xs
+                        .iter()
+                        .zip(ws)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum::<f64>()
+                        + f64::from(bias[col]);
+                    let got = f64::from(out[row * n + col]);
+                    let allowed = bound(xs, ws, &t[col * k..][..k]);
+                    assert!(
+                        (got - exact).abs() <= allowed,
+                        "{format:?} ({m}, {n}, {k}) [{row}, {col}]: {got} vs {exact}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_the_batch() {
+    // Rows 1..=20 meet every register tile and uneven row splits; 61 columns end inside a tile;
+    // column 40's second super-block has a NaN scale; 4100 × 2 passes the parallel threshold.
+    let rows: Vec<usize> = (1..=20).collect();
+    for format in K_FORMATS {
+        for (n, k, rows, nan) in [
+            (61, 512, &rows[..], Some(40 * 2 + 1)),
+            (33, 256, &[1, 7][..], None),
+            (4100, 256, &[2][..], None),
+        ] {
+            let data = k_blocks_with(format, n, k, 23, nan);
+            let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+            let bytes = packed(&weight);
+            let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
+            let bias = values(n, 2);
+            for &m in rows {
+                let x = values(m * k, 29);
+                let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
+                let want = product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
+                if nan.is_some() {
+                    assert!(want[40].is_nan() && want[39].is_finite(), "{format:?}");
+                }
+                let want_bf16 = product(PackedKernel::Portable, &tiles, &halves, m, None);
+                for kernel in PackedKernel::detected() {
+                    let got = product(kernel, &tiles, &x, m, Some(&bias));
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{kernel:?} {format:?} [{n}, {k}] rows {m}"
+                    );
+                    let got = product(kernel, &tiles, &halves, m, None);
+                    assert_eq!(got, want_bf16, "{kernel:?} {format:?} bf16 rows {m}");
+                    let alone = product(kernel, &tiles, &x[(m - 1) * k..], 1, Some(&bias));
+                    assert_eq!(
+                        bits(&want[(m - 1) * n..]),
+                        bits(&alone),
+                        "{kernel:?} {format:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_non_finite_activation_makes_only_its_rows_outputs_nan() {
+    let (n, k) = (20, 512);
+    for format in K_FORMATS {
+        let data = blocks(format, n, k, 9);
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        let bytes = packed(&weight);
+        let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
+        let mut x = values(3 * k, 4);
+        x[k + 300] = f32::INFINITY;
+        x[2 * k + 3] = f32::NAN;
+        for kernel in PackedKernel::detected() {
+            let out = product(kernel, &tiles, &x, 3, None);
+            assert!(
+                out[..n].iter().all(|v| v.is_finite()),
+                "{kernel:?} {format:?}"
+            );
+            assert!(out[n..].iter().all(|v| v.is_nan()), "{kernel:?} {format:?}");
+        }
+    }
+}
+
+#[test]
+fn the_one_int8_path_refuses_k_quants() {
+    let (n, k) = (5, 256);
+    for format in K_FORMATS {
+        let data = blocks(format, n, k, 3);
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        let bytes = packed(&weight);
+        let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
+        let x = vec![0.5f32; 2 * k];
+        let mut out = vec![0f32; 2 * n];
+        for kernel in PackedKernel::detected() {
+            let refused = linear_packed_one_int8(kernel, &tiles, &x, 2, None, &mut out);
+            assert!(matches!(refused, Err(crate::Error::InvalidArgument(_))));
+            assert!(linear_packed(kernel, &tiles, &x, 2, None, &mut out).is_ok());
+        }
+    }
+}
+
+#[test]
+fn the_largest_values_and_activations_stay_exact() {
+    // Every value at its largest (Q4_K 15, Q5_K 31, Q6_K 63), the largest scales and mins, and
+    // activations at ±1 (every high part ±127, the sums of the module's bound): the integer
+    // sums must not overflow, so every tier equals the portable kernel and the float64 product.
+    let (n, k, m) = (16, 512, 2);
+    for format in K_FORMATS {
+        let mut data = blocks(format, n, k, 5);
+        for block in data.chunks_exact_mut(format.block_bytes()) {
+            block.fill(0xff);
+            let at = scale_at(format);
+            block[at..at + 2].copy_from_slice(&0x2400u16.to_le_bytes()); // d = 2⁻⁶
+            if format == Format::Q6_K {
+                block[192..208].fill(127);
+            } else {
+                block[2..4].copy_from_slice(&0x2000u16.to_le_bytes()); // dmin = 2⁻⁷
+            }
+        }
+        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
+        let bytes = packed(&weight);
+        let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
+        let w = dequantized(&weight);
+        let x: Vec<f32> = (0..m * k).map(|i| if i < k { 1.0 } else { -1.0 }).collect();
+        let want = product(PackedKernel::Portable, &tiles, &x, m, None);
+        for row in 0..m {
+            let exact: f64 = (0..k)
+                .map(|i| f64::from(x[row * k + i]) * f64::from(w[i]))
+                .sum();
+            let got = f64::from(want[row * n]);
+            assert!(
+                (got - exact).abs() <= 1e-5 * exact.abs(),
+                "{format:?}: {got} vs {exact}"
+            );
+        }
+        for kernel in PackedKernel::detected() {
+            assert_eq!(
+                product(kernel, &tiles, &x, m, None),
+                want,
+                "{kernel:?} {format:?}"
+            );
+        }
+    }
+}
