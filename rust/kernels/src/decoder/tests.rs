@@ -7,6 +7,7 @@ use super::*;
 use crate::quant::tests::blocks;
 use crate::quant::Format;
 use crate::test_values::values;
+use crate::Error;
 
 mod fixtures;
 mod mixture;

@@ -5,6 +5,7 @@ use super::fixtures::*;
 use super::reference::close;
 use crate::decoder::*;
 use crate::test_values::values;
+use crate::Error;
 
 /// Experts of the tiny mixture: `(gate_up, down)` of 32 rows each.
 fn experts(count: u64) -> Vec<(Random, Random)> {
