@@ -15,6 +15,7 @@ from typing import Any
 import peers.install
 import pytest
 from peers.bench import WORKLOADS, Paths, schedule, server_command
+from peers.cpu import llama_cpu_options
 from peers.engines import all_engines, replace_options, select_engines, vllm_default_dtype
 from peers.install import (
     CONVERTER_MODULES,
@@ -24,7 +25,6 @@ from peers.install import (
     converter_requirements,
     environment_site_dirs,
     link_site_dirs,
-    llama_cpu_options,
     missing_modules,
     venv_site_packages,
     vllm_requirements,

@@ -37,6 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from peers.cpu import cpu_info
 from peers.engines import (
     Engine,
     all_engines,
@@ -49,7 +50,6 @@ from peers.install import (
     SMOLLM2_NAME,
     Installer,
     Models,
-    cpu_info,
     default_cache_dir,
     log,
 )
