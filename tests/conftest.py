@@ -38,13 +38,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Builds (once per session) the tiny random model of an architecture and returns its path."""
-    built: dict[str, Path] = {}
+    """Builds (once per session) the tiny random model of an architecture, in the sizes of
+    `preset` (`make_tiny_model`'s presets: "tiny-k" has widths of whole K-quant super-blocks),
+    and returns its path."""
+    built: dict[tuple[str, str], Path] = {}
 
-    def build(arch: str) -> Path:
-        if arch not in built:
-            built[arch] = make_tiny_model(arch, tmp_path_factory.mktemp(f"tiny-{arch}"))
-        return built[arch]
+    def build(arch: str, preset: str = "tiny") -> Path:
+        if (arch, preset) not in built:
+            out = tmp_path_factory.mktemp(f"{preset}-{arch}")
+            built[arch, preset] = make_tiny_model(arch, out, preset=preset)
+        return built[arch, preset]
 
     return build
 

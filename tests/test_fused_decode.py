@@ -20,6 +20,7 @@ from srt import _rust
 from srt.kernels.cpu import cpu_kernels, quant_kernels
 from srt.kernels.cpu.quant_kernels import DENSE, KERNEL, ONE_INT8, QuantizedWeight
 from srt.layers.attention.cpu_backend import CpuAttnBackend
+from srt.layers.linear import Linear
 from srt.model_executor.cpu_decode import CpuDecodeExecutor
 from srt.model_executor.model_runner import ModelRunner
 
@@ -97,18 +98,70 @@ def test_a_fused_step_gives_the_layers_bits(
     formats: Callable[[str], str | None],
     dtype: str,
 ) -> None:
-    runner = quantized_runner(tiny_model_factory, arch, formats, dtype)
+    assert_fused_steps_give_the_layers_bits(
+        lambda: quantized_runner(tiny_model_factory, arch, formats, dtype),
+        monkeypatch,
+        counted,
+        form,
+    )
+
+
+def k_quants(name: str) -> str | None:
+    """K-quant blocks as llama.cpp's K mixes hold them: a format per projection (Q5_K for q, k
+    and v, the shards of one fused weight; Q6_K for down; Q4_K for the rest), the embedding in
+    Q6_K."""
+    if "embed_tokens" in name:
+        return "q6_k"
+    if not name.endswith("proj.weight"):
+        return None
+    if any(f".{part}_proj" in name for part in "qkv"):
+        return "q5_k"
+    return "q6_k" if ".down_proj" in name else "q4_k"
+
+
+@pytest.mark.parametrize(("arch", "dtype"), [("llama", "bfloat16"), ("qwen3", "float32")])
+def test_a_fused_step_of_k_quants_gives_the_layers_bits(
+    tiny_model_factory: Callable[[str, str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    counted: list[bool],
+    form: str,
+    arch: str,
+    dtype: str,
+) -> None:
+    """The K-quants (super-blocks of 256: the `tiny-k` models' widths) in the stack: the
+    few-row kernel on their tiles or blocks, as the layers' products."""
+    path = tiny_model_factory(arch, "tiny-k")
+    assert_fused_steps_give_the_layers_bits(
+        lambda: quantized_runner(lambda _: path, arch, k_quants, dtype),
+        monkeypatch,
+        counted,
+        form,
+        {"q4_k", "q5_k", "q6_k"},
+    )
+
+
+def assert_fused_steps_give_the_layers_bits(
+    runner_of: Callable[[], ModelRunner],
+    monkeypatch: pytest.MonkeyPatch,
+    counted: list[bool],
+    form: str,
+    formats: set[str] | None = None,
+) -> None:
+    """Two extends and three decode steps of three sequences on `runner_of()`'s model: the
+    decode steps run fused, their logits equal to those of the layers run one by one (on a
+    second model); its projections are in `formats` when given."""
+    runner = runner_of()
     fused = runner_extend_and_decode_logits(runner)
-    qkv = runner.model.get_submodule("model.layers.0.self_attn.qkv_proj").quant
-    assert isinstance(qkv, QuantizedWeight)
-    assert qkv.packed == (form != "blocks")
-    # Two extends, then three decode steps of three sequences: the decode steps ran fused.
+    projections = [m.quant for m in runner.model.modules() if isinstance(m, Linear)]
+    held = [q for q in projections if isinstance(q, QuantizedWeight)]
+    assert held
+    assert all(q.packed == (form != "blocks") for q in held)
+    if formats is not None:
+        assert {q.fmt for q in held} == formats
     assert counted == [False, False, True, True, True]
     counted.clear()
     monkeypatch.setenv("SRT_FUSED_DECODE", "0")
-    layered = runner_extend_and_decode_logits(
-        quantized_runner(tiny_model_factory, arch, formats, dtype)
-    )
+    layered = runner_extend_and_decode_logits(runner_of())
     assert counted == [False] * 5
     for ours, theirs in zip(fused, layered, strict=True):
         assert torch.equal(ours, theirs)

@@ -25,6 +25,8 @@ from srt.model_executor.weight_loader import iterate_weights
 from srt.models.llama import LlamaForCausalLM
 from srt.server_args import ServerArgs
 from srt.server_args_check import ServerArgsError
+from srt.testing import gguf_kquants
+from srt.testing.gguf_kquants import K_QUANTS
 
 # int8 weights err by up to half a step (absmax / 254 of their row), and the kernel rounds its
 # activations and output to bfloat16 (8 significant bits). Measured on the four tiny fixture
@@ -34,9 +36,11 @@ INT8_LOGITS_RTOL = 0.05
 
 
 def blocks_of(weight: torch.Tensor, fmt: str) -> QuantizedWeight:
-    """`weight` quantized by the gguf package (llama.cpp's reference quantizers)."""
+    """`weight` quantized by the gguf package (llama.cpp's reference quantizers), or for a
+    K-quant, which the package does not quantize, by `srt.testing.gguf_kquants`."""
     kind = GGMLQuantizationType[fmt.upper()]
-    data = quantize(weight.numpy().astype(np.float32), kind)
+    values = weight.numpy().astype(np.float32)
+    data = gguf_kquants.quantize(values, kind) if kind in K_QUANTS else quantize(values, kind)
     return QuantizedWeight(torch.from_numpy(np.ascontiguousarray(data)), fmt, weight.shape[1])
 
 

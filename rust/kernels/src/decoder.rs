@@ -74,7 +74,8 @@ pub struct Projection<'a> {
     /// Steps of at least this many rows take `quant::linear_packed_one_int8` (activations
     /// rounded to one int8 per value) where fewer take `linear_packed` (two int8 parts), as
     /// the projection's plan in `QuantizedWeight.linear` does; `None`: every step takes
-    /// `linear_packed`. Only for packed weights.
+    /// `linear_packed`. Only for packed weights of blocks of 32 (the K-quants have no
+    /// one-int8 kernel).
     pub one_int8_from: Option<usize>,
 }
 

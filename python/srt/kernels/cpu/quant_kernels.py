@@ -73,7 +73,7 @@ _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 # in blocks.
 BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 # Bytes per super-block of 256 weights of the K-quants, which `QuantizedWeight` holds but the
-# loader does not offer it yet (the one-int8 kernel and the fused decode step refuse them).
+# loader does not offer it yet (the one-int8 kernel refuses them).
 SUPER_BLOCK_BYTES: dict[str, int] = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 PathFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 

@@ -124,14 +124,18 @@ pub(super) fn check_layer<T: Element>(
         expected.push(("down", &mlp.down, dim, intermediate));
     }
     for (what, projection, out, input) in expected {
-        let format = projection.weight.format();
-        if format.is_k() {
-            // Not wrong, but not yet proved: the stack's tests hold it to the layers' kernels
-            // for the formats of blocks of 32 only.
-            return Err(invalid(format!(
-                "the {what} projection is {format:?}: the fused decode step does not run \
-                 K-quants yet"
-            )));
+        if projection.one_int8_from.is_some() {
+            let format = projection.weight.format();
+            if matches!(projection.weight, Weight::Blocks(_)) {
+                return Err(invalid(format!(
+                    "the {what} projection is blocks, which have no one-int8 kernel"
+                )));
+            }
+            if format.is_k() {
+                return Err(invalid(format!(
+                    "the {what} projection is {format:?}, which has no one-int8 kernel"
+                )));
+            }
         }
         let (n, k) = projection.weight.shape();
         if (n, k) != (out, input) || out == 0 {
@@ -141,11 +145,6 @@ pub(super) fn check_layer<T: Element>(
         }
         if let Some(bias) = projection.bias {
             check_len("a bias", bias.len(), out)?;
-        }
-        if matches!(projection.weight, Weight::Blocks(_)) && projection.one_int8_from.is_some() {
-            return Err(invalid(format!(
-                "the {what} projection is blocks, which have no one-int8 kernel"
-            )));
         }
     }
     check_len("the V cache", layer.v_cache.len(), layer.k_cache.len())?;

@@ -132,20 +132,24 @@ fn blocks_refuse_one_int8_activations() {
 }
 
 #[test]
-fn k_quants_are_refused() {
+fn k_quants_refuse_one_int8_activations() {
     let layer = &layers()[0];
     let (mut k, mut v) = caches().swap_remove(0);
-    let data = blocks(Format::Q4_K, DIM, 256, 3);
+    let format = Format::Q4_K;
+    let matrix_blocks = blocks(format, DIM, 256, 3);
+    let matrix = QuantMatrix::new(format, &matrix_blocks, DIM, 256).unwrap();
+    let mut tiles = vec![0; quant::packed_len(format, DIM, 256).unwrap()];
+    quant::pack(&matrix, &mut tiles).unwrap();
     let down = Projection {
-        weight: Weight::Blocks(QuantMatrix::new(Format::Q4_K, &data, DIM, 256).unwrap()),
+        weight: Weight::Packed(PackedMatrix::new(format, &tiles, DIM, 256).unwrap()),
         bias: None,
-        one_int8_from: None,
+        one_int8_from: Some(1),
     };
     let feed_forward = FeedForward::Dense(Mlp {
-        gate_up: layer.gate_up.projection(Products::Blocks),
+        gate_up: layer.gate_up.projection(TWO_PARTS),
         down,
     });
-    let stacked = layer.stacked(Products::Blocks, feed_forward, (&mut k, &mut v));
+    let stacked = layer.stacked(TWO_PARTS, feed_forward, (&mut k, &mut v));
     let refused = check_layer(&stacked, DIM, ATTENTION_WIDTHS);
     assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("Q4_K")));
 }
