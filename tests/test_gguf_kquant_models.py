@@ -5,6 +5,7 @@ loads, naming why."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -63,6 +64,10 @@ def dequantized_log(records: list[logging.LogRecord]) -> list[str]:
 @pytest.mark.parametrize(
     ("arch", "beside", "types"),
     [
+        # Llama 3's rope scaling from the file's rope_freqs tensor, or checked against the
+        # config beside it
+        ("llama", False, "11 Q4_K, 5 Q6_K"),
+        ("llama", True, "11 Q4_K, 5 Q6_K"),
         # untied (an output layer of Q6_K), q/k rows permuted by llama.cpp; transformers reads
         # the file as Llama, its Hugging Face config as Mistral
         ("mistral", False, "11 Q4_K, 5 Q6_K"),
@@ -212,3 +217,15 @@ def test_a_gguf_architecture_srt_does_not_serve_is_refused_by_name(tmp_path: Pat
     writer.close()
     with pytest.raises(ValueError, match="unsupported GGUF architecture phi3; srt serves GGUF "):
         make_runner(tmp_path / "phi.gguf")
+
+
+def test_rope_freqs_that_differ_from_the_config_beside_are_refused(
+    tiny_k_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """A Llama 3 file (its rope scaling in `rope_freqs`) beside a config of plain rope."""
+    gguf, _ = gguf_alone(tiny_k_model("llama"), tmp_path / "gguf", "Q4_K_M", beside=True)
+    config = json.loads((gguf.parent / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+    (gguf.parent / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"rope_freqs\.weight .* is not the rope scaling of"):
+        make_runner(gguf)

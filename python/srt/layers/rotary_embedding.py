@@ -3,6 +3,10 @@
 Configs spell the parameters two ways: `rope_parameters` (transformers 5) or top-level
 `rope_theta` with an optional `rope_scaling` dict (older saves and most hub configs). Both read
 the same here. cos/sin are computed in float32 as transformers does, so logits match it.
+
+A GGUF file carries Llama 3's scaling as llama.cpp writes it: a `rope_freqs` tensor of one
+divisor per frequency, which `ModelConfig.load` puts on the config (`rope_freq_factors`) where
+the config is read from the file's metadata (transformers does not map it).
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ def rope_parameters(config: Any) -> dict[str, Any]:
     if "rope_theta" not in params:
         params["rope_theta"] = getattr(config, "rope_theta", 10000.0)
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    factors = getattr(config, "rope_freq_factors", None)
+    if factors is not None:
+        params["freq_factors"] = factors
     return params
 
 
@@ -45,21 +52,40 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Te
     return torch.where(is_medium, smoothed, scaled)
 
 
+def base_frequencies(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
+    """The `head_dim / 2` rotation frequencies of `rope_theta`, before any scaling."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return 1.0 / (float(params["rope_theta"]) ** exponents)
+
+
+def inverse_frequencies(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
+    """The rotation frequency of each pair of a head's dimensions (`head_dim / 2`, float32):
+    `rope_theta`'s, scaled as the rope type (or a GGUF file's `freq_factors`) says."""
+    rope_type = params["rope_type"]
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"rope type {rope_type!r} is not supported (supported: "
+            f"{', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    inv_freq = base_frequencies(head_dim, params)
+    if rope_type == "llama3":
+        inv_freq = _llama3_inv_freq(inv_freq, params)
+    factors = params.get("freq_factors")
+    if factors is not None:
+        divisors = torch.tensor(factors, dtype=torch.float32)
+        if divisors.shape != inv_freq.shape or not bool((divisors > 0).all()):
+            raise ValueError(
+                f"rope frequency factors must be {inv_freq.numel()} positive numbers (one per "
+                f"pair of a head's {head_dim} dimensions), got {divisors.numel()}"
+            )
+        inv_freq = inv_freq / divisors
+    return inv_freq
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, params: dict[str, Any]) -> None:
         super().__init__()
-        rope_type = params["rope_type"]
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
-                f"rope type {rope_type!r} is not supported (supported: "
-                f"{', '.join(SUPPORTED_ROPE_TYPES)})"
-            )
-        base = float(params["rope_theta"])
-        inv_freq = 1.0 / (
-            base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
-        )
-        if rope_type == "llama3":
-            inv_freq = _llama3_inv_freq(inv_freq, params)
+        inv_freq = inverse_frequencies(head_dim, params)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         cos, sin = freqs.cos(), freqs.sin()
         # [cos | cos] and [-sin | sin]: the rotate-half products of `apply_rotary` in one pass.

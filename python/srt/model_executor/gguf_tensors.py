@@ -40,6 +40,9 @@ _VALUE_BYTES = {
     GGUFValueType.INT64: 8,
     GGUFValueType.FLOAT64: 8,
 }
+# The tensor of Llama 3's rope scaling in llama.cpp's files: one divisor per rotation frequency,
+# part of the model's config (`ModelConfig.load`), not a weight.
+ROPE_FREQS = "rope_freqs.weight"
 # Tensor types whose data GGUFReader gives as numbers; every other type as bytes, per row.
 _ELEMENT_DTYPES = {
     GGMLQuantizationType.F16: np.float16,

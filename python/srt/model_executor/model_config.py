@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 from transformers import AutoConfig, GenerationConfig
 
+from srt.layers.rotary_embedding import base_frequencies, inverse_frequencies, rope_parameters
+from srt.model_executor.gguf_tensors import ROPE_FREQS, read_tensors
 from srt.model_executor.resolve import default_dtype
 from srt.model_info import beside_hf_files
 from srt.models.llama import head_dim_of
@@ -72,6 +77,8 @@ class ModelConfig:
         hf_config = AutoConfig.from_pretrained(
             path, gguf_file=config_file, trust_remote_code=trust_remote_code
         )
+        if gguf_file is not None and (Path(path) / gguf_file).is_file():
+            _take_rope_freqs(hf_config, Path(path) / gguf_file, config_file is not None)
         model_max = _max_context(hf_config)
         if context_length is not None and context_length > model_max:
             raise ValueError(
@@ -103,6 +110,30 @@ class ModelConfig:
     @property
     def vocab_size(self) -> int:
         return int(self.hf_config.vocab_size)
+
+
+def _take_rope_freqs(hf_config: Any, gguf: Path, from_metadata: bool) -> None:
+    """Llama 3's rope scaling as GGUF file `gguf` carries it (`ROPE_FREQS`), if it does: put on
+    a config read from the file's metadata (which lacks it), or checked against one read from
+    the Hugging Face files beside it, which state it as their rope scaling (ValueError where
+    the two differ)."""
+    found = [tensor for tensor in read_tensors(gguf) if tensor.name == ROPE_FREQS]
+    if not found:
+        return
+    if found[0].tensor_type != GGMLQuantizationType.F32:
+        raise ValueError(f"{gguf.name}: {ROPE_FREQS} is {found[0].tensor_type.name}, not F32")
+    factors = np.array(found[0].data, dtype=np.float32).reshape(-1)
+    if from_metadata:
+        hf_config.rope_freq_factors = factors.tolist()
+        return
+    params = rope_parameters(hf_config)
+    head_dim = head_dim_of(hf_config)
+    stated = base_frequencies(head_dim, params) / inverse_frequencies(head_dim, params)
+    if stated.shape != factors.shape or not np.allclose(stated.numpy(), factors, rtol=1e-5):
+        raise ValueError(
+            f"{gguf.name}: its {ROPE_FREQS} (Llama 3's rope scaling, as llama.cpp writes it) "
+            f"is not the rope scaling of the config beside it ({params['rope_type']})"
+        )
 
 
 def _max_context(hf_config: Any) -> int:

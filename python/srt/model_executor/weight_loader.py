@@ -89,12 +89,13 @@ def iterate_weight_slices(
 def _gguf_weights(
     path: Path, hf_config: Any, keep_blocks: bool
 ) -> Iterator[tuple[str, CheckpointTensor]]:
-    from srt.model_executor.gguf_tensors import read_tensors
+    from srt.model_executor.gguf_tensors import ROPE_FREQS, read_tensors
 
     # transformers reads a llama.cpp Mistral file as Llama, or as Mistral where it is named so.
     permute_qk = hf_config.model_type in ("llama", "mistral")
     layer_names = getattr(model_class_for(hf_config), "gguf_layer_names", {})
-    tensors = read_tensors(path)
+    # Llama 3's rope scaling is the config's (`ModelConfig.load` reads it), not a weight.
+    tensors = [tensor for tensor in read_tensors(path) if tensor.name != ROPE_FREQS]
     names = [_hf_name(tensor.name, layer_names) for tensor in tensors]
     _refuse_unservable(path, tensors)
     dequantized: Counter[str] = Counter()

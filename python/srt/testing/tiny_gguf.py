@@ -13,6 +13,7 @@ super-blocks of 256 weights: the `tiny-k` preset's widths are.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,8 @@ def write_tiny_gguf(model_dir: Path, out: Path, mix: str = "Q4_K_M") -> dict[str
     writer = GGUFWriter(out, arch)
     _write_metadata(writer, config, mix)
     type_of = mix_type(mix)
+    if config.rope_parameters["rope_type"] == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(config))
     expected: dict[str, torch.Tensor] = {}
     for name, tensor in sorted(load_file(model_dir / "model.safetensors").items()):
         if name == "lm_head.weight" and config.tie_word_embeddings:
@@ -125,11 +128,30 @@ def write_tiny_gguf(model_dir: Path, out: Path, mix: str = "Q4_K_M") -> dict[str
     return expected
 
 
+def llama3_rope_freqs(config: Any) -> np.ndarray:
+    """Llama 3's rope scaling as llama.cpp's conversion writes it: a float32 tensor of one
+    divisor per rotation frequency (1 for the fast ones, the scaling factor for the slow ones,
+    and between them the inverse of the smoothed scale)."""
+    params = config.rope_parameters
+    head_dim = head_dim_of(config)
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    old_context = params["original_max_position_embeddings"]
+    divisors = []
+    for i in range(0, head_dim, 2):
+        wavelength = 2 * math.pi * params["rope_theta"] ** (i / head_dim)
+        if wavelength < old_context / high:
+            divisors.append(1.0)
+        elif wavelength > old_context / low:
+            divisors.append(factor)
+        else:
+            smooth = (old_context / wavelength - low) / (high - low)
+            divisors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(divisors, dtype=np.float32)
+
+
 def _write_metadata(writer: GGUFWriter, config: Any, mix: str) -> None:
-    """The model's shape as llama.cpp's conversion writes it (what transformers maps back).
-    Llama 3's rope scaling is left out: llama.cpp writes it as a `rope_freqs` tensor, which
-    neither transformers' config nor srt reads, so the tiny llama's file is read beside its
-    Hugging Face files."""
+    """The model's shape as llama.cpp's conversion writes it (what transformers maps back;
+    Llama 3's rope scaling, which has no metadata key, goes in the `rope_freqs` tensor)."""
     head_dim = head_dim_of(config)
     writer.add_name(f"tiny {config.model_type}")
     writer.add_file_type(MIXES[mix][2])
