@@ -1,6 +1,6 @@
 """Quantized weights on tiny random models: GGUF blocks installed in place of linear and embedding
-weights (fused shards stacked, mixed formats dequantized), and `--quantization int8` against the
-float model."""
+weights (fused shards stacked, or held in parts where their formats differ; dequantized where one
+is float), and `--quantization int8` against the float model."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from runner_helpers import make_runner, runner_extend_and_decode_logits
 from transformers import AutoConfig
 
 from srt.kernels.cpu.quant_kernels import BLOCK_BYTES, QuantizedWeight
+from srt.kernels.cpu.quant_parts import QuantizedParts
 from srt.layers.linear import Linear
 from srt.layers.quantization import CheckpointTensor, Int8Weight, weight_bytes
 from srt.model_executor.model_config import resolve_quantization
@@ -123,7 +124,38 @@ def test_blocks_replace_linear_and_tied_embedding_weights(
     assert weight_bytes(model) < weight_bytes(reference.model) / 3
 
 
-def test_shards_in_different_formats_are_dequantized_with_a_log_line(
+def test_shards_in_different_formats_are_held_in_parts(
+    tiny_model_factory: Callable[[str], Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tiny_model_factory("qwen2")  # q/k/v biases
+    formats = {"q_proj": "q8_0", "k_proj": "q8_0", "v_proj": "q4_0", "gate_proj": "q4_1"}
+
+    def fmt_of(name: str) -> str | None:
+        return formats.get(name.split(".")[-2], "q4_0") if name.endswith("proj.weight") else None
+
+    tensors = checkpoint(path, fmt_of)
+    with caplog.at_level(logging.INFO, logger="srt.models.loading"):
+        runner = loaded(path, tensors)
+    assert not caplog.records
+    for layer in range(runner.model_config.num_layers):
+        prefix = f"model.layers.{layer}"
+        qkv = linear_at(runner, f"{prefix}.self_attn.qkv_proj").quant
+        gate_up = linear_at(runner, f"{prefix}.mlp.gate_up_proj").quant
+        assert isinstance(qkv, QuantizedParts)
+        assert isinstance(gate_up, QuantizedParts)
+        assert (qkv.formats, gate_up.formats) == (("q8_0", "q4_0"), ("q4_1", "q4_0"))
+        for parts in (qkv, gate_up):  # blocks (or tiles), not float32
+            assert parts.nbytes < parts.out_features * parts.in_features * 4 / 3
+    reference = loaded(path, dequantized(tensors))
+    for ours, theirs in zip(
+        runner_extend_and_decode_logits(runner),
+        runner_extend_and_decode_logits(reference),
+        strict=True,
+    ):
+        torch.testing.assert_close(ours, theirs, atol=1e-3 * float(theirs.abs().max()), rtol=0)
+
+
+def test_a_fused_weight_with_a_float_shard_is_dequantized_with_a_log_line(
     tiny_model_factory: Callable[[str], Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tiny_model_factory("llama")
@@ -144,8 +176,8 @@ def test_shards_in_different_formats_are_dequantized_with_a_log_line(
     torch.testing.assert_close(qkv.weight, expected, atol=0, rtol=0)
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
-        "model.layers.0.self_attn.qkv_proj.weight: its shards are in float and q4_0 and q8_0, "
-        "not one block format: dequantized to torch.float32"
+        "model.layers.0.self_attn.qkv_proj.weight: a shard is float, the others in q4_0 and "
+        "q8_0: dequantized to torch.float32"
     ]
 
 

@@ -35,6 +35,7 @@ from torch import nn
 
 from srt.kernels.cpu import cpu_kernels, quant_kernels
 from srt.kernels.cpu.quant_kernels import QuantizedWeight
+from srt.kernels.cpu.quant_parts import QuantizedParts
 
 if TYPE_CHECKING:
     from srt.layers.quantization import QuantWeight
@@ -95,11 +96,11 @@ class Linear(nn.Linear):
 
     def prepare_for_device(self) -> None:
         """Packs the weight when it is float32 on a CPU the kernel runs on, or quantized blocks
-        on a CPU with the integer kernel (`QuantizedWeight.pack`); elsewhere (CUDA, half
-        precision, other CPUs) the layer keeps running `F.linear`. Call once the weights are
-        loaded."""
+        on a CPU with the integer kernel (`QuantizedWeight.pack`, `QuantizedParts.pack`);
+        elsewhere (CUDA, half precision, other CPUs) the layer keeps running `F.linear`. Call
+        once the weights are loaded."""
         if self.quant is not None:
-            if isinstance(self.quant, QuantizedWeight):
+            if isinstance(self.quant, QuantizedWeight | QuantizedParts):
                 self.quant.pack()
             self._packed = None
             return
@@ -136,12 +137,14 @@ def prepare_for_device(model: nn.Module) -> None:
 
 
 def plan_products(model: nn.Module, dtype: torch.dtype, int8_offered: bool) -> Counter[str]:
-    """Plans the products of every `Linear` of `model` held in GGUF blocks, as their first
-    products in `dtype` (with int8 activations offered or not) would (`QuantizedWeight.plan`):
-    at start-up rather than in the first request, which its log line can then time. Returns
-    how many distinct plans were read from the plan cache ("read") and measured ("measured")."""
+    """Plans the products of every `Linear` of `model` held in GGUF blocks (of a weight of
+    parts, each part's), as their first products in `dtype` (with int8 activations offered or
+    not) would (`QuantizedWeight.plan`): at start-up rather than in the first request, which
+    its log line can then time. Returns how many distinct plans were read from the plan cache
+    ("read") and measured ("measured")."""
     before = quant_kernels.plan_sources.copy()
     for module in model.modules():
-        if isinstance(module, Linear) and isinstance(module.quant, QuantizedWeight):
-            module.quant.plan(dtype, int8_offered)
+        quant = module.quant if isinstance(module, Linear) else None
+        if isinstance(quant, QuantizedWeight | QuantizedParts):
+            quant.plan(dtype, int8_offered)
     return quant_kernels.plan_sources - before

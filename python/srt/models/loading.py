@@ -4,9 +4,11 @@ blocks and take the parameter's place (`QuantizedShards`).
 
 A fused weight (`qkv_proj`, `gate_up_proj`) is the checkpoint's shards stacked along the output
 rows. Rows of blocks are rows of weights, so stacking the shards' block rows
-(`QuantizedWeight.cat`) gives the fused weight's blocks, provided every shard is in the same
-format; a fused weight whose shards are not (or are partly float) is dequantized into its float
-parameter instead, with a log line naming it.
+(`QuantizedWeight.cat`) gives the fused weight's blocks where every shard is in one format;
+shards in different formats (llama.cpp's Q4_K_M: q and k in Q4_K, v in Q6_K) stay blocks, one
+part per format (`QuantizedParts`). A fused weight with a float shard (a type the loader
+dequantized, or float in the file) is dequantized into its float parameter instead, with a log
+line naming it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 
 from srt.kernels.cpu.quant_kernels import QuantizedWeight
+from srt.kernels.cpu.quant_parts import QuantizedParts
 from srt.layers.linear import Linear
 from srt.layers.vocab_embedding import VocabEmbedding
 
@@ -70,40 +73,44 @@ class QuantizedShards:
             self.fused.add(target)
 
     def install(self, params: dict[str, nn.Parameter]) -> None:
-        """Puts every gathered weight in place of its parameter (a fused one whose shards
-        cannot be stacked as blocks is dequantized into it)."""
+        """Puts every gathered weight in place of its parameter (a fused one with a float shard
+        is dequantized into it)."""
         for target, parts in self.parts.items():
             if target not in self.fused:
                 self._set(target, parts[0][0])
                 continue
             sizes = self.shard_sizes(target)
-            formats = {blocks.fmt for blocks, _ in parts.values()}
-            if len(parts) == len(sizes) and len(formats) == 1:
+            formats = sorted({blocks.fmt for blocks, _ in parts.values()})
+            if len(parts) == len(sizes):
                 ordered = [parts[i] for i in range(len(sizes))]
                 for (blocks, name), rows in zip(ordered, sizes, strict=True):
                     if blocks.out_features != rows:
                         raise ValueError(
                             f"{name}: checkpoint has {blocks.out_features} rows, model {rows}"
                         )
-                self._set(target, QuantizedWeight.cat([blocks for blocks, _ in ordered]))
+                shards = [blocks for blocks, _ in ordered]
+                held = QuantizedWeight.cat(shards) if len(formats) == 1 else QuantizedParts(shards)
+                self._set(target, held)
                 continue
             param = params[target]
-            if len(parts) < len(sizes):
-                formats.add("float")
             logger.info(
-                "%s: its shards are in %s, not one block format: dequantized to %s",
+                "%s: a shard is float, the others in %s: dequantized to %s",
                 target,
-                " and ".join(sorted(formats)),
+                " and ".join(formats),
                 param.dtype,
             )
             with torch.no_grad():
                 for shard, (blocks, name) in parts.items():
                     copy_shard(param, blocks.dequantize(param.dtype), shard, sizes, name)
 
-    def _set(self, target: str, blocks: QuantizedWeight) -> None:
+    def _set(self, target: str, blocks: QuantizedWeight | QuantizedParts) -> None:
         module = self._module_of(target)
         assert isinstance(module, Linear | VocabEmbedding), "checked by can_hold"
         try:
-            module.set_quantized(blocks)
+            if isinstance(module, Linear):
+                module.set_quantized(blocks)
+            else:
+                assert isinstance(blocks, QuantizedWeight), "an embedding is never fused"
+                module.set_quantized(blocks)
         except ValueError as e:
             raise ValueError(f"{target}: {e}") from None
