@@ -1,8 +1,11 @@
 """The CPU decode executor: a decode step of a model's decoder layers (its `DecoderPlan`,
 `layers/decoder_plan.py`) in one call to the Rust kernels (`srt._rust.DecoderStack`,
-rust/kernels/src/decoder.rs), where every projection is a quantized weight (`QuantizedWeight`:
-the default GGUF path), in the integer kernel's tiles on CPUs with AVX2 (with AVX-VNNI or
-without) or AVX-512 VNNI, in its blocks through the float kernel elsewhere.
+rust/kernels/src/decoder.rs), where every projection is a quantized weight in a format of
+blocks of 32 (`QuantizedWeight` in `BLOCK_BYTES`: the default GGUF path for Q4_0, Q4_1 and
+Q8_0 files), in the integer kernel's tiles on CPUs with AVX2 (with AVX-VNNI or without) or
+AVX-512 VNNI, in its blocks through the float kernel elsewhere. The stack does not take the
+K-quants (Q4_K, Q5_K, Q6_K) nor a weight of parts in several formats (`QuantizedParts`) yet: a
+model holding one runs its layers one by one, said once in the log.
 
 Why: at one sequence, a SmolLM2 decode step calls about 300 kernels, and the Python around
 each call (module calls, output tensors, numpy views of its arguments) cost more than the
@@ -32,7 +35,8 @@ from srt import _rust, envs
 from srt.distributed import get_tp_group
 from srt.forward_mode import ForwardMode
 from srt.kernels.cpu import cpu_kernels
-from srt.kernels.cpu.quant_kernels import QuantizedWeight, int8_offered
+from srt.kernels.cpu.quant_kernels import BLOCK_BYTES, QuantizedWeight, int8_offered
+from srt.kernels.cpu.quant_parts import QuantizedParts
 from srt.layers.attention.cpu_backend import CpuAttnBackend
 from srt.layers.decoder_plan import DecoderLayerPlan, DecoderPlan
 from srt.layers.linear import Linear
@@ -45,9 +49,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _quantized(linear: Linear) -> QuantizedWeight | None:
+def _stack_weight(name: str, linear: Linear) -> QuantizedWeight | str:
+    """Projection `name`'s weight as the stack takes it, else why the stack cannot."""
     quant = linear.quant
-    return quant if isinstance(quant, QuantizedWeight) else None
+    if isinstance(quant, QuantizedParts):
+        formats = " and ".join(quant.formats)
+        return f"{name} is held in parts of {formats}, which the stack does not take yet"
+    if not isinstance(quant, QuantizedWeight):
+        return f"{name} is not a GGUF-quantized weight"
+    if quant.fmt not in BLOCK_BYTES:
+        return f"{name} is in {quant.fmt}, which the stack does not take yet"
+    return quant
 
 
 class CpuDecodeExecutor:
@@ -142,8 +154,8 @@ class CpuDecodeExecutor:
         self, layer: DecoderLayerPlan, pool: KVPool, dtype: torch.dtype, offered: bool
     ) -> tuple[_rust.LayerSpec, list[int]] | str:
         """A layer's spec for `DecoderStack` and, per projection, the fewest rows that leave
-        the stack's kernels; else why the stack cannot run it (a projection not quantized, a
-        norm not of `dtype` or of another epsilon)."""
+        the stack's kernels; else why the stack cannot run it (a projection not quantized or
+        in a form the stack does not take, a norm not of `dtype` or of another epsilon)."""
         named = {"qkv": layer.qkv, "o": layer.o}
         moe = layer.moe
         if moe is None:
@@ -156,9 +168,9 @@ class CpuDecodeExecutor:
         projections: dict[str, _rust.ProjectionSpec] = {}
         ends = []
         for name, linear in named.items():
-            weight = _quantized(linear)
-            if weight is None:
-                return f"{name} is not a GGUF-quantized weight"
+            weight = _stack_weight(name, linear)
+            if isinstance(weight, str):
+                return weight
             # First: measuring the plan packs the weight where it will be packed.
             one_int8_from, end = weight.stack_rows(dtype, offered)
             ends.append(end)
