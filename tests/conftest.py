@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +51,13 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[st
         return built[arch, preset]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def tiny_k_model(tiny_model_factory: Callable[..., Path]) -> Callable[[str], Path]:
+    """`tiny_model_factory`'s `tiny-k` model of an architecture (widths of whole K-quant
+    super-blocks, for GGUF fixtures)."""
+    return functools.partial(tiny_model_factory, preset="tiny-k")
 
 
 @pytest.fixture(scope="session", params=ARCHS)

@@ -1,13 +1,15 @@
 """GGUF files as llama.cpp writes them, in its K-quant mixes, of each architecture srt serves:
 the config read from the file's metadata, every tensor placed with no per-tensor case in model
-code, the types dequantized at load said once; files srt cannot serve refused before anything
-loads, naming why."""
+code, the types srt multiplies in blocks kept as the file holds them (served in
+test_gguf_kquant_serving.py), the others dequantized at load, said once; files srt cannot serve
+refused before anything loads, naming why."""
 
 from __future__ import annotations
 
 import json
 import logging
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,31 +17,17 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
-from runner_helpers import make_runner, runner_extend_and_decode_logits
+from runner_helpers import make_runner
 from transformers import AutoConfig
 
+from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.model_executor.weight_loader import iterate_weights
 from srt.model_info import _DONE_MARKER
 from srt.testing.gguf_kquants import quantize
-from srt.testing.make_tiny_model import make_tiny_model
 from srt.testing.tiny_gguf import write_tiny_gguf
 
 Q = GGMLQuantizationType
 LOADER = "srt.model_executor.weight_loader"
-
-
-@pytest.fixture(scope="module")
-def tiny_k_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """The `tiny-k` model of an architecture (widths of whole K-quant super-blocks), once."""
-    built: dict[str, Path] = {}
-
-    def build(arch: str) -> Path:
-        if arch not in built:
-            out = tmp_path_factory.mktemp(f"tiny-k-{arch}")
-            built[arch] = make_tiny_model(arch, out, preset="tiny-k")
-        return built[arch]
-
-    return build
 
 
 def gguf_alone(
@@ -62,71 +50,37 @@ def dequantized_log(records: list[logging.LogRecord]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("arch", "beside", "types"),
+    ("mix", "held", "types"),
     [
-        # Llama 3's rope scaling from the file's rope_freqs tensor, or checked against the
-        # config beside it
-        ("llama", False, "11 Q4_K, 5 Q6_K"),
-        ("llama", True, "11 Q4_K, 5 Q6_K"),
-        # untied (an output layer of Q6_K), q/k rows permuted by llama.cpp; transformers reads
-        # the file as Llama, its Hugging Face config as Mistral
-        ("mistral", False, "11 Q4_K, 5 Q6_K"),
-        ("mistral", True, "11 Q4_K, 5 Q6_K"),
-        # tied embeddings, q/k/v biases
-        ("qwen2", False, "11 Q4_K, 4 Q6_K"),
-        # tied embeddings, RMSNorm of each q and k head
-        ("qwen3", False, "11 Q4_K, 4 Q6_K"),
+        ("Q4_K_M", {"q4_k": 11, "q6_k": 5}, None),
+        ("Q5_K_M", {"q5_k": 11, "q6_k": 5}, None),
+        # Q2_K's matrices dequantized; its attn_v and ffn_down (Q4_K) and output (Q6_K) not
+        ("Q2_K", {"q4_k": 4, "q6_k": 1}, "11 Q2_K"),
     ],
 )
-def test_a_q4_k_m_file_serves_the_logits_of_its_dequantized_tensors(
-    tiny_k_model: Callable[[str], Path],
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
-    arch: str,
-    beside: bool,
-    types: str,
-) -> None:
-    model = tiny_k_model(arch)
-    gguf, expected = gguf_alone(model, tmp_path / "gguf", "Q4_K_M", beside)
-    with caplog.at_level(logging.INFO, logger=LOADER):
-        served = make_runner(gguf, max_total_tokens=256)
-    assert dequantized_log(caplog.records) == [
-        f"tiny.Q4_K_M.gguf: tensors of types srt does not multiply in blocks are dequantized: "
-        f"{types}"
-    ]
-    # The same model from its Hugging Face config, given the tensors' dequantized values.
-    reference = make_runner(model, load_format="dummy", max_total_tokens=256)
-    reference.model.load_weights(iter(expected.items()))  # type: ignore[operator]
-    for ours, theirs in zip(
-        runner_extend_and_decode_logits(served),
-        runner_extend_and_decode_logits(reference),
-        strict=True,
-    ):
-        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize(
-    ("mix", "types"), [("Q2_K", "11 Q2_K, 4 Q4_K, 1 Q6_K"), ("Q5_K_M", "11 Q5_K, 5 Q6_K")]
-)
-def test_every_k_quant_mix_loads_as_its_dequantized_values(
+def test_each_k_quant_mix_keeps_the_types_srt_multiplies_in_blocks(
     tiny_k_model: Callable[[str], Path],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     mix: str,
-    types: str,
+    held: dict[str, int],
+    types: str | None,
 ) -> None:
-    model = tiny_k_model("mistral")
+    model = tiny_k_model("mistral")  # untied: an output layer
     gguf, expected = gguf_alone(model, tmp_path / "gguf", mix)
     hf_config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     with caplog.at_level(logging.INFO, logger=LOADER):
         loaded = dict(iterate_weights(str(gguf.parent), gguf.name, hf_config, "gguf"))
     assert loaded.keys() == expected.keys()
+    formats: Counter[str] = Counter()
     for name, tensor in loaded.items():
-        assert isinstance(tensor, torch.Tensor), name
+        if isinstance(tensor, QuantizedWeight):
+            formats[tensor.fmt] += 1
+            tensor = tensor.dequantize()
         torch.testing.assert_close(tensor, expected[name], atol=0, rtol=0, msg=name)
-    assert dequantized_log(caplog.records) == [
-        f"{gguf.name}: tensors of types srt does not multiply in blocks are dequantized: {types}"
-    ]
+    assert formats == held
+    said = f"{gguf.name}: tensors of types srt does not multiply in blocks are dequantized: {types}"
+    assert dequantized_log(caplog.records) == ([said] if types else [])
 
 
 def write_with_types(out: Path, types: dict[str, GGMLQuantizationType]) -> None:

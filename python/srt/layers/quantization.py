@@ -2,11 +2,14 @@
 
 Two formats:
 - `gguf`: a GGUF file's Q4_0, Q4_1 and Q8_0 tensors as the file holds them, in blocks of 32
-  weights (`quant_kernels.QuantizedWeight`, multiplied by srt's Rust kernels, which read the
-  blocks directly); on CPUs with the integer kernel, products of 16 rows or more (prefill
-  passes, and decode steps of 16 sequences or more) may round their activations to one int8
-  per value per block of 32, as llama.cpp does, where their measured plan takes that kernel
-  (`quant_kernels`'s `int8_activations`), unless `--disable-int8-activations`;
+  weights, and its K-quants (Q4_K, Q5_K, Q6_K) in super-blocks of 256
+  (`quant_kernels.QuantizedWeight`, multiplied by srt's Rust kernels, which read the blocks or
+  tiles repacked from them; a fused weight whose shards differ in format is one part per
+  format, `quant_parts.QuantizedParts`); on CPUs with the integer kernel, products of 16 rows
+  or more (prefill passes, and decode steps of 16 sequences or more) of blocks of 32 may round
+  their activations to one int8 per value per block, as llama.cpp does, where their measured
+  plan takes that kernel (`quant_kernels`'s `int8_activations`), unless
+  `--disable-int8-activations`;
 - `int8`: weight-only, a float linear weight quantized at load, per output channel and symmetric
   (`Int8Weight`): each row is its int8 values times one float scale, absmax / 127. Its product
   is PyTorch's CPU weight-only kernel, `aten._weight_int8pack_mm`, always with bfloat16

@@ -3,15 +3,16 @@
 GGUF tensors are renamed to Hugging Face's names (a layer's as its model class declares them,
 `gguf_layer_names`; a name with `{expert}` is a 3-D tensor of a mixture's experts, cut into one
 tensor per expert) and dequantized with the `gguf` package, except, with `--quantization gguf`,
-the types srt multiplies in their blocks (Q4_0, Q4_1, Q8_0), which come as `QuantizedWeight`s
-holding the file's bytes. So a file of mixed types (llama.cpp's Q4_K_M: Q4_K and Q6_K matrices,
-float32 norms) loads with no per-tensor case in model code; the types dequantized are said once
-in the log. A file holding a type the `gguf` package cannot dequantize either, or a tensor no
-model layer names, is refused before any tensor is loaded, naming them. For the Llama
-architecture (Mistral's files included: llama.cpp writes Mistral as Llama), llama.cpp's
-conversion permuted the rows of the q/k projections (to its interleaved rotary layout), which is
-undone here; each row of blocks is one row of weights, so the same permutation of rows undoes it
-on blocks too.
+the matrices of the types srt multiplies in their blocks (Q4_0, Q4_1, Q8_0, and the K-quants
+Q4_K, Q5_K, Q6_K: `quant_kernels.FORMATS`), which come as `QuantizedWeight`s holding the file's
+bytes. So a file of mixed types (llama.cpp's Q4_K_M: Q4_K and Q6_K matrices, float32 norms)
+loads with no per-tensor case in model code; the other types (Q5_0, Q2_K, Q3_K, F16, ...) are
+dequantized, said once in the log. A file holding a type the `gguf` package cannot dequantize
+either, or a tensor no model layer names, is refused before any tensor is loaded, naming them.
+For the Llama architecture (Mistral's files included: llama.cpp writes Mistral as Llama),
+llama.cpp's conversion permuted the rows of the q/k projections (to its interleaved rotary
+layout), which is undone here; each row of blocks is one row of weights, so the same permutation
+of rows undoes it on blocks too.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from safetensors import safe_open
 
-from srt.kernels.cpu.quant_kernels import BLOCK_BYTES, QuantizedWeight
+from srt.kernels.cpu.quant_kernels import FORMATS, QuantizedWeight
 from srt.layers.lazy_tensor import LazyTensor
 from srt.layers.quantization import CheckpointTensor
 from srt.models.registry import model_class_for
@@ -51,7 +52,8 @@ def iterate_weights(
     model_path: str, gguf_file: str | None, hf_config: Any, quantization: str = "none"
 ) -> Iterator[tuple[str, CheckpointTensor]]:
     """Every tensor of a local checkpoint, or of a hub id (downloaded when the user has network).
-    With `quantization` "gguf", a GGUF file's Q4_0/Q4_1/Q8_0 matrices stay `QuantizedWeight`s."""
+    With `quantization` "gguf", a GGUF file's matrices of the types srt multiplies in blocks
+    (`quant_kernels.FORMATS`) stay `QuantizedWeight`s."""
     directory = Path(model_path)
     if not directory.is_dir():
         from huggingface_hub import snapshot_download
@@ -103,7 +105,7 @@ def _gguf_weights(
         kind = tensor.tensor_type.name
         shape = tuple(reversed(tensor.shape))
         stacked = "{expert}" in name
-        blocks = keep_blocks and kind.lower() in BLOCK_BYTES and len(shape) == 2 + stacked
+        blocks = keep_blocks and kind.lower() in FORMATS and len(shape) == 2 + stacked
         if not blocks and kind != "F32":
             dequantized[kind] += 1
         if not stacked:

@@ -3,7 +3,8 @@ Q6_K) and the products computed from them: the Rust `quant` kernels (rust/kernel
 as a tensor class.
 
 The K-quants (super-blocks of 256 weights, `SUPER_BLOCK_BYTES`) take the few-row kernels and the
-dense path; the one-int8 kernel does not take them yet, so their plans never offer it.
+dense path; the one-int8 kernel does not take them yet, so their plans never offer it. The GGUF
+loader keeps every format here in blocks (`FORMATS`).
 
 Why: decoding on the CPU is bound by the bytes of weights each step reads; blocks of 4.5 to 8.5
 bits per weight read 4 to 7 times fewer than float32. Where the CPU has integer dot products
@@ -69,12 +70,13 @@ from srt.tensor_views import numpy_view
 BLOCK_SIZE = 32
 SUPER_BLOCK_SIZE = 256
 _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
-# Bytes per block of 32 weights: the formats every path takes, and the ones the GGUF loader keeps
-# in blocks.
+# Bytes per block of 32 weights: the formats every path takes.
 BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
-# Bytes per super-block of 256 weights of the K-quants, which `QuantizedWeight` holds but the
-# loader does not offer it yet (the one-int8 kernel refuses them).
+# Bytes per super-block of 256 weights of the K-quants, which the one-int8 kernel does not take
+# yet.
 SUPER_BLOCK_BYTES: dict[str, int] = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
+# Every format `QuantizedWeight` holds: the ones the GGUF loader keeps in blocks.
+FORMATS: frozenset[str] = frozenset(BLOCK_BYTES) | frozenset(SUPER_BLOCK_BYTES)
 PathFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 # Row counts at which the paths are compared, in order (see `_measure_plan`). Past the last, the
