@@ -1,7 +1,7 @@
-"""K-quant GGUF files (llama.cpp's Q4_K_M mix of tiny models) served from their blocks: the
-types held, logits and greedy tokens against the same file dequantized to float32, weight memory
-against the file's tensor bytes (as `benches/bench_startup.py` reports it), the fused decode
-stack's fallback said once, and `srt-serve` answering from the blocks over HTTP."""
+"""K-quant GGUF files (llama.cpp's Q4_K_M and Q5_K_M mixes of tiny models) served from their
+blocks: the types held, logits and greedy tokens against the same file dequantized to float32,
+weight memory against the file's tensor bytes (as `benches/bench_startup.py` reports it), the
+fused decode stack's fallback said once, and `srt-serve` answering from the blocks over HTTP."""
 
 from __future__ import annotations
 
@@ -77,41 +77,44 @@ def clear_steps(logits: torch.Tensor, atol: float) -> int:
 
 
 @pytest.mark.parametrize(
-    ("arch", "beside", "lm_head"),
+    ("arch", "beside", "mix", "tied"),
     [
         # untied (an output layer of Q6_K), q/k rows permuted by llama.cpp; transformers reads
         # the file as Llama, its Hugging Face config as Mistral
-        ("mistral", False, "q6_k"),
-        ("mistral", True, "q6_k"),
-        ("llama", True, "q6_k"),  # Llama 3's rope scaling, from the files beside it
-        ("qwen2", False, "= model.embed_tokens"),  # tied embeddings, q/k/v biases
-        ("qwen3", False, "= model.embed_tokens"),  # tied, RMSNorm of each q and k head
+        ("mistral", False, "Q4_K_M", False),
+        ("mistral", True, "Q4_K_M", False),
+        ("llama", True, "Q4_K_M", False),  # Llama 3's rope scaling, from the files beside it
+        ("qwen2", False, "Q4_K_M", True),  # q/k/v biases
+        ("qwen3", False, "Q4_K_M", True),  # RMSNorm of each q and k head
+        ("qwen3", False, "Q5_K_M", True),
     ],
 )
-def test_a_q4_k_m_file_is_served_from_its_blocks(
+def test_a_k_quant_file_is_served_from_its_blocks(
     tiny_k_model: Callable[[str], Path],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     arch: str,
     beside: bool,
-    lm_head: str,
+    mix: str,
+    tied: bool,
 ) -> None:
     model = tiny_k_model(arch)
-    gguf, expected = gguf_alone(model, tmp_path / "gguf", "Q4_K_M", beside)
+    gguf, expected = gguf_alone(model, tmp_path / "gguf", mix, beside)
     with caplog.at_level(logging.INFO, logger=LOADER):
         served = make_runner(gguf, max_total_tokens=256)
     assert dequantized_log(caplog.records) == []
+    body = mix[:2].lower() + "_k"  # most matrices; attn_v, ffn_down and output in Q6_K
     layer = {
-        "self_attn.qkv_proj": "q4_k+q6_k",
-        "self_attn.o_proj": "q4_k",
-        "mlp.gate_up_proj": "q4_k",
+        "self_attn.qkv_proj": f"{body}+q6_k",
+        "self_attn.o_proj": body,
+        "mlp.gate_up_proj": body,
         "mlp.down_proj": "q6_k",
     }
     layers = range(served.model_config.num_layers)
     assert held(served) == {
-        "model.embed_tokens": "q4_k",
+        "model.embed_tokens": body,
         **{f"model.layers.{i}.{part}": fmt for i in layers for part, fmt in layer.items()},
-        "lm_head": lm_head,
+        "lm_head": "= model.embed_tokens" if tied else "q6_k",
     }
     # The weights in the file's bytes: a tied embedding held once, the tiles about the blocks.
     memory = gguf_memory(gguf, served.weight_bytes / 2**20)
