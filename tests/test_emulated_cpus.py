@@ -6,15 +6,16 @@ Nehalem` has no AVX at all (`scalar`; PyTorch's wheel runs there, on its default
 scripts/emulated_cpus.sh runs the Rust tests on both.
 
 The run (`generate`, this file run as a script) loads a tiny llama from a GGUF file holding
-Q4_0, Q4_1 and Q8_0 blocks and decodes greedily in-process through every path the server takes
-on such a CPU, in float32 (what `--dtype auto` picks without AVX-512 BF16): the weights packed
-into tiles where the CPU has an integer kernel, a prefill rounding activations to int8, one
-that takes the dense path (the weight dequantized for PyTorch's matmul), and decode steps of 1
-and of 16 sequences in the fused decode stack (its one-int8 products from 16 rows). The plans
-are set, not measured (timings under emulation mean nothing), to reach each path. Its tokens
-must equal those of the same run on this machine with the kernels capped at the emulated CPU's
-tier (`SRT_CPU_ISA`): below AVX2 the products run on blocks in float32, not on tiles, and that
-changed one of the 17 sequences' tokens at a near tie, measured.
+Q4_0, Q4_1 and Q8_0 blocks, or llama.cpp's Q4_K_M mix (Q4_K and Q6_K), and decodes greedily
+in-process through every path the server takes on such a CPU, in float32 (what `--dtype auto`
+picks without AVX-512 BF16): the weights packed into tiles where the CPU has an integer kernel,
+a prefill rounding activations to int8, one that takes the dense path (the weight dequantized
+for PyTorch's matmul), and decode steps of 1 and of 16 sequences in the fused decode stack (its
+one-int8 products from 16 rows; the K-quants take neither, their decode steps run layer by
+layer). The plans are set, not measured (timings under emulation mean nothing), to reach each
+path. Its tokens must equal those of the same run on this machine with the kernels capped at the
+emulated CPU's tier (`SRT_CPU_ISA`): below AVX2 the products run on blocks in float32, not on
+tiles, and that changed one of the 17 sequences' tokens at a near tie, measured.
 """
 
 from __future__ import annotations
@@ -65,23 +66,32 @@ def block_format(name: str) -> str | None:
     return BLOCK_FORMATS.get(module)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["blocks of 32", "Q4_K_M"])
 def tiny_gguf(
-    tiny_model_factory: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tiny_model_factory: Callable[[str], Path],
+    tiny_k_model: Callable[[str], Path],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
-    """The tiny llama as a GGUF file, beside its config and tokenizer (a directory marked as
-    prepared, as the default model's is, so that they are read from there)."""
+    """The tiny llama as a GGUF file of blocks of 32 (`BLOCK_FORMATS`), or the `tiny-k` llama
+    in llama.cpp's Q4_K_M mix, beside its config and tokenizer (a directory marked as prepared,
+    as the default model's is, so that they are read from there)."""
     from test_quantized_loading import gguf_name, write_gguf
 
     from srt.model_info import _DONE_MARKER
+    from srt.testing.tiny_gguf import write_tiny_gguf
 
-    source = tiny_model_factory("llama")
+    k_quants = request.param == "Q4_K_M"
+    source = tiny_k_model("llama") if k_quants else tiny_model_factory("llama")
     directory = tmp_path_factory.mktemp("tiny-gguf")
     for file in source.iterdir():
         if file.suffix != ".safetensors":
             shutil.copy(file, directory)
-    gguf = directory / "tiny.gguf"
-    write_gguf(source, gguf, lambda name: (gguf_name(name)[0], block_format(name)))
+    gguf = directory / f"tiny.{request.param.replace(' ', '-')}.gguf"
+    if k_quants:
+        write_tiny_gguf(source, gguf, "Q4_K_M")
+    else:
+        write_gguf(source, gguf, lambda name: (gguf_name(name)[0], block_format(name)))
     (directory / _DONE_MARKER).write_text("the tiny llama, written by test_emulated_cpus\n")
     return gguf
 
@@ -137,11 +147,14 @@ def test_an_emulated_cpu_generates_the_native_tokens(tiny_gguf: Path, cpu: str) 
     assert emulated["tokens"] == native["tokens"]
     assert emulated == {**native, "isa": emulated["isa"]}
     # Every path was reached: on tiles (AVX2) the one-int8 kernel too; a decode step of 1 and one
-    # of 16 sequences ran fused.
+    # of 16 sequences ran fused. The K-quants take neither (each decode step runs its layers).
     tiles = tier != "scalar"
+    k_quants = tiny_gguf.name == "tiny.Q4_K_M.gguf"
+    one_int8 = {"_one_int8"} if tiles and not k_quants else set()
     assert emulated["packed"] == tiles
-    assert set(emulated["paths"]) == {"_kernel", "_dense"} | ({"_one_int8"} if tiles else set())
-    assert emulated["fused"] == {"1": NEW_TOKENS - 1, "16": NEW_TOKENS - 1}
+    assert set(emulated["paths"]) == {"_kernel", "_dense"} | one_int8
+    fused = 0 if k_quants else NEW_TOKENS - 1
+    assert emulated["fused"] == {"1": fused, "16": fused}
 
 
 def generate(gguf: Path) -> dict[str, Any]:
@@ -188,10 +201,10 @@ def generate(gguf: Path) -> dict[str, Any]:
         ]
         tokens = [greedy_generate(runner, prompts[:1], NEW_TOKENS, banned=set())]
         tokens.append(greedy_generate(runner, prompts[1:], NEW_TOKENS, banned=set()))
-    qkv = runner.model.get_submodule("model.layers.0.self_attn.qkv_proj").quant
+    o_proj = runner.model.get_submodule("model.layers.0.self_attn.o_proj").quant
     return {
         "isa": list(cpu_kernels.isa()),
-        "packed": isinstance(qkv, Weight) and qkv.packed,
+        "packed": isinstance(o_proj, Weight) and o_proj.packed,
         "paths": sorted(paths),
         "fused": dict(fused),
         "tokens": tokens,
