@@ -11,7 +11,8 @@ in-process through every path the server takes on such a CPU, in float32 (what `
 picks without AVX-512 BF16): the weights packed into tiles where the CPU has an integer kernel,
 a prefill rounding activations to int8, one that takes the dense path (the weight dequantized
 for PyTorch's matmul), and decode steps of 1 and of 16 sequences in the fused decode stack (its
-one-int8 products from 16 rows; the K-quants take neither, their decode steps run layer by
+one-int8 products from 16 rows; the Q4_K_M file takes neither: the K-quants have no one-int8
+kernel, and its qkv projection, in parts of Q4_K and Q6_K, keeps its decode steps layer by
 layer). The plans are set, not measured (timings under emulation mean nothing), to reach each
 path. Its tokens must equal those of the same run on this machine with the kernels capped at the
 emulated CPU's tier (`SRT_CPU_ISA`): below AVX2 the products run on blocks in float32, not on
@@ -147,7 +148,8 @@ def test_an_emulated_cpu_generates_the_native_tokens(tiny_gguf: Path, cpu: str) 
     assert emulated["tokens"] == native["tokens"]
     assert emulated == {**native, "isa": emulated["isa"]}
     # Every path was reached: on tiles (AVX2) the one-int8 kernel too; a decode step of 1 and one
-    # of 16 sequences ran fused. The K-quants take neither (each decode step runs its layers).
+    # of 16 sequences ran fused. The Q4_K_M file takes neither (no one-int8 kernel for the
+    # K-quants; its qkv in parts keeps its decode steps layer by layer).
     tiles = tier != "scalar"
     k_quants = tiny_gguf.name == "tiny.Q4_K_M.gguf"
     one_int8 = {"_one_int8"} if tiles and not k_quants else set()

@@ -14,17 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 from bench_startup import gguf_memory, weights
-from gguf import GGMLQuantizationType
 from runner_helpers import greedy_generate, make_runner, teacher_forced_logits
 from runner_helpers import runner_extend_and_decode_logits as extend_and_decode
-from safetensors.torch import load_file
 from test_gguf_kquant_models import LOADER, dequantized_log, gguf_alone
 
 from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.kernels.cpu.quant_parts import QuantizedParts
 from srt.model_executor.model_runner import ModelRunner
-from srt.models.llama import LlamaForCausalLM
-from srt.testing.gguf_kquants import quantize
 from srt.testing.server_process import running_server
 
 # Largest logit difference from the dequantized float32 model, as a fraction of its largest
@@ -83,7 +79,9 @@ def clear_steps(logits: torch.Tensor, atol: float) -> int:
         # the file as Llama, its Hugging Face config as Mistral
         ("mistral", False, "Q4_K_M", False),
         ("mistral", True, "Q4_K_M", False),
-        ("llama", True, "Q4_K_M", False),  # Llama 3's rope scaling, from the files beside it
+        # Llama 3's rope scaling from the file's rope_freqs tensor, or the config beside it
+        ("llama", False, "Q4_K_M", False),
+        ("llama", True, "Q4_K_M", False),
         ("qwen2", False, "Q4_K_M", True),  # q/k/v biases
         ("qwen3", False, "Q4_K_M", True),  # RMSNorm of each q and k head
         ("qwen3", False, "Q5_K_M", True),
@@ -137,42 +135,20 @@ def test_a_k_quant_file_is_served_from_its_blocks(
     assert sum(clear) >= len(PROMPTS) * GREEDY_TOKENS // 2, clear
 
 
-def k_checkpoint(model: Path, fmt: str) -> dict[str, torch.Tensor | QuantizedWeight]:
-    """The tensors of `model` (safetensors), every matrix as `fmt` blocks."""
-    kind = GGMLQuantizationType[fmt.upper()]
-    tensors: dict[str, torch.Tensor | QuantizedWeight] = {}
-    for name, tensor in load_file(model / "model.safetensors").items():
-        if tensor.dim() == 2:
-            blocks = torch.from_numpy(quantize(tensor.float().numpy(), kind))
-            tensors[name] = QuantizedWeight(blocks, fmt, tensor.shape[1])
-        else:
-            tensors[name] = tensor
-    return tensors
-
-
-@pytest.mark.parametrize(
-    ("source", "reason"),
-    [("Q4_K_M", PARTS_REASON), ("q5_k", "qkv is in q5_k, which the stack does not take yet")],
-)
-def test_decode_steps_of_k_quants_run_layer_by_layer_said_once(
-    tiny_k_model: Callable[[str], Path],
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
-    source: str,
-    reason: str,
+def test_decode_steps_of_a_weight_of_parts_run_layer_by_layer_said_once(
+    tiny_k_model: Callable[[str], Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    model = tiny_k_model("llama")
-    if source == "Q4_K_M":
-        gguf, _ = gguf_alone(model, tmp_path / "gguf", source, beside=True)
-        runner = make_runner(gguf, max_total_tokens=256)
-    else:
-        runner = make_runner(model, load_format="dummy", max_total_tokens=256)
-        runner.model.load_weights(iter(k_checkpoint(model, source).items()))  # type: ignore[operator]
-    assert isinstance(runner.model, LlamaForCausalLM)
+    gguf, _ = gguf_alone(tiny_k_model("llama"), tmp_path / "gguf", "Q4_K_M")
+    runner = make_runner(gguf, max_total_tokens=256)
+    executor = runner.layers_executor
+    assert executor is not None
     with caplog.at_level(logging.INFO, logger=CPU_DECODE):
         for _ in range(2):  # two extends and three decode steps each
             extend_and_decode(runner)
-    assert [r.getMessage() for r in caplog.records if r.name == CPU_DECODE] == [FALLBACK + reason]
+    assert [r.getMessage() for r in caplog.records if r.name == CPU_DECODE] == [
+        FALLBACK + PARTS_REASON
+    ]
+    assert executor._stack is None
 
 
 def test_srt_serve_answers_from_the_blocks(

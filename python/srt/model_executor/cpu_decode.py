@@ -1,11 +1,10 @@
 """The CPU decode executor: a decode step of a model's decoder layers (its `DecoderPlan`,
 `layers/decoder_plan.py`) in one call to the Rust kernels (`srt._rust.DecoderStack`,
-rust/kernels/src/decoder.rs), where every projection is a quantized weight in a format of
-blocks of 32 (`QuantizedWeight` in `BLOCK_BYTES`: the default GGUF path for Q4_0, Q4_1 and
-Q8_0 files), in the integer kernel's tiles on CPUs with AVX2 (with AVX-VNNI or without) or
-AVX-512 VNNI, in its blocks through the float kernel elsewhere. The stack does not take the
-K-quants (Q4_K, Q5_K, Q6_K) nor a weight of parts in several formats (`QuantizedParts`) yet: a
-model holding one runs its layers one by one, said once in the log.
+rust/kernels/src/decoder.rs), where every projection is a quantized weight (`QuantizedWeight`:
+the default GGUF path), in the integer kernel's tiles on CPUs with AVX2 (with AVX-VNNI or
+without) or AVX-512 VNNI, in its blocks through the float kernel elsewhere. The stack does not
+take a weight of parts in several formats (`QuantizedParts`: the qkv projection of llama.cpp's
+Q4_K_M files) yet: a model holding one runs its layers one by one, said once in the log.
 
 Why: at one sequence, a SmolLM2 decode step calls about 300 kernels, and the Python around
 each call (module calls, output tensors, numpy views of its arguments) cost more than the
@@ -35,7 +34,7 @@ from srt import _rust, envs
 from srt.distributed import get_tp_group
 from srt.forward_mode import ForwardMode
 from srt.kernels.cpu import cpu_kernels
-from srt.kernels.cpu.quant_kernels import BLOCK_BYTES, QuantizedWeight, int8_offered
+from srt.kernels.cpu.quant_kernels import QuantizedWeight, int8_offered
 from srt.kernels.cpu.quant_parts import QuantizedParts
 from srt.layers.attention.cpu_backend import CpuAttnBackend
 from srt.layers.decoder_plan import DecoderLayerPlan, DecoderPlan
@@ -57,8 +56,6 @@ def _stack_weight(name: str, linear: Linear) -> QuantizedWeight | str:
         return f"{name} is held in parts of {formats}, which the stack does not take yet"
     if not isinstance(quant, QuantizedWeight):
         return f"{name} is not a GGUF-quantized weight"
-    if quant.fmt not in BLOCK_BYTES:
-        return f"{name} is in {quant.fmt}, which the stack does not take yet"
     return quant
 
 
