@@ -399,6 +399,10 @@ class ProjectionSpec:
         one_int8_from: int | None,
     ) -> None: ...
 
+# A projection as a layer takes it: one spec, or its parts, whose outputs sit side by side (a
+# fused weight whose shards differ in format).
+_Projection = ProjectionSpec | list[ProjectionSpec]
+
 class MoeSpec:
     """A sparse mixture of experts of a decoder layer: the router's float32
     `[experts, hidden_size]` weight, each expert's gate/up and down projections (one of each
@@ -409,29 +413,29 @@ class MoeSpec:
         self,
         *,
         router: _Floats,
-        gate_up: list[ProjectionSpec],
-        down: list[ProjectionSpec],
+        gate_up: list[_Projection],
+        down: list[_Projection],
         top_k: int,
         renormalize: bool,
     ) -> None: ...
 
 class LayerSpec:
     """A decoder layer's norm weights (per-head `q_norm` and `k_norm` too, both or neither, as
-    Qwen3 has them), projections (the feed-forward's `gate_up` and `down`, or `moe`) and K/V
-    caches; the norms and caches float32 or bfloat16 bits (int16), of one type for the whole
-    stack."""
+    Qwen3 has them), projections (the feed-forward's `gate_up` and `down`, or `moe`; each one
+    spec or a list of its parts) and K/V caches; the norms and caches float32 or bfloat16 bits
+    (int16), of one type for the whole stack."""
 
     def __init__(
         self,
         *,
         input_norm: _LayerFloats,
-        qkv: ProjectionSpec,
-        o: ProjectionSpec,
+        qkv: _Projection,
+        o: _Projection,
         post_norm: _LayerFloats,
         k_cache: _LayerFloats,
         v_cache: _LayerFloats,
-        gate_up: ProjectionSpec | None = None,
-        down: ProjectionSpec | None = None,
+        gate_up: _Projection | None = None,
+        down: _Projection | None = None,
         moe: MoeSpec | None = None,
         q_norm: _LayerFloats | None = None,
         k_norm: _LayerFloats | None = None,

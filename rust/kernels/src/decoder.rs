@@ -65,23 +65,45 @@ impl Weight<'_> {
     }
 }
 
-/// A projection, its bias, and from how many rows its product rounds activations to one int8.
+/// One weight of a projection, its bias, and from how many rows its product rounds activations
+/// to one int8.
 #[derive(Debug, Clone, Copy)]
-pub struct Projection<'a> {
+pub struct Part<'a> {
     pub weight: Weight<'a>,
-    /// `out_features` floats, when the projection has a bias.
+    /// `out_features` floats, when the part has a bias.
     pub bias: Option<&'a [f32]>,
     /// Steps of at least this many rows take `quant::linear_packed_one_int8` (activations
     /// rounded to one int8 per value) where fewer take `linear_packed` (two int8 parts), as
-    /// the projection's plan in `QuantizedWeight.linear` does; `None`: every step takes
+    /// the part's plan in `QuantizedWeight.linear` does; `None`: every step takes
     /// `linear_packed`. Only for packed weights of blocks of 32 (the K-quants have no
     /// one-int8 kernel).
     pub one_int8_from: Option<usize>,
 }
 
+/// A projection: its parts' outputs side by side, in order. One part, or for a fused weight
+/// whose checkpoint shards differ in format (llama.cpp's Q4_K_M: q and k in Q4_K, v in Q6_K),
+/// one per format, as `QuantizedParts` holds them in Python.
+#[derive(Debug, Clone)]
+pub struct Projection<'a> {
+    pub parts: Vec<Part<'a>>,
+}
+
+impl Projection<'_> {
+    /// The parts' outputs together.
+    pub fn out_features(&self) -> usize {
+        self.parts.iter().map(|part| part.weight.shape().0).sum()
+    }
+}
+
+impl<'a> From<Part<'a>> for Projection<'a> {
+    fn from(part: Part<'a>) -> Self {
+        Projection { parts: vec![part] }
+    }
+}
+
 /// A gated MLP: `gate_up` has `2 · intermediate` outputs (gate, then up), `down` takes them
 /// back to the hidden size.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Mlp<'a> {
     pub gate_up: Projection<'a>,
     pub down: Projection<'a>,
@@ -265,7 +287,7 @@ fn mlp_rows<T: Element>(
     out: &mut [T],
     (gate_up, act): (&mut Vec<T>, &mut Vec<T>),
 ) -> Result<()> {
-    let intermediate = mlp.gate_up.weight.shape().0 / 2;
+    let intermediate = mlp.gate_up.out_features() / 2;
     gate_up.resize(rows * 2 * intermediate, T::store(0.0));
     act.resize(rows * intermediate, T::store(0.0));
     project(kernel, &mlp.gate_up, x, rows, gate_up)?;
@@ -330,9 +352,8 @@ fn mixture<T: Element>(
     Ok(())
 }
 
-/// `out = x · Wᵀ + bias`, as `QuantizedWeight.linear` computes it for decode-sized products:
-/// on tiles in the activations' type (two int8 parts, or one from `one_int8_from` rows); on
-/// blocks in float32, the output then rounded to `T`.
+/// `out = x · Wᵀ + bias` for `rows` rows of `x`: each part's product (`product`) into its
+/// columns of `out`, directly where there is one part.
 fn project<T: Element>(
     kernel: PackedKernel,
     projection: &Projection<'_>,
@@ -340,15 +361,43 @@ fn project<T: Element>(
     rows: usize,
     out: &mut [T],
 ) -> Result<()> {
-    match &projection.weight {
-        Weight::Packed(weight) if projection.one_int8_from.is_some_and(|from| rows >= from) => {
-            quant::linear_packed_one_int8(kernel, weight, x, rows, projection.bias, out)
+    if let [part] = &projection.parts[..] {
+        return product(kernel, part, x, rows, out);
+    }
+    let width = out.len() / rows;
+    let mut start = 0;
+    let mut columns = Vec::new();
+    for part in &projection.parts {
+        let n = part.weight.shape().0;
+        columns.resize(rows * n, T::store(0.0));
+        product(kernel, part, x, rows, &mut columns)?;
+        for (out, part_out) in out.chunks_exact_mut(width).zip(columns.chunks_exact(n)) {
+            out[start..start + n].copy_from_slice(part_out);
         }
-        Weight::Packed(weight) => linear_packed(kernel, weight, x, rows, projection.bias, out),
+        start += n;
+    }
+    Ok(())
+}
+
+/// `out = x · Wᵀ + bias` of one part, as `QuantizedWeight.linear` computes it for decode-sized
+/// products: on tiles in the activations' type (two int8 parts, or one from `one_int8_from`
+/// rows); on blocks in float32, the output then rounded to `T`.
+fn product<T: Element>(
+    kernel: PackedKernel,
+    part: &Part<'_>,
+    x: &[T],
+    rows: usize,
+    out: &mut [T],
+) -> Result<()> {
+    match &part.weight {
+        Weight::Packed(weight) if part.one_int8_from.is_some_and(|from| rows >= from) => {
+            quant::linear_packed_one_int8(kernel, weight, x, rows, part.bias, out)
+        }
+        Weight::Packed(weight) => linear_packed(kernel, weight, x, rows, part.bias, out),
         Weight::Blocks(weight) => {
             let input: Vec<f32> = x.iter().map(|v| v.load()).collect();
             let mut product = vec![0f32; out.len()];
-            quant::linear(weight, &input, rows, projection.bias, &mut product)?;
+            quant::linear(weight, &input, rows, part.bias, &mut product)?;
             for (o, &p) in out.iter_mut().zip(&product) {
                 *o = T::store(p);
             }

@@ -22,14 +22,14 @@ use crate::to_py_err;
 mod specs;
 
 use specs::{
-    feed_forward, projection, weight, FeedForwardSpec, LayerSpec, MoeSpec, ProjectionSpec,
+    feed_forward, projection, weight, FeedForwardSpec, LayerSpec, MoeSpec, Parts, ProjectionSpec,
 };
 
 /// One layer's buffers, norms and caches of element `P` (f32, or i16 holding bf16 bits).
 struct LayerBuffers<P> {
     input_norm: PyBuffer<P>,
-    qkv: Py<ProjectionSpec>,
-    o: Py<ProjectionSpec>,
+    qkv: Parts,
+    o: Parts,
     qk_norms: Option<(PyBuffer<P>, PyBuffer<P>)>,
     post_norm: PyBuffer<P>,
     feed_forward: FeedForwardSpec,
@@ -38,17 +38,18 @@ struct LayerBuffers<P> {
 }
 
 impl<P> LayerBuffers<P> {
-    /// Every projection, in the order the layer runs them (a mixture's expert by expert).
+    /// Every part of every projection, in the order the layer runs them (a mixture's expert
+    /// by expert).
     fn projections(&self) -> Vec<&ProjectionSpec> {
-        let mut projections = vec![self.qkv.get(), self.o.get()];
+        let mut projections: Vec<_> = self.qkv.specs().chain(self.o.specs()).collect();
         match &self.feed_forward {
             FeedForwardSpec::Dense(gate_up, down) => {
-                projections.extend([gate_up.get(), down.get()])
+                projections.extend(gate_up.specs().chain(down.specs()))
             }
             FeedForwardSpec::Sparse(moe) => {
                 let moe = moe.get();
                 for (gate_up, down) in moe.gate_up.iter().zip(&moe.down) {
-                    projections.extend([gate_up.get(), down.get()]);
+                    projections.extend(gate_up.specs().chain(down.specs()));
                 }
             }
         }
@@ -309,8 +310,8 @@ fn step<P: BufferElement, T: Element>(
         let (k_cache, v_cache) = unsafe { (&mut *cache[0].as_ptr(), &mut *cache[1].as_ptr()) };
         core.push(DecoderLayer {
             input_norm: norm(&layer.input_norm)?,
-            qkv: projection(layer.qkv.get())?,
-            o: projection(layer.o.get())?,
+            qkv: projection(&layer.qkv)?,
+            o: projection(&layer.o)?,
             qk_norms: match &layer.qk_norms {
                 Some((q, k)) => Some((norm(q)?, norm(k)?)),
                 None => None,

@@ -1,6 +1,6 @@
 //! The checks of a decode call: every size, slot and sequence, before anything is written.
 
-use super::{DecoderLayer, FeedForward, Heads, Tokens, Weight};
+use super::{DecoderLayer, FeedForward, Heads, Part, Tokens, Weight};
 use crate::attention::{self, DecodeShape};
 use crate::element::Element;
 use crate::error::{check_len, elements};
@@ -119,32 +119,20 @@ pub(super) fn check_layer<T: Element>(
         }
     };
     for mlp in mlps {
-        let intermediate = mlp.gate_up.weight.shape().0 / 2;
+        let intermediate = mlp.gate_up.out_features() / 2;
         expected.push(("gate_up", &mlp.gate_up, 2 * intermediate, dim));
         expected.push(("down", &mlp.down, dim, intermediate));
     }
     for (what, projection, out, input) in expected {
-        if projection.one_int8_from.is_some() {
-            let format = projection.weight.format();
-            if matches!(projection.weight, Weight::Blocks(_)) {
-                return Err(invalid(format!(
-                    "the {what} projection is blocks, which have no one-int8 kernel"
-                )));
-            }
-            if format.is_k() {
-                return Err(invalid(format!(
-                    "the {what} projection is {format:?}, which has no one-int8 kernel"
-                )));
-            }
+        for part in &projection.parts {
+            check_part(what, part, input)?;
         }
-        let (n, k) = projection.weight.shape();
-        if (n, k) != (out, input) || out == 0 {
+        let n = projection.out_features();
+        if n != out || out == 0 {
             return Err(invalid(format!(
-                "the {what} projection is [{n}, {k}], expected [{out}, {input}]"
+                "the {what} projection has {n} outputs in {} parts, expected {out}",
+                projection.parts.len()
             )));
-        }
-        if let Some(bias) = projection.bias {
-            check_len("a bias", bias.len(), out)?;
         }
     }
     check_len("the V cache", layer.v_cache.len(), layer.k_cache.len())?;
@@ -155,4 +143,32 @@ pub(super) fn check_layer<T: Element>(
         )));
     }
     Ok(layer.k_cache.len() / kv_width)
+}
+
+/// Checks one part of projection `what`, which takes `input` features: its shape, its bias,
+/// and that only a kernel that exists rounds its activations to one int8.
+fn check_part(what: &str, part: &Part<'_>, input: usize) -> Result<()> {
+    if part.one_int8_from.is_some() {
+        let format = part.weight.format();
+        if matches!(part.weight, Weight::Blocks(_)) {
+            return Err(invalid(format!(
+                "the {what} projection is blocks, which have no one-int8 kernel"
+            )));
+        }
+        if format.is_k() {
+            return Err(invalid(format!(
+                "the {what} projection is {format:?}, which has no one-int8 kernel"
+            )));
+        }
+    }
+    let (n, k) = part.weight.shape();
+    if k != input || n == 0 {
+        return Err(invalid(format!(
+            "a part of the {what} projection is [{n}, {k}], expected [rows, {input}]"
+        )));
+    }
+    if let Some(bias) = part.bias {
+        check_len("a bias", bias.len(), n)?;
+    }
+    Ok(())
 }

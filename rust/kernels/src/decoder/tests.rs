@@ -82,6 +82,36 @@ fn steps_of_one_int8_from_rows_or_more_round_activations_to_one_int8() {
 }
 
 #[test]
+fn a_projection_in_parts_writes_each_parts_outputs_side_by_side() {
+    // q/k rows in Q4_1 and v rows in Q8_0, as a fused weight of two formats is held.
+    let (qk, v) = (
+        Random::of(Format::Q4_1, 64, DIM, 3, true),
+        Random::of(Format::Q8_0, 32, DIM, 4, true),
+    );
+    let (rows, width) = (3, 96);
+    let x = values(rows * DIM, 7);
+    let kernel = PackedKernel::best().unwrap_or(PackedKernel::Portable);
+    let one_int8 = Products::Tiles {
+        one_int8_from: Some(1),
+    };
+    for products in [TWO_PARTS, one_int8, Products::Blocks] {
+        let (qk, v) = (qk.projection(products), v.projection(products));
+        let parts = Projection {
+            parts: [&qk, &v].iter().flat_map(|p| p.parts.clone()).collect(),
+        };
+        let mut out = vec![0f32; rows * width];
+        project(kernel, &parts, &x, rows, &mut out).unwrap();
+        let (mut qk_out, mut v_out) = (vec![0f32; rows * 64], vec![0f32; rows * 32]);
+        project(kernel, &qk, &x, rows, &mut qk_out).unwrap();
+        project(kernel, &v, &x, rows, &mut v_out).unwrap();
+        for (row, out) in out.chunks_exact(width).enumerate() {
+            assert_eq!(out[..64], qk_out[row * 64..][..64]);
+            assert_eq!(out[64..], v_out[row * 32..][..32]);
+        }
+    }
+}
+
+#[test]
 fn a_refused_call_changes_nothing() {
     let layers = layers();
     let hidden = values(3 * DIM, 7);
@@ -113,7 +143,7 @@ fn blocks_refuse_one_int8_activations() {
     let layer = &layers()[0];
     let (mut k, mut v) = caches().swap_remove(0);
     let mut down = layer.down.projection(Products::Blocks);
-    down.one_int8_from = Some(1);
+    down.parts[0].one_int8_from = Some(1);
     let feed_forward = FeedForward::Dense(Mlp {
         gate_up: layer.gate_up.projection(Products::Blocks),
         down,
@@ -140,11 +170,12 @@ fn k_quants_refuse_one_int8_activations() {
     let matrix = QuantMatrix::new(format, &matrix_blocks, DIM, 256).unwrap();
     let mut tiles = vec![0; quant::packed_len(format, DIM, 256).unwrap()];
     quant::pack(&matrix, &mut tiles).unwrap();
-    let down = Projection {
+    let down = Part {
         weight: Weight::Packed(PackedMatrix::new(format, &tiles, DIM, 256).unwrap()),
         bias: None,
         one_int8_from: Some(1),
-    };
+    }
+    .into();
     let feed_forward = FeedForward::Dense(Mlp {
         gate_up: layer.gate_up.projection(TWO_PARTS),
         down,

@@ -1,12 +1,13 @@
 //! The typed specs a Python model's layers cross into Rust as (`ProjectionSpec`, `MoeSpec`,
 //! `LayerSpec`: keyword fields, which the stub in `_rust.pyi` names and a test holds to the
 //! binding's), and their held buffers read as the core's structures (`decoder::Projection`,
-//! `Mlp`, `FeedForward`) for one step.
+//! `Mlp`, `FeedForward`) for one step. A layer spec takes each projection as one
+//! `ProjectionSpec` or a list of them, its parts (`Parts`).
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_kernels::decoder::{Experts, FeedForward, Mlp, Projection, Weight};
+use srt_kernels::decoder::{Experts, FeedForward, Mlp, Part, Projection, Weight};
 use srt_kernels::quant::{Format, PackedMatrix, QuantMatrix};
 
 use crate::boundary::contiguous;
@@ -49,6 +50,38 @@ impl ProjectionSpec {
     }
 }
 
+/// A projection as a layer spec takes it: one `ProjectionSpec`, or a list of them whose outputs
+/// sit side by side (a fused weight whose shards differ in format, `QuantizedParts`).
+#[derive(FromPyObject)]
+pub(crate) enum ProjectionArg {
+    One(Py<ProjectionSpec>),
+    Parts(Vec<Py<ProjectionSpec>>),
+}
+
+/// A projection's parts (one or more), held.
+pub(crate) struct Parts(Vec<Py<ProjectionSpec>>);
+
+impl Parts {
+    fn new(what: &str, arg: ProjectionArg) -> PyResult<Parts> {
+        match arg {
+            ProjectionArg::One(spec) => Ok(Parts(vec![spec])),
+            ProjectionArg::Parts(specs) if specs.is_empty() => Err(PyValueError::new_err(format!(
+                "the {what} projection has no parts"
+            ))),
+            ProjectionArg::Parts(specs) => Ok(Parts(specs)),
+        }
+    }
+
+    pub(super) fn clone_ref(&self, py: Python<'_>) -> Parts {
+        Parts(self.0.iter().map(|spec| spec.clone_ref(py)).collect())
+    }
+
+    /// Each part's spec, in order.
+    pub(super) fn specs(&self) -> impl Iterator<Item = &ProjectionSpec> {
+        self.0.iter().map(Py::get)
+    }
+}
+
 /// A sparse mixture of experts of a decoder layer (`decoder::Experts`' fields): the router's
 /// float32 `[experts, hidden_size]` weight, each expert's gate/up and down projections, how
 /// many experts each token takes, and whether their weights are divided by their sum. The
@@ -56,8 +89,8 @@ impl ProjectionSpec {
 #[pyclass(frozen, module = "srt._rust")]
 pub(crate) struct MoeSpec {
     pub(super) router: PyBuffer<f32>,
-    pub(super) gate_up: Vec<Py<ProjectionSpec>>,
-    pub(super) down: Vec<Py<ProjectionSpec>>,
+    pub(super) gate_up: Vec<Parts>,
+    pub(super) down: Vec<Parts>,
     top_k: usize,
     renormalize: bool,
 }
@@ -68,8 +101,8 @@ impl MoeSpec {
     #[pyo3(signature = (*, router, gate_up, down, top_k, renormalize))]
     fn new(
         router: PyBuffer<f32>,
-        gate_up: Vec<Py<ProjectionSpec>>,
-        down: Vec<Py<ProjectionSpec>>,
+        gate_up: Vec<ProjectionArg>,
+        down: Vec<ProjectionArg>,
         top_k: usize,
         renormalize: bool,
     ) -> PyResult<Self> {
@@ -80,10 +113,15 @@ impl MoeSpec {
                 down.len()
             )));
         }
+        let parts = |what, args: Vec<ProjectionArg>| {
+            args.into_iter()
+                .map(|arg| Parts::new(what, arg))
+                .collect::<PyResult<Vec<_>>>()
+        };
         Ok(MoeSpec {
             router,
-            gate_up,
-            down,
+            gate_up: parts("gate_up", gate_up)?,
+            down: parts("down", down)?,
             top_k,
             renormalize,
         })
@@ -92,7 +130,7 @@ impl MoeSpec {
 
 /// A layer's feed-forward: the gated MLP's two projections, or a mixture of experts.
 pub(crate) enum FeedForwardSpec {
-    Dense(Py<ProjectionSpec>, Py<ProjectionSpec>),
+    Dense(Parts, Parts),
     Sparse(Py<MoeSpec>),
 }
 
@@ -115,8 +153,8 @@ impl FeedForwardSpec {
 #[pyclass(frozen, module = "srt._rust")]
 pub(crate) struct LayerSpec {
     pub(super) input_norm: Py<PyAny>,
-    pub(super) qkv: Py<ProjectionSpec>,
-    pub(super) o: Py<ProjectionSpec>,
+    pub(super) qkv: Parts,
+    pub(super) o: Parts,
     pub(super) q_norm: Option<Py<PyAny>>,
     pub(super) k_norm: Option<Py<PyAny>>,
     pub(super) post_norm: Py<PyAny>,
@@ -135,13 +173,13 @@ impl LayerSpec {
     #[allow(clippy::too_many_arguments)]
     fn new(
         input_norm: Py<PyAny>,
-        qkv: Py<ProjectionSpec>,
-        o: Py<ProjectionSpec>,
+        qkv: ProjectionArg,
+        o: ProjectionArg,
         post_norm: Py<PyAny>,
         k_cache: Py<PyAny>,
         v_cache: Py<PyAny>,
-        gate_up: Option<Py<ProjectionSpec>>,
-        down: Option<Py<ProjectionSpec>>,
+        gate_up: Option<ProjectionArg>,
+        down: Option<ProjectionArg>,
         moe: Option<Py<MoeSpec>>,
         q_norm: Option<Py<PyAny>>,
         k_norm: Option<Py<PyAny>>,
@@ -152,7 +190,9 @@ impl LayerSpec {
             ));
         }
         let feed_forward = match (gate_up, down, moe) {
-            (Some(gate_up), Some(down), None) => FeedForwardSpec::Dense(gate_up, down),
+            (Some(gate_up), Some(down), None) => {
+                FeedForwardSpec::Dense(Parts::new("gate_up", gate_up)?, Parts::new("down", down)?)
+            }
             (None, None, Some(moe)) => FeedForwardSpec::Sparse(moe),
             _ => {
                 return Err(PyValueError::new_err(
@@ -162,8 +202,8 @@ impl LayerSpec {
         };
         Ok(LayerSpec {
             input_norm,
-            qkv,
-            o,
+            qkv: Parts::new("qkv", qkv)?,
+            o: Parts::new("o", o)?,
             q_norm,
             k_norm,
             post_norm,
@@ -189,8 +229,8 @@ pub(super) fn weight(projection: &ProjectionSpec) -> PyResult<Weight<'_>> {
     .map_err(to_py_err)
 }
 
-/// A projection over its held buffers.
-pub(super) fn projection(buffers: &ProjectionSpec) -> PyResult<Projection<'_>> {
+/// A part over its held buffers.
+fn part(buffers: &ProjectionSpec) -> PyResult<Part<'_>> {
     let bias = buffers
         .bias
         .as_ref()
@@ -199,21 +239,25 @@ pub(super) fn projection(buffers: &ProjectionSpec) -> PyResult<Projection<'_>> {
     // SAFETY: the stack holds the bias acquired; nothing writes it during the step (every
     // writable buffer is checked not to overlap it).
     let bias = bias.map(|b| unsafe { b.as_ref() });
-    Ok(Projection {
+    Ok(Part {
         weight: weight(buffers)?,
         bias,
         one_int8_from: buffers.one_int8_from,
     })
 }
 
+/// A projection over its parts' held buffers.
+pub(super) fn projection(parts: &Parts) -> PyResult<Projection<'_>> {
+    Ok(Projection {
+        parts: parts.specs().map(part).collect::<PyResult<_>>()?,
+    })
+}
+
 /// A gated MLP over its projections' held buffers.
-pub(super) fn mlp<'a>(
-    gate_up: &'a Py<ProjectionSpec>,
-    down: &'a Py<ProjectionSpec>,
-) -> PyResult<Mlp<'a>> {
+pub(super) fn mlp<'a>(gate_up: &'a Parts, down: &'a Parts) -> PyResult<Mlp<'a>> {
     Ok(Mlp {
-        gate_up: projection(gate_up.get())?,
-        down: projection(down.get())?,
+        gate_up: projection(gate_up)?,
+        down: projection(down)?,
     })
 }
 

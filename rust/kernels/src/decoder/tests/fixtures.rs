@@ -1,5 +1,5 @@
 //! What the decoder's tests run on: two random layers (the second with Qwen3's per-head q/k
-//! norms) whose projections are Q4_1 blocks, their tiles and their dequantized weights; a batch
+//! norms) whose projections are Q4_1 blocks (or of another format, `Random::of`), their tiles and their dequantized weights; a batch
 //! of three sequences over interleaved slots; the caches; and the stack run on them.
 
 use crate::decoder::*;
@@ -21,6 +21,7 @@ pub(super) const LAYERS: usize = 2;
 
 /// A random projection: its blocks, their tiles and its dequantized `[n, k]` weight.
 pub(super) struct Random {
+    format: Format,
     blocks: Vec<u8>,
     tiles: Vec<u8>,
     dense: Vec<f32>,
@@ -30,8 +31,12 @@ pub(super) struct Random {
 }
 
 impl Random {
+    /// A Q4_1 projection.
     pub(super) fn new(n: usize, k: usize, seed: u64, bias: bool) -> Random {
-        let format = Format::Q4_1;
+        Random::of(Format::Q4_1, n, k, seed, bias)
+    }
+
+    pub(super) fn of(format: Format, n: usize, k: usize, seed: u64, bias: bool) -> Random {
         let data = blocks(format, n, k, seed);
         let matrix = QuantMatrix::new(format, &data, n, k).unwrap();
         let mut tiles = vec![0; packed_len(format, n, k).unwrap()];
@@ -39,6 +44,7 @@ impl Random {
         let bias = bias.then(|| values(n, seed + 1));
         let dense = dequantized(&matrix);
         Random {
+            format,
             blocks: data,
             tiles,
             dense,
@@ -52,19 +58,20 @@ impl Random {
         let (n, k) = (self.n, self.k);
         let (weight, one_int8_from) = match products {
             Products::Blocks => (
-                Weight::Blocks(QuantMatrix::new(Format::Q4_1, &self.blocks, n, k).unwrap()),
+                Weight::Blocks(QuantMatrix::new(self.format, &self.blocks, n, k).unwrap()),
                 None,
             ),
             Products::Tiles { one_int8_from } => (
-                Weight::Packed(PackedMatrix::new(Format::Q4_1, &self.tiles, n, k).unwrap()),
+                Weight::Packed(PackedMatrix::new(self.format, &self.tiles, n, k).unwrap()),
                 one_int8_from,
             ),
         };
-        Projection {
+        Part {
             weight,
             bias: self.bias.as_deref(),
             one_int8_from,
         }
+        .into()
     }
 
     /// `x · Wᵀ + bias` in float64 for rows of `k`.

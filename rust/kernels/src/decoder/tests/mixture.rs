@@ -38,7 +38,7 @@ fn a_mixture_of_one_expert_gives_its_mlps_bits() {
     let kernel = PackedKernel::best().unwrap_or(PackedKernel::Portable);
     let mut scratch = Scratch::default();
     let (mut dense, mut sparse) = (vec![0f32; 3 * DIM], vec![0f32; 3 * DIM]);
-    let mlp = mlps(&one, products)[0];
+    let mlp = mlps(&one, products).swap_remove(0);
     let buffers = (&mut scratch.gate_up, &mut scratch.act);
     mlp_rows(kernel, &mlp, &x, 3, &mut dense, buffers).unwrap();
     let experts = Experts {
