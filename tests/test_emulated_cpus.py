@@ -5,17 +5,16 @@ real CPU. `-cpu max` has AVX2, FMA and F16C but no AVX-512 (the kernels' `avx2` 
 Nehalem` has no AVX at all (`scalar`; PyTorch's wheel runs there, on its default kernels).
 scripts/emulated_cpus.sh runs the Rust tests on both.
 
-The run (`generate`, this file run as a script) loads a tiny llama from a GGUF file holding
-Q4_0, Q4_1 and Q8_0 blocks, or llama.cpp's Q4_K_M mix (Q4_K and Q6_K), and decodes greedily
-in-process through every path the server takes on such a CPU, in float32 (what `--dtype auto`
-picks without AVX-512 BF16): the weights packed into tiles where the CPU has an integer kernel,
-a prefill rounding activations to int8, one that takes the dense path (the weight dequantized
-for PyTorch's matmul), and decode steps of 1 and of 16 sequences in the fused decode stack (its
-one-int8 products from 16 rows; the Q4_K_M file takes neither: the K-quants have no one-int8
-kernel, and its qkv projection, in parts of Q4_K and Q6_K, keeps its decode steps layer by
-layer). The plans are set, not measured (timings under emulation mean nothing), to reach each
-path. Its tokens must equal those of the same run on this machine with the kernels capped at the
-emulated CPU's tier (`SRT_CPU_ISA`): below AVX2 the products run on blocks in float32, not on
+The run (`generate`, this file run as a script) loads a tiny llama from a GGUF file holding Q4_0,
+Q4_1 and Q8_0 blocks, or llama.cpp's Q4_K_M mix (Q4_K and Q6_K), and decodes greedily in-process
+through every path the server takes on such a CPU, in float32 (what `--dtype auto` picks without
+AVX-512 BF16): the weights packed into tiles where the CPU has an integer kernel, a prefill rounding
+activations to int8, one that takes the dense path (the weight dequantized for PyTorch's matmul),
+and decode steps of 1 and of 16 sequences in the fused decode stack (its one-int8 products from 16
+rows, but for the Q4_K_M file: the K-quants have no one-int8 kernel; its qkv projection is in parts
+of Q4_K and Q6_K). The plans are set, not measured (timings under emulation mean nothing), to reach
+each path. Its tokens must equal those of the same run on this machine with the kernels capped at
+the emulated CPU's tier (`SRT_CPU_ISA`): below AVX2 the products run on blocks in float32, not on
 tiles, and that changed one of the 17 sequences' tokens at a near tie, measured.
 """
 
@@ -147,16 +146,15 @@ def test_an_emulated_cpu_generates_the_native_tokens(tiny_gguf: Path, cpu: str) 
     assert native["isa"][0] == tier
     assert emulated["tokens"] == native["tokens"]
     assert emulated == {**native, "isa": emulated["isa"]}
-    # Every path was reached: on tiles (AVX2) the one-int8 kernel too; a decode step of 1 and one
-    # of 16 sequences ran fused. The Q4_K_M file takes neither (no one-int8 kernel for the
-    # K-quants; its qkv in parts keeps its decode steps layer by layer).
+    # Every path was reached: on tiles (AVX2) the one-int8 kernel too, but for the Q4_K_M file
+    # (the K-quants have none); a decode step of 1 and one of 16 sequences ran fused (the
+    # Q4_K_M file's qkv in parts).
     tiles = tier != "scalar"
     k_quants = tiny_gguf.name == "tiny.Q4_K_M.gguf"
     one_int8 = {"_one_int8"} if tiles and not k_quants else set()
     assert emulated["packed"] == tiles
     assert set(emulated["paths"]) == {"_kernel", "_dense"} | one_int8
-    fused = 0 if k_quants else NEW_TOKENS - 1
-    assert emulated["fused"] == {"1": fused, "16": fused}
+    assert emulated["fused"] == {"1": NEW_TOKENS - 1, "16": NEW_TOKENS - 1}
 
 
 def generate(gguf: Path) -> dict[str, Any]:

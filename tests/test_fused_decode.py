@@ -19,6 +19,7 @@ from test_quantized_loading import checkpoint, every_matrix
 from srt import _rust
 from srt.kernels.cpu import cpu_kernels, quant_kernels
 from srt.kernels.cpu.quant_kernels import DENSE, KERNEL, ONE_INT8, QuantizedWeight
+from srt.kernels.cpu.quant_parts import QuantizedParts
 from srt.layers.attention.cpu_backend import CpuAttnBackend
 from srt.layers.linear import Linear
 from srt.model_executor.cpu_decode import CpuDecodeExecutor
@@ -107,9 +108,8 @@ def test_a_fused_step_gives_the_layers_bits(
 
 
 def k_quants(name: str) -> str | None:
-    """K-quant blocks as llama.cpp's K mixes hold them: a format per projection (Q5_K for q, k
-    and v, the shards of one fused weight; Q6_K for down; Q4_K for the rest), the embedding in
-    Q6_K."""
+    """K-quant blocks of one format per fused weight: Q5_K for q, k and v, Q6_K for down, Q4_K
+    for the rest, the embedding in Q6_K."""
     if "embed_tokens" in name:
         return "q6_k"
     if not name.endswith("proj.weight"):
@@ -119,24 +119,36 @@ def k_quants(name: str) -> str | None:
     return "q6_k" if ".down_proj" in name else "q4_k"
 
 
-@pytest.mark.parametrize(("arch", "dtype"), [("llama", "bfloat16"), ("qwen3", "float32")])
+def q4_k_m(name: str) -> str | None:
+    """llama.cpp's Q4_K_M mix: Q4_K but v and down in Q6_K, so that qkv is held in parts."""
+    if name.endswith(("v_proj.weight", "down_proj.weight")):
+        return "q6_k"
+    return every_matrix("q4_k")(name)
+
+
+@pytest.mark.parametrize(
+    ("arch", "formats", "dtype"),
+    [("llama", q4_k_m, "bfloat16"), ("qwen3", k_quants, "float32"), ("qwen2", q4_k_m, "float32")],
+)
 def test_a_fused_step_of_k_quants_gives_the_layers_bits(
     tiny_model_factory: Callable[[str, str], Path],
     monkeypatch: pytest.MonkeyPatch,
     counted: list[bool],
     form: str,
     arch: str,
+    formats: Callable[[str], str | None],
     dtype: str,
 ) -> None:
     """The K-quants (super-blocks of 256: the `tiny-k` models' widths) in the stack: the
-    few-row kernel on their tiles or blocks, as the layers' products."""
+    few-row kernel on their tiles or blocks, a weight in parts of two formats (with q/k/v
+    biases, qwen2's) writing each part's outputs, as the layers' products."""
     path = tiny_model_factory(arch, "tiny-k")
     assert_fused_steps_give_the_layers_bits(
-        lambda: quantized_runner(lambda _: path, arch, k_quants, dtype),
+        lambda: quantized_runner(lambda _: path, arch, formats, dtype),
         monkeypatch,
         counted,
         form,
-        {"q4_k", "q5_k", "q6_k"},
+        {"q4_k", "q6_k"} if formats is q4_k_m else {"q4_k", "q5_k", "q6_k"},
     )
 
 
@@ -154,6 +166,7 @@ def assert_fused_steps_give_the_layers_bits(
     fused = runner_extend_and_decode_logits(runner)
     projections = [m.quant for m in runner.model.modules() if isinstance(m, Linear)]
     held = [q for q in projections if isinstance(q, QuantizedWeight)]
+    held += [part for q in projections if isinstance(q, QuantizedParts) for part in q.parts]
     assert held
     assert all(q.packed == (form != "blocks") for q in held)
     if formats is not None:

@@ -1,10 +1,10 @@
 """The CPU decode executor: a decode step of a model's decoder layers (its `DecoderPlan`,
 `layers/decoder_plan.py`) in one call to the Rust kernels (`srt._rust.DecoderStack`,
 rust/kernels/src/decoder.rs), where every projection is a quantized weight (`QuantizedWeight`:
-the default GGUF path), in the integer kernel's tiles on CPUs with AVX2 (with AVX-VNNI or
-without) or AVX-512 VNNI, in its blocks through the float kernel elsewhere. The stack does not
-take a weight of parts in several formats (`QuantizedParts`: the qkv projection of llama.cpp's
-Q4_K_M files) yet: a model holding one runs its layers one by one, said once in the log.
+the default GGUF path; or a weight of parts in several formats, `QuantizedParts`, as the qkv
+projection of llama.cpp's Q4_K_M files is held), in the integer kernel's tiles on CPUs with
+AVX2 (with AVX-VNNI or without) or AVX-512 VNNI, in its blocks through the float kernel
+elsewhere.
 
 Why: at one sequence, a SmolLM2 decode step calls about 300 kernels, and the Python around
 each call (module calls, output tensors, numpy views of its arguments) cost more than the
@@ -48,15 +48,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _stack_weight(name: str, linear: Linear) -> QuantizedWeight | str:
-    """Projection `name`'s weight as the stack takes it, else why the stack cannot."""
+def _stack_parts(name: str, linear: Linear) -> tuple[QuantizedWeight, ...] | str:
+    """Projection `name`'s weight as the stack takes it (its parts, or the one weight), else why
+    the stack cannot."""
     quant = linear.quant
     if isinstance(quant, QuantizedParts):
-        formats = " and ".join(quant.formats)
-        return f"{name} is held in parts of {formats}, which the stack does not take yet"
-    if not isinstance(quant, QuantizedWeight):
-        return f"{name} is not a GGUF-quantized weight"
-    return quant
+        return quant.parts
+    if isinstance(quant, QuantizedWeight):
+        return (quant,)
+    return f"{name} is not a GGUF-quantized weight"
 
 
 class CpuDecodeExecutor:
@@ -162,26 +162,34 @@ class CpuDecodeExecutor:
         else:
             for i, (gate_up, down) in enumerate(zip(moe.gate_up, moe.down, strict=True)):
                 named |= {f"expert {i}'s gate_up": gate_up, f"expert {i}'s down": down}
-        projections: dict[str, _rust.ProjectionSpec] = {}
+        projections: dict[str, _rust.ProjectionSpec | list[_rust.ProjectionSpec]] = {}
         ends = []
         for name, linear in named.items():
-            weight = _stack_weight(name, linear)
-            if isinstance(weight, str):
-                return weight
-            # First: measuring the plan packs the weight where it will be packed.
-            one_int8_from, end = weight.stack_rows(dtype, offered)
-            ends.append(end)
-            # The stack holds the numpy view, which holds the float32 copy.
+            parts = _stack_parts(name, linear)
+            if isinstance(parts, str):
+                return parts
             bias = None if linear.bias is None else linear.bias.detach().to(torch.float32)
-            projections[name] = _rust.ProjectionSpec(
-                format=weight.fmt,
-                packed=weight.packed,
-                weight=weight.held,
-                out_features=weight.out_features,
-                in_features=weight.in_features,
-                bias=None if bias is None else bias.contiguous().numpy(),
-                one_int8_from=one_int8_from,
-            )
+            specs, start = [], 0
+            for weight in parts:
+                # First: measuring the plan packs the weight where it will be packed.
+                one_int8_from, end = weight.stack_rows(dtype, offered)
+                ends.append(end)
+                rows = slice(start, start + weight.out_features)
+                start = rows.stop
+                # The stack holds the numpy view, which holds the float32 copy.
+                part_bias = None if bias is None else bias[rows].contiguous().numpy()
+                specs.append(
+                    _rust.ProjectionSpec(
+                        format=weight.fmt,
+                        packed=weight.packed,
+                        weight=weight.held,
+                        out_features=weight.out_features,
+                        in_features=weight.in_features,
+                        bias=part_bias,
+                        one_int8_from=one_int8_from,
+                    )
+                )
+            projections[name] = specs[0] if len(specs) == 1 else specs
         norms = [layer.input_norm, layer.post_norm]
         if layer.q_norm is not None and layer.k_norm is not None:
             norms += [layer.q_norm, layer.k_norm]
