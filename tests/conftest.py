@@ -6,6 +6,7 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -23,6 +24,9 @@ from srt.testing import smollm2_path
 from srt.testing.make_tiny_model import ARCHS, make_tiny_model
 from srt.testing.server_process import ServerProcess, running_server
 
+if TYPE_CHECKING:
+    from runner_helpers import TinyModelFactory
+
 TINY_SERVER_MODEL = "tiny-llama"
 """The model name the shared tiny server answers to."""
 
@@ -38,7 +42,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> TinyModelFactory:
     """Builds (once per session) the tiny random model of an architecture, in the sizes of
     `preset` (`make_tiny_model`'s presets: "tiny-k" has widths of whole K-quant super-blocks),
     and returns its path."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -11,6 +12,13 @@ from srt.server_args import ServerArgs
 
 # Where device-level tests (kernels, attention backends) run: the GPU when there is one.
 TEST_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class TinyModelFactory(Protocol):
+    """The `tiny_model_factory` fixture: the tiny model of an architecture, in the sizes of a
+    `make_tiny_model` preset."""
+
+    def __call__(self, arch: str, preset: str = "tiny") -> Path: ...
 
 
 def make_runner(path: Path | str, **overrides: object) -> ModelRunner:
@@ -71,6 +79,17 @@ def runner_extend_and_decode_logits(runner: ModelRunner) -> list[torch.Tensor]:
         batch = runner.prepare_decode(rows, seq_lens, [20 + step] * 3, book.take(3))
         outputs.append(runner.forward(batch).cpu())
     return outputs
+
+
+def assert_logits_close(
+    ours: list[torch.Tensor], theirs: list[torch.Tensor], rtol: float = 1e-3
+) -> None:
+    """Each step's logits within `rtol` of the reference's largest logit at that step (the
+    quantized kernels' rounding of activations: about 2^-15 on tiles, float32's sums
+    elsewhere)."""
+    for mine, reference in zip(ours, theirs, strict=True):
+        atol = rtol * float(reference.abs().max())
+        torch.testing.assert_close(mine, reference, atol=atol, rtol=0)
 
 
 def teacher_forced_logits(

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from runner_helpers import make_runner, runner_extend_and_decode_logits
+from runner_helpers import TinyModelFactory, make_runner, runner_extend_and_decode_logits
 from test_quantized_loading import checkpoint, every_matrix
 
 from srt import _rust
@@ -72,39 +71,16 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 def quantized_runner(
-    factory: Callable[[str], Path], arch: str, formats: Callable[[str], str | None], dtype: str
-) -> ModelRunner:
-    path = factory(arch)
-    runner = make_runner(path, load_format="dummy", max_total_tokens=256, dtype=dtype)
-    runner.model.load_weights(iter(checkpoint(path, formats)))  # type: ignore[operator]
-    return runner
-
-
-@pytest.mark.parametrize(
-    ("arch", "formats", "dtype"),
-    [
-        ("llama", every_matrix("q4_1"), "bfloat16"),
-        ("qwen2", mixed_formats, "float32"),  # q/k/v biases
-        ("mistral", every_matrix("q8_0"), "bfloat16"),
-        ("qwen3", every_matrix("q4_0"), "float32"),  # per-head q/k norms
-        ("qwen3_moe", every_matrix("q8_0"), "bfloat16"),  # a mixture of experts, a dense MLP
-    ],
-)
-def test_a_fused_step_gives_the_layers_bits(
-    tiny_model_factory: Callable[[str], Path],
-    monkeypatch: pytest.MonkeyPatch,
-    counted: list[bool],
-    form: str,
+    factory: TinyModelFactory,
     arch: str,
     formats: Callable[[str], str | None],
     dtype: str,
-) -> None:
-    assert_fused_steps_give_the_layers_bits(
-        lambda: quantized_runner(tiny_model_factory, arch, formats, dtype),
-        monkeypatch,
-        counted,
-        form,
-    )
+    preset: str = "tiny",
+) -> ModelRunner:
+    path = factory(arch, preset)
+    runner = make_runner(path, load_format="dummy", max_total_tokens=256, dtype=dtype)
+    runner.model.load_weights(iter(checkpoint(path, formats)))  # type: ignore[operator]
+    return runner
 
 
 def k_quants(name: str) -> str | None:
@@ -127,61 +103,53 @@ def q4_k_m(name: str) -> str | None:
 
 
 @pytest.mark.parametrize(
-    ("arch", "formats", "dtype"),
-    [("llama", q4_k_m, "bfloat16"), ("qwen3", k_quants, "float32"), ("qwen2", q4_k_m, "float32")],
+    ("arch", "formats", "dtype", "preset"),
+    [
+        ("llama", every_matrix("q4_1"), "bfloat16", "tiny"),
+        ("qwen2", mixed_formats, "float32", "tiny"),  # q/k/v biases
+        ("mistral", every_matrix("q8_0"), "bfloat16", "tiny"),
+        ("qwen3", every_matrix("q4_0"), "float32", "tiny"),  # per-head q/k norms
+        ("qwen3_moe", every_matrix("q8_0"), "bfloat16", "tiny"),  # experts, a dense MLP
+        # The K-quants (super-blocks of 256: the tiny-k models' widths), on their tiles or
+        # blocks; a qkv in parts of two formats (with biases: qwen2's), each part's outputs
+        # written side by side.
+        ("llama", q4_k_m, "bfloat16", "tiny-k"),
+        ("qwen3", k_quants, "float32", "tiny-k"),
+        ("qwen2", q4_k_m, "float32", "tiny-k"),
+    ],
 )
-def test_a_fused_step_of_k_quants_gives_the_layers_bits(
-    tiny_model_factory: Callable[[str, str], Path],
+def test_a_fused_step_gives_the_layers_bits(
+    tiny_model_factory: TinyModelFactory,
     monkeypatch: pytest.MonkeyPatch,
     counted: list[bool],
     form: str,
     arch: str,
     formats: Callable[[str], str | None],
     dtype: str,
+    preset: str,
 ) -> None:
-    """The K-quants (super-blocks of 256: the `tiny-k` models' widths) in the stack: the
-    few-row kernel on their tiles or blocks, a weight in parts of two formats (with q/k/v
-    biases, qwen2's) writing each part's outputs, as the layers' products."""
-    path = tiny_model_factory(arch, "tiny-k")
-    assert_fused_steps_give_the_layers_bits(
-        lambda: quantized_runner(lambda _: path, arch, formats, dtype),
-        monkeypatch,
-        counted,
-        form,
-        {"q4_k", "q6_k"} if formats is q4_k_m else {"q4_k", "q5_k", "q6_k"},
-    )
-
-
-def assert_fused_steps_give_the_layers_bits(
-    runner_of: Callable[[], ModelRunner],
-    monkeypatch: pytest.MonkeyPatch,
-    counted: list[bool],
-    form: str,
-    formats: set[str] | None = None,
-) -> None:
-    """Two extends and three decode steps of three sequences on `runner_of()`'s model: the
-    decode steps run fused, their logits equal to those of the layers run one by one (on a
-    second model); its projections are in `formats` when given."""
-    runner = runner_of()
+    """Two extends and three decode steps of three sequences: the decode steps run fused,
+    their logits equal to those of the layers run one by one (on a second model)."""
+    runner = quantized_runner(tiny_model_factory, arch, formats, dtype, preset)
     fused = runner_extend_and_decode_logits(runner)
     projections = [m.quant for m in runner.model.modules() if isinstance(m, Linear)]
     held = [q for q in projections if isinstance(q, QuantizedWeight)]
     held += [part for q in projections if isinstance(q, QuantizedParts) for part in q.parts]
     assert held
     assert all(q.packed == (form != "blocks") for q in held)
-    if formats is not None:
-        assert {q.fmt for q in held} == formats
     assert counted == [False, False, True, True, True]
     counted.clear()
     monkeypatch.setenv("SRT_FUSED_DECODE", "0")
-    layered = runner_extend_and_decode_logits(runner_of())
+    layered = runner_extend_and_decode_logits(
+        quantized_runner(tiny_model_factory, arch, formats, dtype, preset)
+    )
     assert counted == [False] * 5
     for ours, theirs in zip(fused, layered, strict=True):
         assert torch.equal(ours, theirs)
 
 
 def test_a_fused_step_rounding_activations_to_int8_gives_the_layers_bits(
-    tiny_model_factory: Callable[[str], Path],
+    tiny_model_factory: TinyModelFactory,
     monkeypatch: pytest.MonkeyPatch,
     counted: list[bool],
 ) -> None:
@@ -224,7 +192,7 @@ def shared_prefix_logits(runner: ModelRunner) -> list[torch.Tensor]:
 
 
 def test_shared_prefixes_decode_through_the_stack(
-    tiny_model_factory: Callable[[str], Path],
+    tiny_model_factory: TinyModelFactory,
     monkeypatch: pytest.MonkeyPatch,
     counted: list[bool],
 ) -> None:
@@ -243,7 +211,7 @@ def test_shared_prefixes_decode_through_the_stack(
 
 
 def test_batches_at_a_crossover_and_float_weights_take_the_layers(
-    tiny_model_factory: Callable[[str], Path],
+    tiny_model_factory: TinyModelFactory,
     monkeypatch: pytest.MonkeyPatch,
     counted: list[bool],
     caplog: pytest.LogCaptureFixture,

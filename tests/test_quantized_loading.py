@@ -13,7 +13,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
-from runner_helpers import make_runner, runner_extend_and_decode_logits
+from runner_helpers import assert_logits_close, make_runner, runner_extend_and_decode_logits
 from transformers import AutoConfig
 
 from srt.kernels.cpu.quant_kernels import BLOCK_BYTES, QuantizedWeight
@@ -115,12 +115,9 @@ def test_blocks_replace_linear_and_tied_embedding_weights(
     reference = loaded(path, dequantized(tensors))
     # The float kernel sums as F.linear does; the integer kernel (where the CPU has one) first
     # splits the activations into two int8 parts (about 15 bits): both within 1e-3.
-    for ours, theirs in zip(
-        runner_extend_and_decode_logits(runner),
-        runner_extend_and_decode_logits(reference),
-        strict=True,
-    ):
-        torch.testing.assert_close(ours, theirs, atol=1e-3 * float(theirs.abs().max()), rtol=0)
+    assert_logits_close(
+        runner_extend_and_decode_logits(runner), runner_extend_and_decode_logits(reference)
+    )
     assert weight_bytes(model) < weight_bytes(reference.model) / 3
 
 
@@ -147,12 +144,9 @@ def test_shards_in_different_formats_are_held_in_parts(
         for parts in (qkv, gate_up):  # blocks (or tiles), not float32
             assert parts.nbytes < parts.out_features * parts.in_features * 4 / 3
     reference = loaded(path, dequantized(tensors))
-    for ours, theirs in zip(
-        runner_extend_and_decode_logits(runner),
-        runner_extend_and_decode_logits(reference),
-        strict=True,
-    ):
-        torch.testing.assert_close(ours, theirs, atol=1e-3 * float(theirs.abs().max()), rtol=0)
+    assert_logits_close(
+        runner_extend_and_decode_logits(runner), runner_extend_and_decode_logits(reference)
+    )
 
 
 def test_a_fused_weight_with_a_float_shard_is_dequantized_with_a_log_line(

@@ -12,7 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
-from runner_helpers import make_runner, runner_extend_and_decode_logits
+from runner_helpers import assert_logits_close, make_runner, runner_extend_and_decode_logits
 from test_quantized_loading import blocks_of
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -133,8 +133,7 @@ def test_a_gguf_file_s_stacked_experts_load_as_each_expert_s_blocks(
         return runner_extend_and_decode_logits(runner)
 
     # The blocks against the same values dequantized: the kernels' rounding of activations.
-    for ours, theirs in zip(runner_of("gguf"), runner_of("none"), strict=True):
-        torch.testing.assert_close(ours, theirs, atol=1e-3 * float(theirs.abs().max()), rtol=0)
+    assert_logits_close(runner_of("gguf"), runner_of("none"))
 
 
 @pytest.mark.slow
