@@ -101,17 +101,19 @@ def test_a_k_quant_file_is_served_from_its_blocks(
     with caplog.at_level(logging.INFO, logger=LOADER):
         served = make_runner(gguf, max_total_tokens=256)
     assert dequantized_log(caplog.records) == []
-    body = mix[:2].lower() + "_k"  # most matrices; attn_v, ffn_down and output in Q6_K
-    layer = {
-        "self_attn.qkv_proj": f"{body}+q6_k",
-        "self_attn.o_proj": body,
-        "mlp.gate_up_proj": body,
-        "mlp.down_proj": "q6_k",
-    }
-    layers = range(served.model_config.num_layers)
+    body = mix[:2].lower() + "_k"  # most matrices; the output layer in Q6_K
+    # Of the two layers, llama.cpp gives the second's attn_v and ffn_down more bits (Q6_K).
+    layers = [
+        {"self_attn.qkv_proj": body, "mlp.down_proj": body},
+        {"self_attn.qkv_proj": f"{body}+q6_k", "mlp.down_proj": "q6_k"},
+    ]
     assert held(served) == {
-        "model.embed_tokens": body,
-        **{f"model.layers.{i}.{part}": fmt for i in layers for part, fmt in layer.items()},
+        "model.embed_tokens": "q6_k" if tied else body,
+        **{
+            f"model.layers.{i}.{part}": fmt
+            for i, layer in enumerate(layers)
+            for part, fmt in {**layer, "self_attn.o_proj": body, "mlp.gate_up_proj": body}.items()
+        },
         "lm_head": "= model.embed_tokens" if tied else "q6_k",
     }
     # The weights in the file's bytes: a tied embedding held once, the tiles about the blocks.
@@ -139,7 +141,7 @@ def test_decode_steps_of_a_weight_of_parts_run_in_one_rust_call(
     gguf, _ = gguf_alone(tiny_k_model("llama"), tmp_path / "gguf", "Q4_K_M")
     runner = make_runner(gguf, max_total_tokens=256)
     assert isinstance(
-        runner.model.get_submodule("model.layers.0.self_attn.qkv_proj").quant, QuantizedParts
+        runner.model.get_submodule("model.layers.1.self_attn.qkv_proj").quant, QuantizedParts
     )
     executor = runner.layers_executor
     assert executor is not None

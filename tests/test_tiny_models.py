@@ -134,12 +134,21 @@ def test_the_command_line_writes_the_model_as_a_k_quant_gguf_file(
     gguf = out / "tiny.Q4_K_M.gguf"
     assert capsys.readouterr().out.split() == [str(out), str(gguf)]
     types = {t.name: t.tensor_type.name for t in read_tensors(gguf)}
-    assert types["token_embd.weight"] == types["blk.1.attn_q.weight"] == "Q4_K"
-    assert types["blk.0.attn_v.weight"] == types["blk.1.ffn_down.weight"] == "Q6_K"
+    assert types["blk.0.attn_v.weight"] == types["blk.1.attn_q.weight"] == "Q4_K"
+    # The output layer, here the tied embedding, and the second layer's attn_v and ffn_down.
+    assert types["token_embd.weight"] == types["blk.1.attn_v.weight"] == "Q6_K"
+    assert types["blk.1.ffn_down.weight"] == "Q6_K"
     assert types["blk.0.attn_q_norm.weight"] == types["output_norm.weight"] == "F32"
     assert "output.weight" not in types  # Qwen3's tied embeddings, as llama.cpp writes them
     write_tiny_gguf(out, tmp_path / "again.gguf", "Q4_K_M")
     assert (tmp_path / "again.gguf").read_bytes() == gguf.read_bytes()
+    # Rows of 64 weights: llama.cpp's fallbacks for Q4_K_M (Q5_0, and Q8_0 for Q6_K); Q2_K's
+    # (IQ4_NL) has no encoder here.
+    main(["--arch", "qwen3", "--out", str(tmp_path / "t"), "--gguf", "Q4_K_M"])
+    narrow = {t.name: t.tensor_type.name for t in read_tensors(tmp_path / "t" / "tiny.Q4_K_M.gguf")}
+    assert narrow["blk.0.attn_q.weight"] == "Q5_0"
+    assert narrow["token_embd.weight"] == "Q8_0"
+    capsys.readouterr()
     with pytest.raises(SystemExit):
-        main(["--arch", "qwen3", "--out", str(tmp_path / "t"), "--gguf", "Q4_K_M"])
-    assert "rows of 64 weights are not whole super-blocks of 256" in capsys.readouterr().err
+        main(["--arch", "qwen3", "--out", str(tmp_path / "t2"), "--gguf", "Q2_K"])
+    assert "weights are not whole super-blocks of 256" in capsys.readouterr().err

@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gguf = args.out / f"tiny.{args.gguf}.gguf"
         try:
             write_tiny_gguf(args.out, gguf, args.gguf)
-        except ValueError as e:  # widths that are not whole super-blocks (--preset tiny-k are)
+        except ValueError as e:  # Q2_K of rows that are not whole super-blocks (tiny-k's are)
             parser.error(f"argument --gguf: {e}")
         print(gguf)
     return 0

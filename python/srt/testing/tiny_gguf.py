@@ -3,12 +3,14 @@ and metadata, in one of llama.cpp's K-quant mixes.
 
     python -m srt.testing.make_tiny_model --arch qwen3 --preset tiny-k --out /tmp/m --gguf Q4_K_M
 
-A mix names the type of most matrices and of the ones llama.cpp gives more bits (attn_v and
-ffn_down, and the output layer, always Q6_K); norms and biases stay float32, and a model with
-tied embeddings has no output tensor, as in llama.cpp's files. The metadata is what transformers
-reads a config from (`ModelConfig.load` of a GGUF file with no prepared directory beside it), so
-a fixture shows what srt makes of a file as llama.cpp writes it. K-quant rows are whole
-super-blocks of 256 weights: the `tiny-k` preset's widths are.
+A mix names the type of most matrices and of the ones llama.cpp gives more bits (some layers'
+attn_v and ffn_down, and the output layer, always Q6_K: the embedding where it is tied, as a
+model with tied embeddings has no output tensor in llama.cpp's files); norms and biases stay
+float32. Rows that are not whole super-blocks of 256 weights take the type llama.cpp falls back
+to (Q4_K's Q5_0, Q5_K's Q5_1, Q6_K's Q8_0), so that any model, SmolLM2's 576 columns included,
+is written as llama.cpp's `llama-quantize` types it. The metadata is what transformers reads a
+config from (`ModelConfig.load` of a GGUF file with no prepared directory beside it), so a
+fixture shows what srt makes of a file as llama.cpp writes it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
@@ -29,15 +31,18 @@ from srt.models.llama import head_dim_of
 from srt.testing import gguf_kquants
 
 Q = GGMLQuantizationType
-# mix -> (most matrices, attn_v and ffn_down), as llama.cpp's `llama-quantize` picks them for
-# small models (its Q4_K_M and Q5_K_M give some layers' attn_v and ffn_down Q6_K; with two
-# layers, all); Q2_K's matrices are of a type srt dequantizes at load.
+# mix -> (most matrices, attn_v and ffn_down of the layers given more bits), as llama.cpp's
+# `llama-quantize` picks them (`_more_bits`); the output layer (the embedding where it is tied)
+# is Q6_K. Q2_K's matrices are of a type srt dequantizes at load.
 MIXES: dict[str, tuple[GGMLQuantizationType, GGMLQuantizationType, LlamaFileType]] = {
     "Q4_K_M": (Q.Q4_K, Q.Q6_K, LlamaFileType.MOSTLY_Q4_K_M),
     "Q5_K_M": (Q.Q5_K, Q.Q6_K, LlamaFileType.MOSTLY_Q5_K_M),
     "Q2_K": (Q.Q2_K, Q.Q4_K, LlamaFileType.MOSTLY_Q2_K),
 }
 _MORE_BITS = ("attn_v", "ffn_down")
+# The type llama.cpp writes instead of a K-quant for rows that are not whole super-blocks of 256
+# (SmolLM2's 576 columns): Q2_K's (IQ4_NL) has no encoder here.
+_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
 # llama.cpp writes Mistral as the Llama architecture.
 _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 # Hugging Face name -> GGUF name, written out here rather than taken from srt's loader, so that
@@ -71,16 +76,32 @@ def gguf_name(name: str) -> str:
     return f"blk.{layer}.{_LAYER[module]}.{kind}"
 
 
-def mix_type(mix: str) -> Callable[[str, int], GGMLQuantizationType]:
-    """The type `mix` gives a GGUF tensor, by its name and number of dimensions."""
+def _more_bits(layer: int, layers: int) -> bool:
+    """Whether llama.cpp's K mixes give layer `layer` of `layers` more bits in attn_v and
+    ffn_down: the first and last eighth, and every third between (all of a 2-layer model)."""
+    eighth = layers // 8
+    return layer < eighth or layer >= 7 * layers // 8 or (layer - eighth) % 3 == 2
+
+
+def mix_type(
+    mix: str, layers: int, tied: bool
+) -> Callable[[str, tuple[int, ...]], GGMLQuantizationType]:
+    """The type `mix` gives a GGUF tensor of a model of `layers` layers (its embedding `tied`
+    to the output layer or not), by its name and shape."""
     body, more_bits, _ = MIXES[mix]
 
-    def type_of(name: str, dims: int) -> GGMLQuantizationType:
-        if dims == 1:
+    def type_of(name: str, shape: tuple[int, ...]) -> GGMLQuantizationType:
+        if len(shape) == 1:
             return Q.F32
-        if name == "output.weight":
-            return Q.Q6_K
-        return more_bits if name.split(".")[-2] in _MORE_BITS else body
+        if name == "output.weight" or (tied and name == "token_embd.weight"):
+            kind = Q.Q6_K
+        elif name.split(".")[-2] in _MORE_BITS and _more_bits(int(name.split(".")[1]), layers):
+            kind = more_bits
+        else:
+            kind = body
+        if shape[-1] % gguf_kquants.SUPER_BLOCK and kind in _FALLBACK:
+            return _FALLBACK[kind]
+        return kind
 
     return type_of
 
@@ -100,20 +121,22 @@ def write_tiny_gguf(model_dir: Path, out: Path, mix: str = "Q4_K_M") -> dict[str
     arch = _GGUF_ARCH[config.model_type]
     writer = GGUFWriter(out, arch)
     _write_metadata(writer, config, mix)
-    type_of = mix_type(mix)
+    tied = bool(config.tie_word_embeddings)
+    type_of = mix_type(mix, config.num_hidden_layers, tied)
     if config.rope_parameters["rope_type"] == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(config))
     expected: dict[str, torch.Tensor] = {}
     for name, tensor in sorted(load_file(model_dir / "model.safetensors").items()):
-        if name == "lm_head.weight" and config.tie_word_embeddings:
+        if name == "lm_head.weight" and tied:
             continue
         target = gguf_name(name)
         values = tensor.float().numpy()
-        kind = type_of(target, values.ndim)
+        kind = type_of(target, values.shape)
         if kind == Q.F32:
             stored, held = values, values
         else:
-            stored = gguf_kquants.quantize(values, kind)
+            encode = gguf_kquants.quantize if kind in gguf_kquants.K_QUANTS else quantize
+            stored = encode(values, kind)
             held = dequantize(stored, kind)
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             # Rows are whole blocks: permuting the blocks permutes the weights.
