@@ -140,11 +140,15 @@ impl PackedKernel {
     }
 }
 
-/// One product, shared read-only by the threads; each writes only the tiles it claims.
+/// One product, shared read-only by the threads; each writes only the outputs it claims. Both
+/// roundings of the activations take it: the split kernels (`linear_packed`) read `whole` and
+/// `rest`, the one-int8 kernels (`linear_packed_one_int8`) `whole` alone.
 pub(crate) struct Job<T> {
     pub(crate) format: Format,
-    pub(crate) high: *const i8,
-    pub(crate) low: *const i8,
+    /// `[m, k]` parts `a` of the activations (`RoundedRows::whole`).
+    pub(crate) whole: *const i8,
+    /// `[m, k]` parts `b` of the split rounding (`RoundedRows::rest`), else empty.
+    pub(crate) rest: *const i8,
     pub(crate) units: *const f32,
     pub(crate) totals: *const i32,
     pub(crate) sums: *const f32,
@@ -158,10 +162,58 @@ pub(crate) struct Job<T> {
     pub(crate) in_features: usize,
 }
 
-// SAFETY: the pointers come from buffers that outlive the parallel region (`linear_packed`
-// returns after it), the inputs are only read, and threads write the columns of disjoint
-// tiles, each tile claimed by exactly one thread through an atomic counter.
+// SAFETY: the pointers come from buffers that outlive the parallel region (`linear_packed` and
+// `linear_packed_one_int8` return after it), the inputs are only read, and threads write the
+// outputs of disjoint work items, each claimed by exactly one thread through an atomic counter.
 unsafe impl<T> Sync for Job<T> {}
+
+impl<T> Job<T> {
+    /// The product of `weight` by the `m` rounded rows `rows` into `out`, with Q6_K's
+    /// `first_halves` (else empty), its lengths checked by `check_product`.
+    fn new(
+        weight: &PackedMatrix<'_>,
+        rows: &RoundedRows,
+        first_halves: &[i32],
+        bias: Option<&[f32]>,
+        out: &mut [T],
+        m: usize,
+    ) -> Self {
+        Job {
+            format: weight.format,
+            whole: rows.whole.as_ptr(),
+            rest: rows.rest.as_ptr(),
+            units: rows.units.as_ptr(),
+            totals: rows.totals.as_ptr(),
+            sums: rows.sums.as_ptr(),
+            first_halves: first_halves.as_ptr(),
+            weight: weight.bytes.as_ptr(),
+            bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
+            out: out.as_mut_ptr(),
+            m,
+            out_features: weight.out_features,
+            in_features: weight.in_features,
+        }
+    }
+
+    /// The output tiles.
+    fn tiles(&self) -> usize {
+        self.out_features.div_ceil(TILE)
+    }
+
+    /// The threads the product runs on: the process's OpenMP threads from `PARALLEL_MIN_WORK`
+    /// multiply-adds, the calling thread alone below.
+    fn threads(&self) -> usize {
+        let work = self
+            .m
+            .saturating_mul(self.out_features)
+            .saturating_mul(self.in_features);
+        if work >= PARALLEL_MIN_WORK {
+            parallel::max_threads()
+        } else {
+            1
+        }
+    }
+}
 
 /// `out[m, n] = x[m, k] · Wᵀ + bias` on the packed weight, `x` and `out` float32 or bf16,
 /// with `kernel`, on the process's OpenMP threads.
@@ -177,31 +229,10 @@ pub fn linear_packed<T: Element>(
     if m == 0 {
         return Ok(());
     }
-    let (n, k) = (weight.out_features, weight.in_features);
     let rows = RoundedRows::split(x, kernel);
     let first_halves = k_kernel::first_halves(&rows, weight.format);
-    let job = Job {
-        format: weight.format,
-        high: rows.whole.as_ptr(),
-        low: rows.rest.as_ptr(),
-        units: rows.units.as_ptr(),
-        totals: rows.totals.as_ptr(),
-        sums: rows.sums.as_ptr(),
-        first_halves: first_halves.as_ptr(),
-        weight: weight.bytes.as_ptr(),
-        bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
-        out: out.as_mut_ptr(),
-        m,
-        out_features: n,
-        in_features: k,
-    };
-    let tiles = n.div_ceil(TILE);
-    let work = m.saturating_mul(n).saturating_mul(k);
-    let threads = if work >= PARALLEL_MIN_WORK {
-        parallel::max_threads()
-    } else {
-        1
-    };
+    let job = Job::new(weight, &rows, &first_halves, bias, out, m);
+    let (tiles, threads) = (job.tiles(), job.threads());
     // Tiles are claimed in chunks, so a thread slowed by a busy core takes fewer of them.
     let chunk = tiles.div_ceil(threads * 4).next_multiple_of(4);
     let next = AtomicUsize::new(0);
@@ -270,8 +301,8 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
     // are only read.
     let (high, low, units, totals, sums, bytes) = unsafe {
         (
-            std::slice::from_raw_parts(job.high, m * k),
-            std::slice::from_raw_parts(job.low, m * k),
+            std::slice::from_raw_parts(job.whole, m * k),
+            std::slice::from_raw_parts(job.rest, m * k),
             std::slice::from_raw_parts(job.units, m * blocks),
             std::slice::from_raw_parts(job.totals, m * blocks),
             std::slice::from_raw_parts(job.sums, m * blocks),

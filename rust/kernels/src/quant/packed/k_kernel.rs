@@ -88,8 +88,8 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
     // are only read.
     let (high, low, units, totals, sums, first, bytes) = unsafe {
         (
-            std::slice::from_raw_parts(job.high, m * k),
-            std::slice::from_raw_parts(job.low, m * k),
+            std::slice::from_raw_parts(job.whole, m * k),
+            std::slice::from_raw_parts(job.rest, m * k),
             std::slice::from_raw_parts(job.units, m * blocks),
             std::slice::from_raw_parts(job.totals, m * blocks),
             std::slice::from_raw_parts(job.sums, m * blocks),

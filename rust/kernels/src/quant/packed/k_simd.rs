@@ -357,7 +357,7 @@ unsafe fn rows<L: Lanes, F: KFormat, T: Element, const R: usize, const N: usize>
                         }
                         for r in 0..R {
                             let at = (row + r) * k + b * BLOCK + 4 * h + 16 * p;
-                            let (a, c) = (job.high.add(at), job.low.add(at));
+                            let (a, c) = (job.whole.add(at), job.rest.add(at));
                             for t in 0..N {
                                 high[r][t] = isa.dot(high[r][t], w[t][0], a);
                                 low[r][t] = isa.dot(low[r][t], w[t][0], c);

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::layout::{tile_block_bytes, value_at, values_bytes, zero_point};
 use super::rounding::RoundedRows;
-use super::{check_product, PackedKernel, PackedMatrix, PARALLEL_MIN_WORK, TILE};
+use super::{check_product, Job, PackedKernel, PackedMatrix, TILE};
 use crate::element::Element;
 use crate::parallel;
 use crate::quant::{block, Format, BLOCK};
@@ -38,26 +38,6 @@ const PANEL_ROWS: usize = 60;
 const _: () = assert!(PANEL_ROWS.is_multiple_of(super::vnni_one_int8::ROWS));
 /// The most tiles of a work item.
 const CHUNK_TILES: usize = 12;
-
-/// One product, shared read-only by the threads; each writes only the work items it claims.
-pub(super) struct Job<T> {
-    pub(super) format: Format,
-    pub(super) values: *const i8,
-    pub(super) units: *const f32,
-    pub(super) totals: *const i32,
-    pub(super) sums: *const f32,
-    pub(super) weight: *const u8,
-    pub(super) bias: *const f32,
-    pub(super) out: *mut T,
-    pub(super) m: usize,
-    pub(super) out_features: usize,
-    pub(super) in_features: usize,
-}
-
-// SAFETY: the pointers come from buffers that outlive the parallel region
-// (`linear_packed_one_int8` returns after it), the inputs are only read, and threads write the
-// outputs of disjoint (rows, tiles) items, each claimed by exactly one thread.
-unsafe impl<T> Sync for Job<T> {}
 
 #[cfg(target_arch = "x86_64")]
 impl<T> Job<T> {
@@ -108,27 +88,9 @@ pub fn linear_packed_one_int8<T: Element>(
     if m == 0 {
         return Ok(());
     }
-    let (n, k) = (weight.out_features, weight.in_features);
     let rows = RoundedRows::one_int8(x, kernel);
-    let job = Job {
-        format: weight.format,
-        values: rows.whole.as_ptr(),
-        units: rows.units.as_ptr(),
-        totals: rows.totals.as_ptr(),
-        sums: rows.sums.as_ptr(),
-        weight: weight.bytes.as_ptr(),
-        bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
-        out: out.as_mut_ptr(),
-        m,
-        out_features: n,
-        in_features: k,
-    };
-    let tiles = n.div_ceil(TILE);
-    let threads = if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_WORK {
-        parallel::max_threads()
-    } else {
-        1
-    };
+    let job = Job::new(weight, &rows, &[], bias, out, m);
+    let (tiles, threads) = (job.tiles(), job.threads());
     let panels = m.div_ceil(PANEL_ROWS);
     // About four items per thread at least, so that a thread slowed by a busy core takes fewer.
     let chunk = tiles
@@ -181,7 +143,7 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Rang
     // exactly them and are only read.
     let (values, units, totals, sums, bytes) = unsafe {
         (
-            std::slice::from_raw_parts(job.values, m * k),
+            std::slice::from_raw_parts(job.whole, m * k),
             std::slice::from_raw_parts(job.units, m * blocks),
             std::slice::from_raw_parts(job.totals, m * blocks),
             std::slice::from_raw_parts(job.sums, m * blocks),

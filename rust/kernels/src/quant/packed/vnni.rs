@@ -156,8 +156,8 @@ unsafe fn block_tile<V: Values, T: Element, const R: usize, const N: usize>(
                     let four = |part: *const i8, at: usize| {
                         _mm512_set1_epi32(part.add(at).cast::<i32>().read_unaligned())
                     };
-                    let (a, a2) = (four(job.high, at), four(job.high, at + 16));
-                    let (c, c2) = (four(job.low, at), four(job.low, at + 16));
+                    let (a, a2) = (four(job.whole, at), four(job.whole, at + 16));
+                    let (c, c2) = (four(job.rest, at), four(job.rest, at + 16));
                     for t in 0..N {
                         let sum = _mm512_dpbusd_epi32(high[r][t], w[t][0], a);
                         high[r][t] = _mm512_dpbusd_epi32(sum, w[t][1], a2);
@@ -186,9 +186,27 @@ unsafe fn block_tile<V: Values, T: Element, const R: usize, const N: usize>(
                 }
             }
         }
-        for t in 0..N {
-            let column = (tile + t) * TILE;
-            let width = TILE.min(job.out_features - column);
+        store_tiles(job, &acc, row, tile);
+    }
+}
+
+/// Stores the sums `acc` of output rows `row..row + R`, tiles `tile..tile + N`, plus the bias,
+/// as `T`.
+///
+/// # Safety
+/// The rows and tiles lie inside the job's output; the CPU has AVX-512 F and BW.
+#[inline(always)]
+pub(super) unsafe fn store_tiles<T: Element, const R: usize, const N: usize>(
+    job: &Job<T>,
+    acc: &[[__m512; N]; R],
+    row: usize,
+    tile: usize,
+) {
+    for t in 0..N {
+        let column = (tile + t) * TILE;
+        let width = TILE.min(job.out_features - column);
+        // SAFETY: the caller's promise: the columns and rows lie inside the output.
+        unsafe {
             let bias = bias_lanes(job.bias, column, width);
             for (r, sums) in acc.iter().enumerate() {
                 let target = job.out.add((row + r) * job.out_features + column);

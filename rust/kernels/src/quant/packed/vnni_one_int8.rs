@@ -23,9 +23,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::one_int8::Job;
-use super::vnni::{bias_lanes, store, Bytes, Nibbles, Values};
-use super::{tile_block_bytes, values_bytes, BLOCK, TILE};
+use super::vnni::{store_tiles, Bytes, Nibbles, Values};
+use super::Job;
+use super::{tile_block_bytes, values_bytes, BLOCK};
 use crate::element::Element;
 use crate::isa::Avx512Vnni;
 use crate::quant::Format;
@@ -136,7 +136,7 @@ unsafe fn micro<
             for h in 0..4 {
                 let w: [[__m512i; 2]; N] = std::array::from_fn(|t| V::groups(base[t], h));
                 for (r, dot) in dot.iter_mut().enumerate() {
-                    let at = job.values.add((row + r) * k + b * BLOCK + 4 * h);
+                    let at = job.whole.add((row + r) * k + b * BLOCK + 4 * h);
                     let four = |at: *const i8| _mm512_set1_epi32(at.cast::<i32>().read_unaligned());
                     let (a, a2) = (four(at), four(at.add(16)));
                     for (dot, w) in dot.iter_mut().zip(&w) {
@@ -170,14 +170,6 @@ unsafe fn micro<
                 }
             }
         }
-        for t in 0..N {
-            let column = (tile + t) * TILE;
-            let width = TILE.min(job.out_features - column);
-            let bias = bias_lanes(job.bias, column, width);
-            for (r, sums) in acc.iter().enumerate() {
-                let target = job.out.add((row + r) * job.out_features + column);
-                store(_mm512_add_ps(sums[t], bias), target, width);
-            }
-        }
+        store_tiles(job, &acc, row, tile);
     }
 }
