@@ -195,6 +195,43 @@ impl<T> Job<T> {
         }
     }
 
+    /// Blocks of 32 per row, bytes per tile block, and where a tile block's scales start.
+    #[inline(always)]
+    pub(crate) fn tile_geometry(&self) -> (usize, usize, usize) {
+        let format = self.format;
+        let blocks = self.in_features / BLOCK;
+        (blocks, tile_block_bytes(format), values_bytes(format))
+    }
+
+    /// The inputs as slices, for the portable kernels.
+    ///
+    /// # Safety
+    /// The job's lengths are checked (`check_product`).
+    unsafe fn inputs(&self) -> Inputs<'_> {
+        let (m, n, k) = (self.m, self.out_features, self.in_features);
+        let blocks = k / BLOCK;
+        // SAFETY: the caller's promise; these slices cover exactly the buffers, only read.
+        unsafe {
+            Inputs {
+                whole: std::slice::from_raw_parts(self.whole, m * k),
+                units: std::slice::from_raw_parts(self.units, m * blocks),
+                totals: std::slice::from_raw_parts(self.totals, m * blocks),
+                sums: std::slice::from_raw_parts(self.sums, m * blocks),
+                weight: PackedMatrix {
+                    format: self.format,
+                    bytes: std::slice::from_raw_parts(
+                        self.weight,
+                        n.div_ceil(TILE)
+                            * (k / self.format.block_weights())
+                            * tile_block_bytes(self.format),
+                    ),
+                    out_features: n,
+                    in_features: k,
+                },
+            }
+        }
+    }
+
     /// The output tiles.
     fn tiles(&self) -> usize {
         self.out_features.div_ceil(TILE)
@@ -213,6 +250,16 @@ impl<T> Job<T> {
             1
         }
     }
+}
+
+/// A job's inputs as slices, for the portable kernels: all but the split rounding's `rest` and
+/// Q6_K's `first_halves`, which only some jobs hold.
+struct Inputs<'a> {
+    whole: &'a [i8],
+    units: &'a [f32],
+    totals: &'a [i32],
+    sums: &'a [f32],
+    weight: PackedMatrix<'a>,
 }
 
 /// `out[m, n] = x[m, k] · Wᵀ + bias` on the packed weight, `x` and `out` float32 or bf16,
@@ -297,27 +344,9 @@ unsafe fn run_kernel<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: Rang
 unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
     let (m, n, k) = (job.m, job.out_features, job.in_features);
     let blocks = k / BLOCK;
-    // SAFETY: the caller guarantees the buffers' extents; these slices cover exactly them and
-    // are only read.
-    let (high, low, units, totals, sums, bytes) = unsafe {
-        (
-            std::slice::from_raw_parts(job.whole, m * k),
-            std::slice::from_raw_parts(job.rest, m * k),
-            std::slice::from_raw_parts(job.units, m * blocks),
-            std::slice::from_raw_parts(job.totals, m * blocks),
-            std::slice::from_raw_parts(job.sums, m * blocks),
-            std::slice::from_raw_parts(
-                job.weight,
-                n.div_ceil(TILE) * blocks * tile_block_bytes(job.format),
-            ),
-        )
-    };
-    let weight = PackedMatrix {
-        format: job.format,
-        bytes,
-        out_features: n,
-        in_features: k,
-    };
+    // SAFETY: the caller guarantees the buffers' extents, `rest`'s as the others'.
+    let (input, rest) = unsafe { (job.inputs(), std::slice::from_raw_parts(job.rest, m * k)) };
+    let (weight, bytes) = (&input.weight, input.weight.bytes);
     for column in tiles.start * TILE..(tiles.end * TILE).min(n) {
         let (t, lane) = (column / TILE, column % TILE);
         // SAFETY: the bias, when given, holds `n` floats.
@@ -329,10 +358,10 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
                 let (mut dot_high, mut dot_low) = (0i32, 0i32);
                 for i in 0..BLOCK {
                     let q = i32::from(value_at(job.format, bytes, at, lane, i));
-                    dot_high += q * i32::from(high[row * k + b * BLOCK + i]);
-                    dot_low += q * i32::from(low[row * k + b * BLOCK + i]);
+                    dot_high += q * i32::from(input.whole[row * k + b * BLOCK + i]);
+                    dot_low += q * i32::from(rest[row * k + b * BLOCK + i]);
                 }
-                let zero = zero_point(job.format) * totals[row * blocks + b];
+                let zero = zero_point(job.format) * input.totals[row * blocks + b];
                 let dot = (dot_high << 8) + dot_low - zero;
                 let scale_at = at + values_bytes(job.format);
                 let half = |offset: usize| {
@@ -342,8 +371,8 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
                     half(scale_at + 2 * lane),
                     half(scale_at + 2 * TILE + 2 * lane),
                 );
-                acc = (dot as f32).mul_add(d * units[row * blocks + b], acc);
-                acc = offset.mul_add(sums[row * blocks + b], acc);
+                acc = (dot as f32).mul_add(d * input.units[row * blocks + b], acc);
+                acc = offset.mul_add(input.sums[row * blocks + b], acc);
             }
             // SAFETY: (row, column) is inside the `m × n` output and this thread alone owns
             // the column's tile.

@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{tile_block_bytes, values_bytes, zero_point, Job, BLOCK, TILE};
+use super::{zero_point, Job, BLOCK, TILE};
 use crate::element::Element;
 use crate::isa::{Avx2, AvxVnni};
 use crate::quant::Format;
@@ -259,10 +259,9 @@ struct OneInt8;
 /// the zero point its sums take off with the values `V`.
 #[inline(always)]
 fn geometry<V: Values, T>(job: &Job<T>) -> (usize, usize, usize, i32) {
-    let format = job.format;
-    let zero = if V::SIGNED { 0 } else { zero_point(format) };
-    let blocks = job.in_features / BLOCK;
-    (blocks, tile_block_bytes(format), values_bytes(format), zero)
+    let (blocks, stride, scales_at) = job.tile_geometry();
+    let zero = if V::SIGNED { 0 } else { zero_point(job.format) };
+    (blocks, stride, scales_at, zero)
 }
 
 /// Stores the sums `acc` of output rows `row..row + R`, columns `column..column + width`, plus

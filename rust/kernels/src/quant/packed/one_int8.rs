@@ -137,28 +137,11 @@ pub fn linear_packed_one_int8<T: Element>(
 /// # Safety
 /// `job`'s lengths are checked; no other thread writes the outputs of `rows` × `tiles`.
 unsafe fn run_portable<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Range<usize>) {
-    let (m, n, k) = (job.m, job.out_features, job.in_features);
+    let (n, k) = (job.out_features, job.in_features);
     let blocks = k / BLOCK;
-    // SAFETY: `linear_packed_one_int8` checked the buffers' extents; these slices cover
-    // exactly them and are only read.
-    let (values, units, totals, sums, bytes) = unsafe {
-        (
-            std::slice::from_raw_parts(job.whole, m * k),
-            std::slice::from_raw_parts(job.units, m * blocks),
-            std::slice::from_raw_parts(job.totals, m * blocks),
-            std::slice::from_raw_parts(job.sums, m * blocks),
-            std::slice::from_raw_parts(
-                job.weight,
-                n.div_ceil(TILE) * blocks * tile_block_bytes(job.format),
-            ),
-        )
-    };
-    let weight = PackedMatrix {
-        format: job.format,
-        bytes,
-        out_features: n,
-        in_features: k,
-    };
+    // SAFETY: `linear_packed_one_int8` checked the buffers' extents.
+    let input = unsafe { job.inputs() };
+    let (weight, bytes) = (&input.weight, input.weight.bytes);
     let half = |at: usize| block::f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]));
     for column in tiles.start * TILE..(tiles.end * TILE).min(n) {
         let (t, lane) = (column / TILE, column % TILE);
@@ -171,16 +154,16 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Rang
                 let dot: i32 = (0..BLOCK)
                     .map(|i| {
                         i32::from(value_at(job.format, bytes, at, lane, i))
-                            * i32::from(values[row * k + b * BLOCK + i])
+                            * i32::from(input.whole[row * k + b * BLOCK + i])
                     })
                     .sum();
-                let dot = dot - zero_point(job.format) * totals[row * blocks + b];
+                let dot = dot - zero_point(job.format) * input.totals[row * blocks + b];
                 let scales = at + values_bytes(job.format);
                 let d = half(scales + 2 * lane);
-                acc = (dot as f32).mul_add(d * units[row * blocks + b], acc);
+                acc = (dot as f32).mul_add(d * input.units[row * blocks + b], acc);
                 if job.format == Format::Q4_1 {
                     let offset = half(scales + 2 * TILE + 2 * lane);
-                    acc = offset.mul_add(sums[row * blocks + b], acc);
+                    acc = offset.mul_add(input.sums[row * blocks + b], acc);
                 }
             }
             // SAFETY: (row, column) is inside the `m × n` output and this thread alone owns it.

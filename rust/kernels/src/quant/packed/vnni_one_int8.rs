@@ -23,9 +23,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::vnni::{store_tiles, Bytes, Nibbles, Values};
+use super::vnni::{store_tiles, tile_blocks, Bytes, Nibbles, Values};
 use super::Job;
-use super::{tile_block_bytes, values_bytes, BLOCK};
+use super::BLOCK;
 use crate::element::Element;
 use crate::isa::Avx512Vnni;
 use crate::quant::Format;
@@ -119,16 +119,13 @@ unsafe fn micro<
     tile: usize,
 ) {
     let k = job.in_features;
-    let blocks = k / BLOCK;
-    let stride = tile_block_bytes(job.format);
-    let scales_at = values_bytes(job.format);
+    let (blocks, stride, scales_at) = job.tile_geometry();
     // SAFETY: the caller keeps rows and tiles inside the job, so every offset below stays
     // inside the buffers `Job` describes; loads and stores are unaligned ones.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); N]; R];
         for b in 0..blocks {
-            let base: [*const u8; N] =
-                std::array::from_fn(|t| job.weight.add(((tile + t) * blocks + b) * stride));
+            let base = tile_blocks::<T, N>(job, tile, b, blocks, stride);
             for t in 0..N {
                 job.prefetch_tile_block(tile + N + t, b);
             }
