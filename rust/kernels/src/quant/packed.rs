@@ -55,6 +55,8 @@ use crate::Result;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(test)]
+mod fixtures;
 #[cfg(target_arch = "x86_64")]
 mod k_avx2;
 #[cfg(target_arch = "x86_64")]
