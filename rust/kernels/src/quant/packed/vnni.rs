@@ -83,12 +83,8 @@ pub(super) unsafe fn run<T: Element>(_: Avx512Vnni, job: &Job<T>, tiles: Range<u
 
 #[inline(always)]
 unsafe fn run_as<V: Values, T: Element>(job: &Job<T>, tiles: Range<usize>) {
-    let row_tiles = job.m.div_ceil(TILE_ROWS);
-    // The rows are spread evenly over the row tiles (9 rows: 5 + 4, not 8 + 1), and every
-    // row tile meets the claimed tiles while their blocks are in cache.
-    let mut row = 0;
-    for row_tile in 0..row_tiles {
-        let rows = (job.m - row).div_ceil(row_tiles - row_tile);
+    // Every row tile meets the claimed tiles while their blocks are in cache.
+    for (row, rows) in even_row_tiles(job.m, TILE_ROWS) {
         // SAFETY: rows `row..row + rows` (1..=8) and `tiles` lie inside the job and this
         // thread's share, as the caller guarantees.
         unsafe {
@@ -103,8 +99,18 @@ unsafe fn run_as<V: Values, T: Element>(job: &Job<T>, tiles: Range<usize>) {
                 _ => span::<V, T, 8, 1>(job, row, tiles.clone()),
             }
         }
-        row += rows;
     }
+}
+
+/// The rows `0..m` in row tiles of at most `most` rows, spread evenly (9 rows in tiles of at
+/// most 8: 5 + 4, not 8 + 1): each row tile's first row and its rows.
+pub(super) fn even_row_tiles(m: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
+    let row_tiles = m.div_ceil(most);
+    (0..row_tiles).scan(0, move |row, row_tile| {
+        let (first, rows) = (*row, (m - *row).div_ceil(row_tiles - row_tile));
+        *row += rows;
+        Some((first, rows))
+    })
 }
 
 /// Rows `row..row + R` over `tiles`, `N` tiles at a time, the tiles short of `N` one by one.
