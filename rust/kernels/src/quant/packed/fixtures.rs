@@ -100,17 +100,6 @@ pub(super) fn packed(weight: &QuantMatrix<'_>) -> Vec<u8> {
     out
 }
 
-/// `linear_packed`'s product (`Rounding::Split.product`).
-pub(super) fn product<T: Element>(
-    kernel: PackedKernel,
-    weight: &PackedMatrix<'_>,
-    x: &[T],
-    m: usize,
-    bias: Option<&[f32]>,
-) -> Vec<T> {
-    Rounding::Split.product(kernel, weight, x, m, bias)
-}
-
 /// The bits of each value, as float32.
 pub(super) fn bits<T: Element>(v: &[T]) -> Vec<u32> {
     v.iter().map(|x| x.load().to_bits()).collect()
@@ -142,6 +131,47 @@ pub(super) fn exact(xs: &[f32], ws: &[f32], bias: f32) -> f64 {
         .map(|(&a, &b)| f64::from(a) * f64::from(b))
         .sum::<f64>()
         + f64::from(bias)
+}
+
+/// One output of a product against the float64 product: its row and column, the input row and
+/// the weight row it multiplies, and how far it lies from the float64 value.
+pub(super) struct Miss<'a> {
+    pub(super) row: usize,
+    pub(super) col: usize,
+    pub(super) x: &'a [f32],
+    pub(super) w: &'a [f32],
+    pub(super) error: f64,
+}
+
+impl std::fmt::Display for Miss<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[{}, {}]: error {}", self.row, self.col, self.error)
+    }
+}
+
+/// Every output of `out` (`[m, n]`), the product of `x` (`[m, k]`) and `w` (`[n, k]`) plus
+/// `bias`, against the float64 product.
+pub(super) fn misses<'a>(
+    out: &'a [f32],
+    x: &'a [f32],
+    w: &'a [f32],
+    bias: &'a [f32],
+) -> impl Iterator<Item = Miss<'a>> {
+    let n = bias.len();
+    let (m, k) = (out.len() / n, w.len() / n);
+    (0..m).flat_map(move |row| {
+        (0..n).map(move |col| {
+            let (x, w) = (&x[row * k..][..k], &w[col * k..][..k]);
+            let error = (f64::from(out[row * n + col]) - exact(x, w, bias[col])).abs();
+            Miss {
+                row,
+                col,
+                x,
+                w,
+                error,
+            }
+        })
+    })
 }
 
 /// The tiles dequantize to the blocks' weights bit for bit: all of them as float32, transposed
@@ -239,6 +269,26 @@ pub(super) fn every_kernel_equals_the_portable_one(
         );
     }
     want
+}
+
+/// `every_kernel_equals_the_portable_one` on random weights of every format of blocks of 32,
+/// for each `(n, k, row counts)` of `cases`, the weights, the bias and the activations drawn
+/// from `seeds`.
+pub(super) fn every_kernel_on_blocks_of_32(
+    rounding: Rounding,
+    cases: &[(usize, usize, &[usize])],
+    seeds: [u64; 3],
+) {
+    for format in crate::quant::tests::FORMATS {
+        for &(n, k, rows) in cases {
+            let tiled = Tiled::random(format, n, k, seeds[0]);
+            let bias = values(n, seeds[1]);
+            for &m in rows {
+                let x = values(m * k, seeds[2]);
+                every_kernel_equals_the_portable_one(rounding, &tiled.tiles(), &x, m, &bias);
+            }
+        }
+    }
 }
 
 /// Of three rows of activations, the second holding an infinity at `infinite` and the third a

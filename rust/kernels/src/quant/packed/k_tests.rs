@@ -4,7 +4,7 @@
 //! allows, and every tier against the portable kernel bit for bit.
 
 use super::fixtures::{
-    every_kernel_equals_the_portable_one, exact, only_the_non_finite_rows_are_nan, product,
+    every_kernel_equals_the_portable_one, exact, misses, only_the_non_finite_rows_are_nan,
     Rounding, Tiled,
 };
 use super::*;
@@ -100,18 +100,10 @@ fn the_integer_product_is_within_the_rounding_of_the_activations() {
             let (w, t) = (dequantized(&weight), terms(&weight));
             let x = values(m * k, 1);
             let bias = values(n, 3);
-            let out = product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
-            for row in 0..m {
-                for col in 0..n {
-                    let (xs, ws) = (&x[row * k..][..k], &w[col * k..][..k]);
-                    let exact = exact(xs, ws, bias[col]);
-                    let got = f64::from(out[row * n + col]);
-                    let allowed = bound(xs, ws, &t[col * k..][..k]);
-                    assert!(
-                        (got - exact).abs() <= allowed,
-                        "{format:?} ({m}, {n}, {k}) [{row}, {col}]: {got} vs {exact}"
-                    );
-                }
+            let out = Rounding::Split.product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
+            for miss in misses(&out, &x, &w, &bias) {
+                let allowed = bound(miss.x, miss.w, &t[miss.col * k..][..k]);
+                assert!(miss.error <= allowed, "{format:?} ({m}, {n}, {k}) {miss}");
             }
         }
     }
@@ -195,7 +187,7 @@ fn the_largest_values_and_activations_stay_exact() {
         let tiled = Tiled::of(format, data, n, k);
         let (tiles, w) = (tiled.tiles(), dequantized(&tiled.weight()));
         let x: Vec<f32> = (0..m * k).map(|i| if i < k { 1.0 } else { -1.0 }).collect();
-        let want = product(PackedKernel::Portable, &tiles, &x, m, None);
+        let want = Rounding::Split.product(PackedKernel::Portable, &tiles, &x, m, None);
         for row in 0..m {
             let exact = exact(&x[row * k..][..k], &w[..k], 0.0);
             let got = f64::from(want[row * n]);
@@ -206,7 +198,7 @@ fn the_largest_values_and_activations_stay_exact() {
         }
         for kernel in PackedKernel::detected() {
             assert_eq!(
-                product(kernel, &tiles, &x, m, None),
+                Rounding::Split.product(kernel, &tiles, &x, m, None),
                 want,
                 "{kernel:?} {format:?}"
             );

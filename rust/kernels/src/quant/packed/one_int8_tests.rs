@@ -1,9 +1,8 @@
-//! Unit tests of `one_int8.rs`: every kernel against the portable one bit for bit, and the portable one against a
-//! float64 product within the bound that rounding the activations allows.
+//! Unit tests of `one_int8.rs`: every kernel against the portable one bit for bit, and the
+//! portable one against a float64 product within the bound that rounding the activations allows.
 
 use super::fixtures::{
-    bound, every_kernel_equals_the_portable_one, exact, only_the_non_finite_rows_are_nan, Rounding,
-    Tiled,
+    bound, every_kernel_on_blocks_of_32, misses, only_the_non_finite_rows_are_nan, Rounding, Tiled,
 };
 use super::*;
 use crate::quant::tests::{dequantized, FORMATS};
@@ -15,25 +14,15 @@ fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_th
     // and end them in partial register tiles;
     // 61 columns end inside a tile, 300 (19 tiles) span tile chunks and leave an odd tile;
     // 2 × 4100 × 512 passes the parallel threshold.
-    for format in FORMATS {
-        for (n, k, rows) in [
-            (61, 288, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13][..]),
-            (300, 96, &[4, 70, 131][..]),
-            (4100, 512, &[2][..]),
-        ] {
-            let tiled = Tiled::random(format, n, k, 31);
-            let bias = values(n, 5);
-            for &m in rows {
-                every_kernel_equals_the_portable_one(
-                    Rounding::OneInt8,
-                    &tiled.tiles(),
-                    &values(m * k, 37),
-                    m,
-                    &bias,
-                );
-            }
-        }
-    }
+    every_kernel_on_blocks_of_32(
+        Rounding::OneInt8,
+        &[
+            (61, 288, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]),
+            (300, 96, &[4, 70, 131]),
+            (4100, 512, &[2]),
+        ],
+        [31, 5, 37],
+    );
 }
 
 /// Rounding an activation to one int8 moves it by at most half its step `max|x| / 127` (a
@@ -50,17 +39,11 @@ fn the_product_is_within_the_rounding_of_the_activations() {
             let bias = values(n, 4);
             let out = Rounding::OneInt8.product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
             let mut loose = 0;
-            for row in 0..m {
-                for col in 0..n {
-                    let (xs, ws) = (&x[row * k..][..k], &w[col * k..][..k]);
-                    let error = (f64::from(out[row * n + col]) - exact(xs, ws, bias[col])).abs();
-                    assert!(
-                        error <= bound(xs, ws, k, ONE_INT8_SHARE),
-                        "{format:?} ({m}, {n}, {k}) [{row}, {col}]: error {error}"
-                    );
-                    // Rounding, not truncation: most errors stay well inside the bound.
-                    loose += usize::from(error > 0.25 * bound(xs, ws, k, ONE_INT8_SHARE));
-                }
+            for miss in misses(&out, &x, &w, &bias) {
+                let allowed = bound(miss.x, miss.w, k, ONE_INT8_SHARE);
+                assert!(miss.error <= allowed, "{format:?} ({m}, {n}, {k}) {miss}");
+                // Rounding, not truncation: most errors stay well inside the bound.
+                loose += usize::from(miss.error > 0.25 * allowed);
             }
             assert!(
                 loose * 10 < m * n,

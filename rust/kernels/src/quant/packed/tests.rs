@@ -3,8 +3,8 @@
 //! against a float64 product within the bound that rounding the activations to int8 allows.
 
 use super::fixtures::{
-    bound, dequantizes_to_the_blocks, every_kernel_equals_the_portable_one, exact,
-    only_the_non_finite_rows_are_nan, product, Rounding, Tiled,
+    bound, dequantizes_to_the_blocks, every_kernel_on_blocks_of_32, misses,
+    only_the_non_finite_rows_are_nan, Rounding, Tiled,
 };
 use super::*;
 use crate::quant::tests::{dequantized, FORMATS, K_FORMATS};
@@ -70,17 +70,10 @@ fn the_integer_product_is_within_the_rounding_of_the_activations() {
             let (tiles, w) = (tiled.tiles(), dequantized(&tiled.weight()));
             let x = values(m * k, 1);
             let bias = values(n, 3);
-            let out = product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
-            for row in 0..m {
-                for col in 0..n {
-                    let (xs, ws) = (&x[row * k..][..k], &w[col * k..][..k]);
-                    let exact = exact(xs, ws, bias[col]);
-                    let got = f64::from(out[row * n + col]);
-                    assert!(
-                        (got - exact).abs() <= bound(xs, ws, k, SPLIT_SHARE),
-                        "{format:?} ({m}, {n}, {k}) [{row}, {col}]: {got} vs {exact}"
-                    );
-                }
+            let out = Rounding::Split.product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
+            for miss in misses(&out, &x, &w, &bias) {
+                let allowed = bound(miss.x, miss.w, k, SPLIT_SHARE);
+                assert!(miss.error <= allowed, "{format:?} ({m}, {n}, {k}) {miss}");
             }
         }
     }
@@ -90,24 +83,11 @@ fn the_integer_product_is_within_the_rounding_of_the_activations() {
 fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_the_batch() {
     // 1..=9 and 17 rows meet every tile shape and uneven row splits; 61 columns end inside a
     // tile and leave tiles short of a group of four; 4100 × 2 passes the parallel threshold.
-    for format in FORMATS {
-        for (n, k, rows) in [
-            (61, 288, &[1, 2, 3, 4, 5, 8, 9, 17][..]),
-            (4100, 512, &[2][..]),
-        ] {
-            let tiled = Tiled::random(format, n, k, 23);
-            let bias = values(n, 2);
-            for &m in rows {
-                every_kernel_equals_the_portable_one(
-                    Rounding::Split,
-                    &tiled.tiles(),
-                    &values(m * k, 29),
-                    m,
-                    &bias,
-                );
-            }
-        }
-    }
+    every_kernel_on_blocks_of_32(
+        Rounding::Split,
+        &[(61, 288, &[1, 2, 3, 4, 5, 8, 9, 17]), (4100, 512, &[2])],
+        [23, 2, 29],
+    );
 }
 
 #[test]
