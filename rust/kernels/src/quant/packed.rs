@@ -198,6 +198,7 @@ impl<T> Job<T> {
     }
 
     /// Blocks of 32 per row, bytes per tile block, and where a tile block's scales start.
+    #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     pub(crate) fn tile_geometry(&self) -> (usize, usize, usize) {
         let format = self.format;

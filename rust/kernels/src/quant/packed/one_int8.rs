@@ -22,7 +22,9 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::layout::{tile_block_bytes, value_at, values_bytes, zero_point};
+#[cfg(target_arch = "x86_64")]
+use super::layout::tile_block_bytes;
+use super::layout::{value_at, values_bytes, zero_point};
 use super::rounding::RoundedRows;
 use super::{check_product, Job, PackedKernel, PackedMatrix, TILE};
 use crate::element::Element;
