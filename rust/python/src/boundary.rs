@@ -120,6 +120,51 @@ pub(crate) fn overlap<A, B>(a: NonNull<[A]>, b: NonNull<[B]>) -> bool {
     a_start < b_end && b_start < a_end
 }
 
+/// A product's buffers as slices: the input, the weight and the bias read, the output written.
+pub(crate) type ProductSlices<'a, X, W, O> = (&'a [X], &'a [W], Option<&'a [f32]>, &'a mut [O]);
+
+/// A product's buffers (the input `x`, the weight, the bias, the output `out`) as slices, or a
+/// `ValueError` when the output overlaps an input.
+///
+/// # Safety
+/// Every buffer stays acquired by the caller (its memory alive) for `'a`.
+pub(crate) unsafe fn product_slices<'a, X, W, O>(
+    x: NonNull<[X]>,
+    weight: NonNull<[W]>,
+    bias: Option<NonNull<[f32]>>,
+    out: NonNull<[O]>,
+) -> PyResult<ProductSlices<'a, X, W, O>> {
+    if overlap(weight, out) || overlap(x, out) || bias.is_some_and(|b| overlap(b, out)) {
+        return Err(PyValueError::new_err("the output overlaps an input"));
+    }
+    // SAFETY: the caller keeps every buffer acquired for `'a`; the output overlaps none of the
+    // inputs, so the one mutable slice aliases nothing.
+    Ok(unsafe {
+        (
+            x.as_ref(),
+            weight.as_ref(),
+            bias.map(|b| b.as_ref()),
+            &mut *out.as_ptr(),
+        )
+    })
+}
+
+/// A float32 product's buffers (the input `x`, the weight named `what`, the bias, the output
+/// `out`) as slices: C-contiguous, the output writable and overlapping none of the inputs.
+pub(crate) fn float_product<'a, W: Element>(
+    x: &'a PyBuffer<f32>,
+    (what, weight): (&str, &'a PyBuffer<W>),
+    bias: Option<&'a PyBuffer<f32>>,
+    out: &'a PyBuffer<f32>,
+) -> PyResult<ProductSlices<'a, f32, W, f32>> {
+    let input = contiguous("the input", x, false)?;
+    let weight = contiguous(what, weight, false)?;
+    let bias = bias.map(|b| contiguous("the bias", b, false)).transpose()?;
+    let output = contiguous("the output", out, true)?;
+    // SAFETY: the buffers are borrowed for `'a`, so they stay acquired that long.
+    unsafe { product_slices(input, weight, bias, output) }
+}
+
 /// The addresses a buffer spans. Its length is the exporter's word: the arithmetic saturates
 /// rather than wrap, so that a wrong length can only make buffers look overlapping (refused),
 /// never disjoint.

@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use srt_kernels::gemm;
 
-use crate::boundary::{contiguous, overlap};
+use crate::boundary::{contiguous, float_product, overlap};
 use crate::to_py_err;
 
 /// Whether this CPU runs `linear` (x86-64 with AVX2 and FMA).
@@ -59,30 +59,8 @@ fn linear(
     bias: Option<PyBuffer<f32>>,
     out: PyBuffer<f32>,
 ) -> PyResult<()> {
-    let input = contiguous("the input", &x, false)?;
-    let weight = contiguous("the packed weight", &packed, false)?;
-    let bias = bias
-        .as_ref()
-        .map(|b| contiguous("the bias", b, false))
-        .transpose()?;
-    let output = contiguous("the output", &out, true)?;
-    if [Some(input), Some(weight), bias]
-        .into_iter()
-        .flatten()
-        .any(|s| overlap(s, output))
-    {
-        return Err(PyValueError::new_err("the output overlaps an input"));
-    }
-    // SAFETY: every buffer stays acquired until this function returns; the output overlaps
-    // none of the inputs, so the one mutable slice aliases nothing.
-    let (input, weight, bias, output) = unsafe {
-        (
-            input.as_ref(),
-            weight.as_ref(),
-            bias.map(|b| b.as_ref()),
-            &mut *output.as_ptr(),
-        )
-    };
+    let (input, weight, bias, output) =
+        float_product(&x, ("the packed weight", &packed), bias.as_ref(), &out)?;
     py.detach(|| gemm::linear(input, m, weight, n, k, bias, output))
         .map_err(to_py_err)
 }

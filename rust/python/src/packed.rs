@@ -9,10 +9,10 @@ use std::ptr::NonNull;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use srt_kernels::element::Element;
+use srt_kernels::element::{Bf16, Element};
 use srt_kernels::quant::{self, Format, PackedKernel, PackedMatrix, QuantMatrix};
 
-use crate::boundary::{bf16_bits, contiguous, overlap, Floats, Ids};
+use crate::boundary::{bf16_bits, contiguous, overlap, product_slices, Floats, Ids};
 use crate::to_py_err;
 
 /// The integer kernel `quant_packed_linear` runs on this CPU ("avx512_vnni", "avx2"), or None
@@ -140,19 +140,8 @@ impl Product {
         bias: Option<NonNull<[f32]>>,
         out: NonNull<[T]>,
     ) -> PyResult<()> {
-        if overlap(weight, out) || overlap(x, out) || bias.is_some_and(|b| overlap(b, out)) {
-            return Err(PyValueError::new_err("the output overlaps an input"));
-        }
-        // SAFETY: every buffer stays acquired by the caller until it returns; the output
-        // overlaps none of the inputs, so the one mutable slice aliases nothing.
-        let (weight, x, bias, out) = unsafe {
-            (
-                weight.as_ref(),
-                x.as_ref(),
-                bias.map(|b| b.as_ref()),
-                &mut *out.as_ptr(),
-            )
-        };
+        // SAFETY: every buffer stays acquired by the caller until it returns.
+        let (x, weight, bias, out) = unsafe { product_slices(x, weight, bias, out)? };
         let matrix = PackedMatrix::new(self.format, weight, n, k).map_err(to_py_err)?;
         let kernel = self.kernel;
         py.detach(|| match self.activations {
@@ -177,22 +166,13 @@ fn quant_packed_dequantize(
     ids: Option<Ids>,
 ) -> PyResult<()> {
     let ids = ids.as_ref().map(|ids| ids.0.as_slice());
-    let format = Format::parse(fmt).map_err(to_py_err)?;
-    let weight = contiguous("the packed weight", &packed, false)?;
-    match Floats::get("the output", out)? {
-        Floats::F32(out) => {
-            let out = contiguous("the output", &out, true)?;
-            decode(py, format, weight, (n, k), out, |matrix, out| {
-                quant::dequantize_packed(matrix, ids, out)
-            })
-        }
-        Floats::Bf16(out) => {
-            let out = bf16_bits(contiguous("the output", &out, true)?);
-            decode(py, format, weight, (n, k), out, |matrix, out| {
-                quant::dequantize_packed(matrix, ids, out)
-            })
-        }
-    }
+    decode(
+        py,
+        (fmt, &packed, n, k),
+        out,
+        |matrix, out| quant::dequantize_packed(matrix, ids, out),
+        |matrix, out| quant::dequantize_packed(matrix, ids, out),
+    )
 }
 
 /// The packed `[n, k]` weight transposed, `[k, n]`, as float32 or bfloat16 bits, each weight
@@ -206,40 +186,43 @@ fn quant_packed_dequantize_transposed(
     k: usize,
     out: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let format = Format::parse(fmt).map_err(to_py_err)?;
-    let weight = contiguous("the packed weight", &packed, false)?;
+    decode(
+        py,
+        (fmt, &packed, n, k),
+        out,
+        quant::dequantize_packed_transposed,
+        quant::dequantize_packed_transposed,
+    )
+}
+
+/// Runs `on_f32` or `on_bf16` on the packed weight (its format's name, its bytes, `[n, k]`) and
+/// the output, by the output's type (float32, or int16 holding bfloat16 bits), with the GIL
+/// released.
+fn decode(
+    py: Python<'_>,
+    (fmt, packed, n, k): (&str, &PyBuffer<u8>, usize, usize),
+    out: &Bound<'_, PyAny>,
+    on_f32: impl FnOnce(&PackedMatrix<'_>, &mut [f32]) -> srt_kernels::Result<()> + Send,
+    on_bf16: impl FnOnce(&PackedMatrix<'_>, &mut [Bf16]) -> srt_kernels::Result<()> + Send,
+) -> PyResult<()> {
+    let (format, bytes) = (
+        Format::parse(fmt).map_err(to_py_err)?,
+        contiguous("the packed weight", packed, false)?,
+    );
+    let weight = (format, bytes, n, k);
     match Floats::get("the output", out)? {
-        Floats::F32(out) => {
-            let out = contiguous("the output", &out, true)?;
-            decode(
-                py,
-                format,
-                weight,
-                (n, k),
-                out,
-                quant::dequantize_packed_transposed,
-            )
-        }
+        Floats::F32(out) => decode_into(py, weight, contiguous("the output", &out, true)?, on_f32),
         Floats::Bf16(out) => {
             let out = bf16_bits(contiguous("the output", &out, true)?);
-            decode(
-                py,
-                format,
-                weight,
-                (n, k),
-                out,
-                quant::dequantize_packed_transposed,
-            )
+            decode_into(py, weight, out, on_bf16)
         }
     }
 }
 
 /// Runs `op` on the packed weight and the output, with the GIL released.
-fn decode<T: Element>(
+fn decode_into<T: Element>(
     py: Python<'_>,
-    format: Format,
-    weight: NonNull<[u8]>,
-    (n, k): (usize, usize),
+    (format, weight, n, k): (Format, NonNull<[u8]>, usize, usize),
     out: NonNull<[T]>,
     op: impl FnOnce(&PackedMatrix<'_>, &mut [T]) -> srt_kernels::Result<()> + Send,
 ) -> PyResult<()> {

@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use srt_kernels::quant::{self, Format, QuantMatrix};
 
-use crate::boundary::{bf16_bits, contiguous, overlap, Ids};
+use crate::boundary::{bf16_bits, contiguous, float_product, overlap, Ids};
 use crate::to_py_err;
 
 /// Bytes per block of the format named `fmt`: of 32 weights, or a K-quant's super-block of
@@ -34,31 +34,8 @@ fn quant_linear(
     out: PyBuffer<f32>,
 ) -> PyResult<()> {
     let format = Format::parse(fmt).map_err(to_py_err)?;
-    let input = contiguous("the input", &x, false)?;
-    let weight = contiguous("the blocks", &blocks, false)?;
-    let bias = bias
-        .as_ref()
-        .map(|b| contiguous("the bias", b, false))
-        .transpose()?;
-    let output = contiguous("the output", &out, true)?;
-    if overlap(weight, output)
-        || [Some(input), bias]
-            .into_iter()
-            .flatten()
-            .any(|s| overlap(s, output))
-    {
-        return Err(PyValueError::new_err("the output overlaps an input"));
-    }
-    // SAFETY: every buffer stays acquired until this function returns; the output overlaps
-    // none of the inputs, so the one mutable slice aliases nothing.
-    let (input, weight, bias, output) = unsafe {
-        (
-            input.as_ref(),
-            weight.as_ref(),
-            bias.map(|b| b.as_ref()),
-            &mut *output.as_ptr(),
-        )
-    };
+    let (input, weight, bias, output) =
+        float_product(&x, ("the blocks", &blocks), bias.as_ref(), &out)?;
     let matrix = QuantMatrix::new(format, weight, n, k).map_err(to_py_err)?;
     py.detach(|| quant::linear(&matrix, input, m, bias, output))
         .map_err(to_py_err)

@@ -55,6 +55,8 @@ use crate::Result;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(test)]
+mod fixtures;
 #[cfg(target_arch = "x86_64")]
 mod k_avx2;
 #[cfg(target_arch = "x86_64")]
@@ -140,11 +142,15 @@ impl PackedKernel {
     }
 }
 
-/// One product, shared read-only by the threads; each writes only the tiles it claims.
+/// One product, shared read-only by the threads; each writes only the outputs it claims. Both
+/// roundings of the activations take it: the split kernels (`linear_packed`) read `whole` and
+/// `rest`, the one-int8 kernels (`linear_packed_one_int8`) `whole` alone.
 pub(crate) struct Job<T> {
     pub(crate) format: Format,
-    pub(crate) high: *const i8,
-    pub(crate) low: *const i8,
+    /// `[m, k]` parts `a` of the activations (`RoundedRows::whole`).
+    pub(crate) whole: *const i8,
+    /// `[m, k]` parts `b` of the split rounding (`RoundedRows::rest`), else empty.
+    pub(crate) rest: *const i8,
     pub(crate) units: *const f32,
     pub(crate) totals: *const i32,
     pub(crate) sums: *const f32,
@@ -158,10 +164,106 @@ pub(crate) struct Job<T> {
     pub(crate) in_features: usize,
 }
 
-// SAFETY: the pointers come from buffers that outlive the parallel region (`linear_packed`
-// returns after it), the inputs are only read, and threads write the columns of disjoint
-// tiles, each tile claimed by exactly one thread through an atomic counter.
+// SAFETY: the pointers come from buffers that outlive the parallel region (`linear_packed` and
+// `linear_packed_one_int8` return after it), the inputs are only read, and threads write the
+// outputs of disjoint work items, each claimed by exactly one thread through an atomic counter.
 unsafe impl<T> Sync for Job<T> {}
+
+impl<T> Job<T> {
+    /// The product of `weight` by the `m` rounded rows `rows` into `out`, with Q6_K's
+    /// `first_halves` (else empty), its lengths checked by `check_product`.
+    fn new(
+        weight: &PackedMatrix<'_>,
+        rows: &RoundedRows,
+        first_halves: &[i32],
+        bias: Option<&[f32]>,
+        out: &mut [T],
+        m: usize,
+    ) -> Self {
+        Job {
+            format: weight.format,
+            whole: rows.whole.as_ptr(),
+            rest: rows.rest.as_ptr(),
+            units: rows.units.as_ptr(),
+            totals: rows.totals.as_ptr(),
+            sums: rows.sums.as_ptr(),
+            first_halves: first_halves.as_ptr(),
+            weight: weight.bytes.as_ptr(),
+            bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
+            out: out.as_mut_ptr(),
+            m,
+            out_features: weight.out_features,
+            in_features: weight.in_features,
+        }
+    }
+
+    /// Blocks of 32 per row, bytes per tile block, and where a tile block's scales start.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) fn tile_geometry(&self) -> (usize, usize, usize) {
+        let format = self.format;
+        let blocks = self.in_features / BLOCK;
+        (blocks, tile_block_bytes(format), values_bytes(format))
+    }
+
+    /// The inputs as slices, for the portable kernels.
+    ///
+    /// # Safety
+    /// The job's lengths are checked (`check_product`).
+    unsafe fn inputs(&self) -> Inputs<'_> {
+        let (m, n, k) = (self.m, self.out_features, self.in_features);
+        let blocks = k / BLOCK;
+        // SAFETY: the caller's promise; these slices cover exactly the buffers, only read.
+        unsafe {
+            Inputs {
+                whole: std::slice::from_raw_parts(self.whole, m * k),
+                units: std::slice::from_raw_parts(self.units, m * blocks),
+                totals: std::slice::from_raw_parts(self.totals, m * blocks),
+                sums: std::slice::from_raw_parts(self.sums, m * blocks),
+                weight: PackedMatrix {
+                    format: self.format,
+                    bytes: std::slice::from_raw_parts(
+                        self.weight,
+                        n.div_ceil(TILE)
+                            * (k / self.format.block_weights())
+                            * tile_block_bytes(self.format),
+                    ),
+                    out_features: n,
+                    in_features: k,
+                },
+            }
+        }
+    }
+
+    /// The output tiles.
+    fn tiles(&self) -> usize {
+        self.out_features.div_ceil(TILE)
+    }
+
+    /// The threads the product runs on: the process's OpenMP threads from `PARALLEL_MIN_WORK`
+    /// multiply-adds, the calling thread alone below.
+    fn threads(&self) -> usize {
+        let work = self
+            .m
+            .saturating_mul(self.out_features)
+            .saturating_mul(self.in_features);
+        if work >= PARALLEL_MIN_WORK {
+            parallel::max_threads()
+        } else {
+            1
+        }
+    }
+}
+
+/// A job's inputs as slices, for the portable kernels: all but the split rounding's `rest` and
+/// Q6_K's `first_halves`, which only some jobs hold.
+struct Inputs<'a> {
+    whole: &'a [i8],
+    units: &'a [f32],
+    totals: &'a [i32],
+    sums: &'a [f32],
+    weight: PackedMatrix<'a>,
+}
 
 /// `out[m, n] = x[m, k] · Wᵀ + bias` on the packed weight, `x` and `out` float32 or bf16,
 /// with `kernel`, on the process's OpenMP threads.
@@ -177,31 +279,10 @@ pub fn linear_packed<T: Element>(
     if m == 0 {
         return Ok(());
     }
-    let (n, k) = (weight.out_features, weight.in_features);
     let rows = RoundedRows::split(x, kernel);
     let first_halves = k_kernel::first_halves(&rows, weight.format);
-    let job = Job {
-        format: weight.format,
-        high: rows.whole.as_ptr(),
-        low: rows.rest.as_ptr(),
-        units: rows.units.as_ptr(),
-        totals: rows.totals.as_ptr(),
-        sums: rows.sums.as_ptr(),
-        first_halves: first_halves.as_ptr(),
-        weight: weight.bytes.as_ptr(),
-        bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
-        out: out.as_mut_ptr(),
-        m,
-        out_features: n,
-        in_features: k,
-    };
-    let tiles = n.div_ceil(TILE);
-    let work = m.saturating_mul(n).saturating_mul(k);
-    let threads = if work >= PARALLEL_MIN_WORK {
-        parallel::max_threads()
-    } else {
-        1
-    };
+    let job = Job::new(weight, &rows, &first_halves, bias, out, m);
+    let (tiles, threads) = (job.tiles(), job.threads());
     // Tiles are claimed in chunks, so a thread slowed by a busy core takes fewer of them.
     let chunk = tiles.div_ceil(threads * 4).next_multiple_of(4);
     let next = AtomicUsize::new(0);
@@ -266,27 +347,9 @@ unsafe fn run_kernel<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: Rang
 unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
     let (m, n, k) = (job.m, job.out_features, job.in_features);
     let blocks = k / BLOCK;
-    // SAFETY: the caller guarantees the buffers' extents; these slices cover exactly them and
-    // are only read.
-    let (high, low, units, totals, sums, bytes) = unsafe {
-        (
-            std::slice::from_raw_parts(job.high, m * k),
-            std::slice::from_raw_parts(job.low, m * k),
-            std::slice::from_raw_parts(job.units, m * blocks),
-            std::slice::from_raw_parts(job.totals, m * blocks),
-            std::slice::from_raw_parts(job.sums, m * blocks),
-            std::slice::from_raw_parts(
-                job.weight,
-                n.div_ceil(TILE) * blocks * tile_block_bytes(job.format),
-            ),
-        )
-    };
-    let weight = PackedMatrix {
-        format: job.format,
-        bytes,
-        out_features: n,
-        in_features: k,
-    };
+    // SAFETY: the caller guarantees the buffers' extents, `rest`'s as the others'.
+    let (input, rest) = unsafe { (job.inputs(), std::slice::from_raw_parts(job.rest, m * k)) };
+    let (weight, bytes) = (&input.weight, input.weight.bytes);
     for column in tiles.start * TILE..(tiles.end * TILE).min(n) {
         let (t, lane) = (column / TILE, column % TILE);
         // SAFETY: the bias, when given, holds `n` floats.
@@ -298,10 +361,10 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
                 let (mut dot_high, mut dot_low) = (0i32, 0i32);
                 for i in 0..BLOCK {
                     let q = i32::from(value_at(job.format, bytes, at, lane, i));
-                    dot_high += q * i32::from(high[row * k + b * BLOCK + i]);
-                    dot_low += q * i32::from(low[row * k + b * BLOCK + i]);
+                    dot_high += q * i32::from(input.whole[row * k + b * BLOCK + i]);
+                    dot_low += q * i32::from(rest[row * k + b * BLOCK + i]);
                 }
-                let zero = zero_point(job.format) * totals[row * blocks + b];
+                let zero = zero_point(job.format) * input.totals[row * blocks + b];
                 let dot = (dot_high << 8) + dot_low - zero;
                 let scale_at = at + values_bytes(job.format);
                 let half = |offset: usize| {
@@ -311,8 +374,8 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
                     half(scale_at + 2 * lane),
                     half(scale_at + 2 * TILE + 2 * lane),
                 );
-                acc = (dot as f32).mul_add(d * units[row * blocks + b], acc);
-                acc = offset.mul_add(sums[row * blocks + b], acc);
+                acc = (dot as f32).mul_add(d * input.units[row * blocks + b], acc);
+                acc = offset.mul_add(input.sums[row * blocks + b], acc);
             }
             // SAFETY: (row, column) is inside the `m × n` output and this thread alone owns
             // the column's tile.

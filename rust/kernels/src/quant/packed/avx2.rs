@@ -17,8 +17,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::one_int8::Job as OneInt8Job;
-use super::{tile_block_bytes, values_bytes, zero_point, Job, BLOCK, TILE};
+use super::{zero_point, Job, BLOCK, TILE};
 use crate::element::Element;
 use crate::isa::{Avx2, AvxVnni};
 use crate::quant::Format;
@@ -232,19 +231,17 @@ fn half_columns(tile: usize, half: usize, n: usize) -> Option<(usize, usize)> {
     (column < n).then(|| (column, HALF.min(n - column)))
 }
 
-/// A product computed half tile by half tile, `R` rows at a time: `linear_packed`'s (`Job`,
-/// two int8 parts) or `linear_packed_one_int8`'s (`OneInt8Job`, one).
-trait HalfTiles {
-    /// Output columns.
-    fn columns(&self) -> usize;
+/// How a product's activations meet a half tile: split into two int8 parts (`Split`,
+/// `linear_packed`) or rounded to one (`OneInt8`, `linear_packed_one_int8`).
+trait Parts {
     /// Output rows `row..row + R` of half `half` of tile `tile` (columns `column..column +
-    /// width`).
+    /// width`) of `job`.
     ///
     /// # Safety
     /// The rows and the tile lie inside the job and the calling thread's share; the CPU has
     /// AVX2, FMA and F16C.
-    unsafe fn rows<V: Values, const R: usize>(
-        &self,
+    unsafe fn rows<V: Values, T: Element, const R: usize>(
+        job: &Job<T>,
         row: usize,
         tile: usize,
         half: usize,
@@ -253,43 +250,68 @@ trait HalfTiles {
     );
 }
 
-impl<T: Element> HalfTiles for Job<T> {
-    fn columns(&self) -> usize {
-        self.out_features
-    }
+/// `linear_packed`'s activations: two int8 parts.
+struct Split;
+/// `linear_packed_one_int8`'s activations: one int8 part.
+struct OneInt8;
 
+/// A job's blocks of 32 per row, bytes per tile block, where a tile block's scales start, and
+/// the zero point its sums take off with the values `V`.
+#[inline(always)]
+fn geometry<V: Values, T>(job: &Job<T>) -> (usize, usize, usize, i32) {
+    let (blocks, stride, scales_at) = job.tile_geometry();
+    let zero = if V::SIGNED { 0 } else { zero_point(job.format) };
+    (blocks, stride, scales_at, zero)
+}
+
+/// Stores the sums `acc` of output rows `row..row + R`, columns `column..column + width`, plus
+/// the bias, as `T`.
+///
+/// # Safety
+/// The rows and columns lie inside the job's output; the CPU has AVX2.
+#[inline(always)]
+unsafe fn store_rows<T: Element, const R: usize>(
+    job: &Job<T>,
+    acc: &[__m256; R],
+    row: usize,
+    column: usize,
+    width: usize,
+) {
+    for (r, acc) in acc.iter().enumerate() {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let target = job.out.add((row + r) * job.out_features + column);
+            store(*acc, job.bias, column, target, width);
+        }
+    }
+}
+
+impl Parts for Split {
     #[inline(always)]
-    unsafe fn rows<V: Values, const R: usize>(
-        &self,
+    unsafe fn rows<V: Values, T: Element, const R: usize>(
+        job: &Job<T>,
         row: usize,
         tile: usize,
         half: usize,
         column: usize,
         width: usize,
     ) {
-        let k = self.in_features;
-        let blocks = k / BLOCK;
-        let stride = tile_block_bytes(self.format);
-        let scales_at = values_bytes(self.format);
-        let zero = if V::SIGNED {
-            0
-        } else {
-            zero_point(self.format)
-        };
+        let k = job.in_features;
+        let (blocks, stride, scales_at, zero) = geometry::<V, T>(job);
         // SAFETY: the caller keeps rows and the tile inside the job, so every offset below stays
         // inside the buffers `Job` describes; loads are unaligned ones.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); R];
             for b in 0..blocks {
-                let base = self.weight.add((tile * blocks + b) * stride);
+                let base = job.weight.add((tile * blocks + b) * stride);
                 let mut high = [_mm256_setzero_si256(); R];
                 let mut low = [_mm256_setzero_si256(); R];
                 for h in 0..4 {
                     let w = V::groups(base, h, half);
                     for r in 0..R {
                         let at = (row + r) * k + b * BLOCK + 4 * h;
-                        let (a, a2) = (four(self.high.add(at)), four(self.high.add(at + 16)));
-                        let (c, c2) = (four(self.low.add(at)), four(self.low.add(at + 16)));
+                        let (a, a2) = (four(job.whole.add(at)), four(job.whole.add(at + 16)));
+                        let (c, c2) = (four(job.rest.add(at)), four(job.rest.add(at + 16)));
                         high[r] = V::add(V::add(high[r], w[0], a), w[1], a2);
                         low[r] = V::add(V::add(low[r], w[0], c), w[1], c2);
                     }
@@ -298,9 +320,9 @@ impl<T: Element> HalfTiles for Job<T> {
                 let m = halves(base.add(scales_at + 2 * TILE + 2 * HALF * half));
                 for r in 0..R {
                     let at = (row + r) * blocks + b;
-                    let unit = _mm256_set1_ps(*self.units.add(at));
-                    let sum = _mm256_set1_ps(*self.sums.add(at));
-                    let offset = _mm256_set1_epi32(zero * *self.totals.add(at));
+                    let unit = _mm256_set1_ps(*job.units.add(at));
+                    let sum = _mm256_set1_ps(*job.sums.add(at));
+                    let offset = _mm256_set1_epi32(zero * *job.totals.add(at));
                     let whole = _mm256_slli_epi32::<8>(V::widen(high[r]));
                     let dot = _mm256_sub_epi32(_mm256_add_epi32(whole, V::widen(low[r])), offset);
                     let scaled =
@@ -308,61 +330,47 @@ impl<T: Element> HalfTiles for Job<T> {
                     acc[r] = _mm256_fmadd_ps(m, sum, scaled);
                 }
             }
-            for (r, acc) in acc.iter().enumerate() {
-                let target = self.out.add((row + r) * self.out_features + column);
-                store(*acc, self.bias, column, target, width);
-            }
+            store_rows(job, &acc, row, column, width);
         }
     }
 }
 
-impl<T: Element> HalfTiles for OneInt8Job<T> {
-    fn columns(&self) -> usize {
-        self.out_features
-    }
-
+impl Parts for OneInt8 {
     #[inline(always)]
-    unsafe fn rows<V: Values, const R: usize>(
-        &self,
+    unsafe fn rows<V: Values, T: Element, const R: usize>(
+        job: &Job<T>,
         row: usize,
         tile: usize,
         half: usize,
         column: usize,
         width: usize,
     ) {
-        let k = self.in_features;
-        let blocks = k / BLOCK;
-        let stride = tile_block_bytes(self.format);
-        let scales_at = values_bytes(self.format);
-        let zero = if V::SIGNED {
-            0
-        } else {
-            zero_point(self.format)
-        };
-        let offsets = self.format == Format::Q4_1;
+        let k = job.in_features;
+        let (blocks, stride, scales_at, zero) = geometry::<V, T>(job);
+        let offsets = job.format == Format::Q4_1;
         // SAFETY: the caller keeps rows and the tile inside the job, so every offset below stays
-        // inside the buffers `OneInt8Job` describes; loads are unaligned ones.
+        // inside the buffers `Job` describes; loads are unaligned ones.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); R];
             for b in 0..blocks {
-                let base = self.weight.add((tile * blocks + b) * stride);
-                self.prefetch_tile_block(tile + 1, b);
+                let base = job.weight.add((tile * blocks + b) * stride);
+                job.prefetch_tile_block(tile + 1, b);
                 let mut dot = [_mm256_setzero_si256(); R];
                 for h in 0..4 {
                     let w = V::groups(base, h, half);
                     for (r, dot) in dot.iter_mut().enumerate() {
-                        let at = self.values.add((row + r) * k + b * BLOCK + 4 * h);
+                        let at = job.whole.add((row + r) * k + b * BLOCK + 4 * h);
                         *dot = V::add(V::add(*dot, w[0], four(at)), w[1], four(at.add(16)));
                     }
                 }
                 let d = halves(base.add(scales_at + 2 * HALF * half));
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let at = (row + r) * blocks + b;
-                    let unit = _mm256_set1_ps(*self.units.add(at));
+                    let unit = _mm256_set1_ps(*job.units.add(at));
                     let mut whole = V::widen(dot[r]);
                     if zero != 0 {
                         whole =
-                            _mm256_sub_epi32(whole, _mm256_set1_epi32(zero * *self.totals.add(at)));
+                            _mm256_sub_epi32(whole, _mm256_set1_epi32(zero * *job.totals.add(at)));
                     }
                     let scale = _mm256_mul_ps(d, unit);
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(whole), scale, *acc);
@@ -370,33 +378,50 @@ impl<T: Element> HalfTiles for OneInt8Job<T> {
                 if offsets {
                     let m = halves(base.add(scales_at + 2 * TILE + 2 * HALF * half));
                     for (r, acc) in acc.iter_mut().enumerate() {
-                        let sum = _mm256_set1_ps(*self.sums.add((row + r) * blocks + b));
+                        let sum = _mm256_set1_ps(*job.sums.add((row + r) * blocks + b));
                         *acc = _mm256_fmadd_ps(m, sum, *acc);
                     }
                 }
             }
-            for (r, acc) in acc.iter().enumerate() {
-                let target = self.out.add((row + r) * self.out_features + column);
-                store(*acc, self.bias, column, target, width);
+            store_rows(job, &acc, row, column, width);
+        }
+    }
+}
+
+/// Rows `rows` of every half tile of `tiles` of `job`, `TILE_ROWS` rows at a time, the values
+/// `Q8` for Q8_0 and `Q4` for Q4_0 and Q4_1.
+///
+/// # Safety
+/// The rows and tiles lie inside the job and are the calling thread's; the CPU has AVX2, FMA
+/// and F16C, and `Q8`'s and `Q4`'s instructions.
+#[inline(always)]
+unsafe fn each_half_tile<Q8: Values, Q4: Values, P: Parts, T: Element>(
+    job: &Job<T>,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+) {
+    // SAFETY: forwarded; each format's values match `job.format`.
+    unsafe {
+        match job.format {
+            Format::Q8_0 => half_tiles_as::<Q8, P, T>(job, rows, tiles),
+            Format::Q4_0 | Format::Q4_1 => half_tiles_as::<Q4, P, T>(job, rows, tiles),
+            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
             }
         }
     }
 }
 
-/// Rows `rows` of every half tile of `tiles` of `job`, `TILE_ROWS` rows at a time.
-///
-/// # Safety
-/// The rows and tiles lie inside the job and are the calling thread's; the CPU has AVX2, FMA
-/// and F16C.
+/// `each_half_tile` with the values `V`.
 #[inline(always)]
-unsafe fn each_half_tile<V: Values, J: HalfTiles>(
-    job: &J,
+unsafe fn half_tiles_as<V: Values, P: Parts, T: Element>(
+    job: &Job<T>,
     rows: Range<usize>,
     tiles: Range<usize>,
 ) {
     for tile in tiles {
         for half in 0..2 {
-            let Some((column, width)) = half_columns(tile, half, job.columns()) else {
+            let Some((column, width)) = half_columns(tile, half, job.out_features) else {
                 continue;
             };
             let mut row = rows.start;
@@ -405,10 +430,10 @@ unsafe fn each_half_tile<V: Values, J: HalfTiles>(
                 // SAFETY: rows `row..row + count` and the tile lie inside the caller's share.
                 unsafe {
                     match count {
-                        1 => job.rows::<V, 1>(row, tile, half, column, width),
-                        2 => job.rows::<V, 2>(row, tile, half, column, width),
-                        3 => job.rows::<V, 3>(row, tile, half, column, width),
-                        _ => job.rows::<V, 4>(row, tile, half, column, width),
+                        1 => P::rows::<V, T, 1>(job, row, tile, half, column, width),
+                        2 => P::rows::<V, T, 2>(job, row, tile, half, column, width),
+                        3 => P::rows::<V, T, 3>(job, row, tile, half, column, width),
+                        _ => P::rows::<V, T, 4>(job, row, tile, half, column, width),
                     }
                 }
                 row += count;
@@ -420,19 +445,12 @@ unsafe fn each_half_tile<V: Values, J: HalfTiles>(
 /// `linear_packed`'s tiles `tiles` for every row of `job`.
 ///
 /// # Safety
-/// `job`'s pointers hold what `Job` says (checked by `linear_packed`); no other thread writes these tiles.
+/// `job`'s pointers hold what `Job` says (checked by `linear_packed`); no other thread writes
+/// these tiles.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn run<T: Element>(_: Avx2, job: &Job<T>, tiles: Range<usize>) {
-    // SAFETY: forwarded; each format's values match `job.format`.
-    unsafe {
-        match job.format {
-            Format::Q8_0 => each_half_tile::<Bytes, _>(job, 0..job.m, tiles),
-            Format::Q4_0 | Format::Q4_1 => each_half_tile::<Nibbles, _>(job, 0..job.m, tiles),
-            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
-                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
-            }
-        }
-    }
+    // SAFETY: forwarded.
+    unsafe { each_half_tile::<Bytes, Nibbles, Split, T>(job, 0..job.m, tiles) }
 }
 
 /// `run` with AVX-VNNI's products.
@@ -441,39 +459,24 @@ pub(super) unsafe fn run<T: Element>(_: Avx2, job: &Job<T>, tiles: Range<usize>)
 /// As `run`.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub(super) unsafe fn run_vnni<T: Element>(_: AvxVnni, job: &Job<T>, tiles: Range<usize>) {
-    // SAFETY: forwarded; each format's values match `job.format`.
-    unsafe {
-        match job.format {
-            Format::Q8_0 => each_half_tile::<Dot<false>, _>(job, 0..job.m, tiles),
-            Format::Q4_0 | Format::Q4_1 => each_half_tile::<Dot<true>, _>(job, 0..job.m, tiles),
-            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
-                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
-            }
-        }
-    }
+    // SAFETY: forwarded.
+    unsafe { each_half_tile::<Dot<false>, Dot<true>, Split, T>(job, 0..job.m, tiles) }
 }
 
 /// `linear_packed_one_int8`'s rows `rows` × tiles `tiles` of `job`.
 ///
 /// # Safety
-/// `job`'s pointers hold what `Job` says (checked by `linear_packed_one_int8`); no other thread writes these outputs.
+/// `job`'s pointers hold what `Job` says (checked by `linear_packed_one_int8`); no other thread
+/// writes these outputs.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn run_one_int8<T: Element>(
     _: Avx2,
-    job: &OneInt8Job<T>,
+    job: &Job<T>,
     rows: Range<usize>,
     tiles: Range<usize>,
 ) {
-    // SAFETY: forwarded; each format's values match `job.format`.
-    unsafe {
-        match job.format {
-            Format::Q8_0 => each_half_tile::<Bytes, _>(job, rows, tiles),
-            Format::Q4_0 | Format::Q4_1 => each_half_tile::<Nibbles, _>(job, rows, tiles),
-            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
-                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
-            }
-        }
-    }
+    // SAFETY: forwarded.
+    unsafe { each_half_tile::<Bytes, Nibbles, OneInt8, T>(job, rows, tiles) }
 }
 
 /// `run_one_int8` with AVX-VNNI's products.
@@ -483,18 +486,10 @@ pub(super) unsafe fn run_one_int8<T: Element>(
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub(super) unsafe fn run_one_int8_vnni<T: Element>(
     _: AvxVnni,
-    job: &OneInt8Job<T>,
+    job: &Job<T>,
     rows: Range<usize>,
     tiles: Range<usize>,
 ) {
-    // SAFETY: forwarded; each format's values match `job.format`.
-    unsafe {
-        match job.format {
-            Format::Q8_0 => each_half_tile::<Dot<false>, _>(job, rows, tiles),
-            Format::Q4_0 | Format::Q4_1 => each_half_tile::<Dot<true>, _>(job, rows, tiles),
-            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
-                unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
-            }
-        }
-    }
+    // SAFETY: forwarded.
+    unsafe { each_half_tile::<Dot<false>, Dot<true>, OneInt8, T>(job, rows, tiles) }
 }

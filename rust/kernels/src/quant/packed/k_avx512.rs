@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use super::k_layout::{halves_at, mins_at, scales_at};
 use super::k_simd::{self, KFormat, Lanes, Q4K, Q5K, Q6K};
-use super::vnni::{bias_lanes, store};
+use super::vnni::{bias_lanes, store, transposed};
 use super::{Job, PackedMatrix, TILE};
 use crate::element::Element;
 use crate::isa::Avx512Vnni;
@@ -175,7 +175,7 @@ impl Lanes for Avx512Vnni {
 
 /// `layout::transpose_tile` for a K-quant's tile: each group of four weights of the tile's 16
 /// columns (`KFormat::groups`, as the product reads them) transposed in registers into four
-/// rows of 16 as `vnni::transpose_tile` does, then widened to floats and scaled as
+/// rows of 16 (`vnni::transposed`), then widened to floats and scaled as
 /// `k_blocks::weight` scales one weight (`(d·sc)·q - dmin·m`, or Q6_K's `(d·sc)·(q - 32)`,
 /// each operation rounded as written).
 ///
@@ -214,13 +214,6 @@ unsafe fn transpose_as<F: KFormat, T: Element>(
     // written is below `in_features` and `store` writes `width` columns from `16t`, inside
     // `out`.
     unsafe {
-        // As in `vnni::transpose_as`: within each 128-bit lane, bytes by weight then column;
-        // then the lanes' dwords by weight, so that 128-bit lane `i` holds weight `i` of 16
-        // columns.
-        let by_weight = _mm512_broadcast_i32x4(_mm_setr_epi8(
-            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
-        ));
-        let by_lane = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         for s in 0..weight.in_features / SUPER_BLOCK {
             let at = weight.bytes.as_ptr().add(weight.tile_block(t, s));
             let d = cpu.halves(at.add(halves_at(format)));
@@ -242,20 +235,9 @@ unsafe fn transpose_as<F: KFormat, T: Element>(
                         let used = if F::PARTS == 1 { 2 } else { 1 };
                         let groups = F::groups(cpu, at, j, h, p, 0);
                         for (g, group) in groups.into_iter().enumerate().take(used) {
-                            let rows = _mm512_permutexvar_epi32(
-                                by_lane,
-                                _mm512_shuffle_epi8(group, by_weight),
-                            );
                             // Group `h + 4g` of a sub-block of 32, or Q6_K's `h + 4p`.
                             let first = s * SUPER_BLOCK + BLOCK * j + 4 * (h + 4 * (g + p));
-                            for i in 0..4 {
-                                let bytes = match i {
-                                    0 => _mm512_extracti32x4_epi32::<0>(rows),
-                                    1 => _mm512_extracti32x4_epi32::<1>(rows),
-                                    2 => _mm512_extracti32x4_epi32::<2>(rows),
-                                    _ => _mm512_extracti32x4_epi32::<3>(rows),
-                                };
-                                let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+                            for (i, q) in transposed(group).into_iter().enumerate() {
                                 let value = if F::MINS {
                                     _mm512_sub_ps(_mm512_mul_ps(scale, q), min)
                                 } else {

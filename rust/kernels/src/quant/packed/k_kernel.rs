@@ -25,7 +25,7 @@ use std::ops::Range;
 
 use super::k_layout::{halves, scale_min, value_at};
 use super::rounding::RoundedRows;
-use super::{Job, PackedKernel, PackedMatrix, TILE};
+use super::{Job, PackedKernel, TILE};
 use crate::element::Element;
 use crate::quant::{Format, BLOCK, SUPER_BLOCK};
 
@@ -84,38 +84,26 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
     } else {
         0
     };
-    // SAFETY: the caller guarantees the buffers' extents; these slices cover exactly them and
-    // are only read.
-    let (high, low, units, totals, sums, first, bytes) = unsafe {
+    // SAFETY: the caller guarantees the buffers' extents, `rest`'s and `first_halves`' as the
+    // others'.
+    let (input, rest, first) = unsafe {
         (
-            std::slice::from_raw_parts(job.high, m * k),
-            std::slice::from_raw_parts(job.low, m * k),
-            std::slice::from_raw_parts(job.units, m * blocks),
-            std::slice::from_raw_parts(job.totals, m * blocks),
-            std::slice::from_raw_parts(job.sums, m * blocks),
+            job.inputs(),
+            std::slice::from_raw_parts(job.rest, m * k),
             std::slice::from_raw_parts(job.first_halves, halves_len),
-            std::slice::from_raw_parts(
-                job.weight,
-                n.div_ceil(TILE) * (k / SUPER_BLOCK) * super::tile_block_bytes(format),
-            ),
         )
     };
-    let weight = PackedMatrix {
-        format,
-        bytes,
-        out_features: n,
-        in_features: k,
-    };
+    let (weight, bytes) = (&input.weight, input.weight.bytes);
     // The integer sums of `256a + b` times the values `i` of column `lane` of the tile
     // super-block at `at`.
     let dot = |row: usize, b: usize, at: usize, lane: usize, i: Range<usize>| {
-        let (mut whole, mut rest) = (0i32, 0i32);
+        let (mut high, mut low) = (0i32, 0i32);
         for i in i {
             let q = i32::from(value_at(format, bytes, at, lane, (b % 8) * BLOCK + i));
-            whole += q * i32::from(high[row * k + b * BLOCK + i]);
-            rest += q * i32::from(low[row * k + b * BLOCK + i]);
+            high += q * i32::from(input.whole[row * k + b * BLOCK + i]);
+            low += q * i32::from(rest[row * k + b * BLOCK + i]);
         }
-        (whole << 8) + rest
+        (high << 8) + low
     };
     for column in tiles.start * TILE..(tiles.end * TILE).min(n) {
         let (t, lane) = (column / TILE, column % TILE);
@@ -127,12 +115,13 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
                 let at = weight.tile_block(t, s);
                 let (d, dmin) = halves(format, bytes, at, lane);
                 for b in 8 * s..8 * s + 8 {
-                    let unit = units[row * blocks + b];
+                    let unit = input.units[row * blocks + b];
                     if format == Format::Q6_K {
                         let first_half = first[row * blocks + b];
-                        for (p, total) in
-                            [(0, first_half), (1, totals[row * blocks + b] - first_half)]
-                        {
+                        for (p, total) in [
+                            (0, first_half),
+                            (1, input.totals[row * blocks + b] - first_half),
+                        ] {
                             let (sc, _) = scale_min(format, bytes, at, lane, 2 * (b % 8) + p);
                             let sum = dot(row, b, at, lane, 16 * p..16 * p + 16) - 32 * total;
                             acc = (sum as f32).mul_add((d * f32::from(sc)) * unit, acc);
@@ -141,7 +130,7 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
                         let (sc, m) = scale_min(format, bytes, at, lane, b % 8);
                         let sum = dot(row, b, at, lane, 0..BLOCK);
                         acc = (sum as f32).mul_add((d * f32::from(sc)) * unit, acc);
-                        acc = (-(dmin * f32::from(m))).mul_add(sums[row * blocks + b], acc);
+                        acc = (-(dmin * f32::from(m))).mul_add(input.sums[row * blocks + b], acc);
                     }
                 }
             }

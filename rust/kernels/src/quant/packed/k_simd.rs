@@ -21,6 +21,7 @@
 use std::ops::Range;
 
 use super::k_layout::{halves_at, mins_at, plane_bytes, scales_at, NIBBLES};
+use super::vnni::even_row_tiles;
 use super::{tile_block_bytes, Job, BLOCK, TILE};
 use crate::element::Element;
 use crate::quant::{Format, SUPER_BLOCK};
@@ -262,11 +263,7 @@ pub(super) unsafe fn run<L: Lanes, F: KFormat, T: Element>(
     tiles: Range<usize>,
 ) {
     let most = if L::WIDE { 6 } else { 4 };
-    let row_tiles = job.m.div_ceil(most);
-    // The rows are spread evenly over the row tiles (7 rows: 4 + 3, not 6 + 1).
-    let mut row = 0;
-    for row_tile in 0..row_tiles {
-        let rows = (job.m - row).div_ceil(row_tiles - row_tile);
+    for (row, rows) in even_row_tiles(job.m, most) {
         // SAFETY: rows `row..row + rows` and `tiles` lie inside the job and this thread's
         // share, as the caller guarantees.
         unsafe {
@@ -283,7 +280,6 @@ pub(super) unsafe fn run<L: Lanes, F: KFormat, T: Element>(
                 (false, _) => span::<L, F, T, 4, 1>(isa, job, row, tiles.clone()),
             }
         }
-        row += rows;
     }
 }
 
@@ -357,7 +353,7 @@ unsafe fn rows<L: Lanes, F: KFormat, T: Element, const R: usize, const N: usize>
                         }
                         for r in 0..R {
                             let at = (row + r) * k + b * BLOCK + 4 * h + 16 * p;
-                            let (a, c) = (job.high.add(at), job.low.add(at));
+                            let (a, c) = (job.whole.add(at), job.rest.add(at));
                             for t in 0..N {
                                 high[r][t] = isa.dot(high[r][t], w[t][0], a);
                                 low[r][t] = isa.dot(low[r][t], w[t][0], c);

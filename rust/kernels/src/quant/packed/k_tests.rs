@@ -1,14 +1,16 @@
-//! Unit tests of the K-quants' tiles and kernels (`k_layout.rs`, `k_kernel.rs`): the layout
-//! against the super-blocks it came from, its size against the file's, the portable kernel
-//! against a float64 product within the bound that rounding the activations allows, and every
-//! tier against the portable kernel bit for bit.
+//! Unit tests of the K-quants' tiles and kernels (`k_layout.rs`, `k_kernel.rs`): the layout's
+//! size against the file's (its weights against the super-blocks' are `tests.rs`'s), the
+//! portable kernel against a float64 product within the bound that rounding the activations
+//! allows, and every tier against the portable kernel bit for bit.
 
-use super::tests::{packed, product, transposed_equals};
+use super::fixtures::{
+    every_kernel_equals_the_portable_one, exact, misses, only_the_non_finite_rows_are_nan,
+    Rounding, Tiled,
+};
 use super::*;
-use crate::element::Bf16;
 use crate::quant::tests::{blocks, dequantized, scale_at, K_FORMATS};
-use crate::quant::{dequantize_rows, QuantMatrix, SUPER_BLOCK};
 use crate::quant::{f16_to_f32, k_blocks};
+use crate::quant::{QuantMatrix, SUPER_BLOCK};
 use crate::test_values::values;
 
 /// Random blocks of `format` whose super-block `nan` (if any) has a NaN scale `d`.
@@ -19,46 +21,6 @@ fn k_blocks_with(format: Format, n: usize, k: usize, seed: u64, nan: Option<usiz
         data[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
     }
     data
-}
-
-#[test]
-fn the_packed_weight_dequantizes_to_the_super_blocks_weights_bit_for_bit() {
-    for format in K_FORMATS {
-        for (n, k) in [(1, 256), (16, 512), (37, 768), (70, 256)] {
-            let mut data = blocks(format, n, k, 41);
-            // Scales at the edges of half precision: subnormal, largest, infinite, NaN.
-            for (row, half) in [0x0001u16, 0x7bff, 0x7c00, 0x7e00]
-                .iter()
-                .enumerate()
-                .take(n)
-            {
-                let at = row * k / SUPER_BLOCK * format.block_bytes() + scale_at(format);
-                data[at..at + 2].copy_from_slice(&half.to_le_bytes());
-            }
-            let weight = QuantMatrix::new(format, &data, n, k).unwrap();
-            let bytes = packed(&weight);
-            let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
-            let mut all = vec![f32::NAN; n * k];
-            dequantize_packed(&tiles, None, &mut all).unwrap();
-            let want = dequantized(&weight);
-            assert!(
-                all.iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{format:?} [{n}, {k}]"
-            );
-            transposed_equals(&tiles, &all);
-            let mut halves = vec![Bf16::default(); n * k];
-            dequantize_packed(&tiles, None, &mut halves).unwrap();
-            transposed_equals(&tiles, &halves);
-            let ids = [n as u32 - 1, 0, (n / 2) as u32, 0];
-            let mut rows = vec![Bf16::default(); ids.len() * k];
-            dequantize_packed(&tiles, Some(&ids), &mut rows).unwrap();
-            let mut expected = vec![Bf16::default(); ids.len() * k];
-            dequantize_rows(&weight, &ids, &mut expected).unwrap();
-            assert_eq!(rows, expected, "{format:?} [{n}, {k}] rows");
-        }
-    }
 }
 
 #[test]
@@ -133,30 +95,15 @@ fn bound(x: &[f32], w: &[f32], terms: &[f64]) -> f64 {
 fn the_integer_product_is_within_the_rounding_of_the_activations() {
     for format in K_FORMATS {
         for (m, n, k) in [(1, 37, 256), (2, 1, 512), (5, 40, 768), (9, 19, 256)] {
-            let data = blocks(format, n, k, 7);
-            let weight = QuantMatrix::new(format, &data, n, k).unwrap();
-            let bytes = packed(&weight);
-            let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
+            let tiled = Tiled::random(format, n, k, 7);
+            let (tiles, weight) = (tiled.tiles(), tiled.weight());
             let (w, t) = (dequantized(&weight), terms(&weight));
             let x = values(m * k, 1);
             let bias = values(n, 3);
-            let out = product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
-            for row in 0..m {
-                for col in 0..n {
-                    let (xs, ws) = (&x[row * k..][..k], &w[col * k..][..k]);
-                    let exact: f64 = xs
-                        .iter()
-                        .zip(ws)
-                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                        .sum::<f64>()
-                        + f64::from(bias[col]);
-                    let got = f64::from(out[row * n + col]);
-                    let allowed = bound(xs, ws, &t[col * k..][..k]);
-                    assert!(
-                        (got - exact).abs() <= allowed,
-                        "{format:?} ({m}, {n}, {k}) [{row}, {col}]: {got} vs {exact}"
-                    );
-                }
+            let out = Rounding::Split.product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
+            for miss in misses(&out, &x, &w, &bias) {
+                let allowed = bound(miss.x, miss.w, &t[miss.col * k..][..k]);
+                assert!(miss.error <= allowed, "{format:?} ({m}, {n}, {k}) {miss}");
             }
         }
     }
@@ -173,35 +120,19 @@ fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_th
             (33, 256, &[1, 7][..], None),
             (4100, 256, &[2][..], None),
         ] {
-            let data = k_blocks_with(format, n, k, 23, nan);
-            let weight = QuantMatrix::new(format, &data, n, k).unwrap();
-            let bytes = packed(&weight);
-            let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
+            let tiled = Tiled::of(format, k_blocks_with(format, n, k, 23, nan), n, k);
             let bias = values(n, 2);
             for &m in rows {
                 let x = values(m * k, 29);
-                let halves: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
-                let want = product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
+                let want = every_kernel_equals_the_portable_one(
+                    Rounding::Split,
+                    &tiled.tiles(),
+                    &x,
+                    m,
+                    &bias,
+                );
                 if nan.is_some() {
                     assert!(want[40].is_nan() && want[39].is_finite(), "{format:?}");
-                }
-                let want_bf16 = product(PackedKernel::Portable, &tiles, &halves, m, None);
-                for kernel in PackedKernel::detected() {
-                    let got = product(kernel, &tiles, &x, m, Some(&bias));
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(
-                        bits(&got),
-                        bits(&want),
-                        "{kernel:?} {format:?} [{n}, {k}] rows {m}"
-                    );
-                    let got = product(kernel, &tiles, &halves, m, None);
-                    assert_eq!(got, want_bf16, "{kernel:?} {format:?} bf16 rows {m}");
-                    let alone = product(kernel, &tiles, &x[(m - 1) * k..], 1, Some(&bias));
-                    assert_eq!(
-                        bits(&want[(m - 1) * n..]),
-                        bits(&alone),
-                        "{kernel:?} {format:?}"
-                    );
                 }
             }
         }
@@ -210,23 +141,12 @@ fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_th
 
 #[test]
 fn a_non_finite_activation_makes_only_its_rows_outputs_nan() {
-    let (n, k) = (20, 512);
     for format in K_FORMATS {
-        let data = blocks(format, n, k, 9);
-        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
-        let bytes = packed(&weight);
-        let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
-        let mut x = values(3 * k, 4);
-        x[k + 300] = f32::INFINITY;
-        x[2 * k + 3] = f32::NAN;
-        for kernel in PackedKernel::detected() {
-            let out = product(kernel, &tiles, &x, 3, None);
-            assert!(
-                out[..n].iter().all(|v| v.is_finite()),
-                "{kernel:?} {format:?}"
-            );
-            assert!(out[n..].iter().all(|v| v.is_nan()), "{kernel:?} {format:?}");
-        }
+        only_the_non_finite_rows_are_nan(
+            Rounding::Split,
+            &Tiled::random(format, 20, 512, 9).tiles(),
+            300,
+        );
     }
 }
 
@@ -234,10 +154,8 @@ fn a_non_finite_activation_makes_only_its_rows_outputs_nan() {
 fn the_one_int8_path_refuses_k_quants() {
     let (n, k) = (5, 256);
     for format in K_FORMATS {
-        let data = blocks(format, n, k, 3);
-        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
-        let bytes = packed(&weight);
-        let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
+        let tiled = Tiled::random(format, n, k, 3);
+        let tiles = tiled.tiles();
         let x = vec![0.5f32; 2 * k];
         let mut out = vec![0f32; 2 * n];
         for kernel in PackedKernel::detected() {
@@ -266,16 +184,12 @@ fn the_largest_values_and_activations_stay_exact() {
                 block[2..4].copy_from_slice(&0x2000u16.to_le_bytes()); // dmin = 2⁻⁷
             }
         }
-        let weight = QuantMatrix::new(format, &data, n, k).unwrap();
-        let bytes = packed(&weight);
-        let tiles = PackedMatrix::new(format, &bytes, n, k).unwrap();
-        let w = dequantized(&weight);
+        let tiled = Tiled::of(format, data, n, k);
+        let (tiles, w) = (tiled.tiles(), dequantized(&tiled.weight()));
         let x: Vec<f32> = (0..m * k).map(|i| if i < k { 1.0 } else { -1.0 }).collect();
-        let want = product(PackedKernel::Portable, &tiles, &x, m, None);
+        let want = Rounding::Split.product(PackedKernel::Portable, &tiles, &x, m, None);
         for row in 0..m {
-            let exact: f64 = (0..k)
-                .map(|i| f64::from(x[row * k + i]) * f64::from(w[i]))
-                .sum();
+            let exact = exact(&x[row * k..][..k], &w[..k], 0.0);
             let got = f64::from(want[row * n]);
             assert!(
                 (got - exact).abs() <= 1e-5 * exact.abs(),
@@ -284,7 +198,7 @@ fn the_largest_values_and_activations_stay_exact() {
         }
         for kernel in PackedKernel::detected() {
             assert_eq!(
-                product(kernel, &tiles, &x, m, None),
+                Rounding::Split.product(kernel, &tiles, &x, m, None),
                 want,
                 "{kernel:?} {format:?}"
             );

@@ -22,9 +22,11 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::layout::{tile_block_bytes, value_at, values_bytes, zero_point};
+#[cfg(target_arch = "x86_64")]
+use super::layout::tile_block_bytes;
+use super::layout::{value_at, values_bytes, zero_point};
 use super::rounding::RoundedRows;
-use super::{check_product, PackedKernel, PackedMatrix, PARALLEL_MIN_WORK, TILE};
+use super::{check_product, Job, PackedKernel, PackedMatrix, TILE};
 use crate::element::Element;
 use crate::parallel;
 use crate::quant::{block, Format, BLOCK};
@@ -38,26 +40,6 @@ const PANEL_ROWS: usize = 60;
 const _: () = assert!(PANEL_ROWS.is_multiple_of(super::vnni_one_int8::ROWS));
 /// The most tiles of a work item.
 const CHUNK_TILES: usize = 12;
-
-/// One product, shared read-only by the threads; each writes only the work items it claims.
-pub(super) struct Job<T> {
-    pub(super) format: Format,
-    pub(super) values: *const i8,
-    pub(super) units: *const f32,
-    pub(super) totals: *const i32,
-    pub(super) sums: *const f32,
-    pub(super) weight: *const u8,
-    pub(super) bias: *const f32,
-    pub(super) out: *mut T,
-    pub(super) m: usize,
-    pub(super) out_features: usize,
-    pub(super) in_features: usize,
-}
-
-// SAFETY: the pointers come from buffers that outlive the parallel region
-// (`linear_packed_one_int8` returns after it), the inputs are only read, and threads write the
-// outputs of disjoint (rows, tiles) items, each claimed by exactly one thread.
-unsafe impl<T> Sync for Job<T> {}
 
 #[cfg(target_arch = "x86_64")]
 impl<T> Job<T> {
@@ -108,27 +90,9 @@ pub fn linear_packed_one_int8<T: Element>(
     if m == 0 {
         return Ok(());
     }
-    let (n, k) = (weight.out_features, weight.in_features);
     let rows = RoundedRows::one_int8(x, kernel);
-    let job = Job {
-        format: weight.format,
-        values: rows.whole.as_ptr(),
-        units: rows.units.as_ptr(),
-        totals: rows.totals.as_ptr(),
-        sums: rows.sums.as_ptr(),
-        weight: weight.bytes.as_ptr(),
-        bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
-        out: out.as_mut_ptr(),
-        m,
-        out_features: n,
-        in_features: k,
-    };
-    let tiles = n.div_ceil(TILE);
-    let threads = if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_WORK {
-        parallel::max_threads()
-    } else {
-        1
-    };
+    let job = Job::new(weight, &rows, &[], bias, out, m);
+    let (tiles, threads) = (job.tiles(), job.threads());
     let panels = m.div_ceil(PANEL_ROWS);
     // About four items per thread at least, so that a thread slowed by a busy core takes fewer.
     let chunk = tiles
@@ -175,28 +139,11 @@ pub fn linear_packed_one_int8<T: Element>(
 /// # Safety
 /// `job`'s lengths are checked; no other thread writes the outputs of `rows` × `tiles`.
 unsafe fn run_portable<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Range<usize>) {
-    let (m, n, k) = (job.m, job.out_features, job.in_features);
+    let (n, k) = (job.out_features, job.in_features);
     let blocks = k / BLOCK;
-    // SAFETY: `linear_packed_one_int8` checked the buffers' extents; these slices cover
-    // exactly them and are only read.
-    let (values, units, totals, sums, bytes) = unsafe {
-        (
-            std::slice::from_raw_parts(job.values, m * k),
-            std::slice::from_raw_parts(job.units, m * blocks),
-            std::slice::from_raw_parts(job.totals, m * blocks),
-            std::slice::from_raw_parts(job.sums, m * blocks),
-            std::slice::from_raw_parts(
-                job.weight,
-                n.div_ceil(TILE) * blocks * tile_block_bytes(job.format),
-            ),
-        )
-    };
-    let weight = PackedMatrix {
-        format: job.format,
-        bytes,
-        out_features: n,
-        in_features: k,
-    };
+    // SAFETY: `linear_packed_one_int8` checked the buffers' extents.
+    let input = unsafe { job.inputs() };
+    let (weight, bytes) = (&input.weight, input.weight.bytes);
     let half = |at: usize| block::f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]));
     for column in tiles.start * TILE..(tiles.end * TILE).min(n) {
         let (t, lane) = (column / TILE, column % TILE);
@@ -209,16 +156,16 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Rang
                 let dot: i32 = (0..BLOCK)
                     .map(|i| {
                         i32::from(value_at(job.format, bytes, at, lane, i))
-                            * i32::from(values[row * k + b * BLOCK + i])
+                            * i32::from(input.whole[row * k + b * BLOCK + i])
                     })
                     .sum();
-                let dot = dot - zero_point(job.format) * totals[row * blocks + b];
+                let dot = dot - zero_point(job.format) * input.totals[row * blocks + b];
                 let scales = at + values_bytes(job.format);
                 let d = half(scales + 2 * lane);
-                acc = (dot as f32).mul_add(d * units[row * blocks + b], acc);
+                acc = (dot as f32).mul_add(d * input.units[row * blocks + b], acc);
                 if job.format == Format::Q4_1 {
                     let offset = half(scales + 2 * TILE + 2 * lane);
-                    acc = offset.mul_add(sums[row * blocks + b], acc);
+                    acc = offset.mul_add(input.sums[row * blocks + b], acc);
                 }
             }
             // SAFETY: (row, column) is inside the `m × n` output and this thread alone owns it.

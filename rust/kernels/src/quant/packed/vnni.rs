@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{tile_block_bytes, values_bytes, zero_point, Job, PackedMatrix, BLOCK, TILE};
+use super::{values_bytes, zero_point, Job, PackedMatrix, BLOCK, TILE};
 use crate::element::Element;
 use crate::isa::{Avx512, Avx512Vnni};
 use crate::quant::avx512::bf16;
@@ -83,12 +83,8 @@ pub(super) unsafe fn run<T: Element>(_: Avx512Vnni, job: &Job<T>, tiles: Range<u
 
 #[inline(always)]
 unsafe fn run_as<V: Values, T: Element>(job: &Job<T>, tiles: Range<usize>) {
-    let row_tiles = job.m.div_ceil(TILE_ROWS);
-    // The rows are spread evenly over the row tiles (9 rows: 5 + 4, not 8 + 1), and every
-    // row tile meets the claimed tiles while their blocks are in cache.
-    let mut row = 0;
-    for row_tile in 0..row_tiles {
-        let rows = (job.m - row).div_ceil(row_tiles - row_tile);
+    // Every row tile meets the claimed tiles while their blocks are in cache.
+    for (row, rows) in even_row_tiles(job.m, TILE_ROWS) {
         // SAFETY: rows `row..row + rows` (1..=8) and `tiles` lie inside the job and this
         // thread's share, as the caller guarantees.
         unsafe {
@@ -103,8 +99,18 @@ unsafe fn run_as<V: Values, T: Element>(job: &Job<T>, tiles: Range<usize>) {
                 _ => span::<V, T, 8, 1>(job, row, tiles.clone()),
             }
         }
-        row += rows;
     }
+}
+
+/// The rows `0..m` in row tiles of at most `most` rows, spread evenly (9 rows in tiles of at
+/// most 8: 5 + 4, not 8 + 1): each row tile's first row and its rows.
+pub(super) fn even_row_tiles(m: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
+    let row_tiles = m.div_ceil(most);
+    (0..row_tiles).scan(0, move |row, row_tile| {
+        let (first, rows) = (*row, (m - *row).div_ceil(row_tiles - row_tile));
+        *row += rows;
+        Some((first, rows))
+    })
 }
 
 /// Rows `row..row + R` over `tiles`, `N` tiles at a time, the tiles short of `N` one by one.
@@ -136,17 +142,14 @@ unsafe fn block_tile<V: Values, T: Element, const R: usize, const N: usize>(
     tile: usize,
 ) {
     let k = job.in_features;
-    let blocks = k / BLOCK;
-    let stride = tile_block_bytes(job.format);
-    let scales_at = values_bytes(job.format);
+    let (blocks, stride, scales_at) = job.tile_geometry();
     // SAFETY: the caller keeps rows and tiles inside the job, so every offset below stays
     // inside the buffers `Job` describes; loads and stores are unaligned ones.
     unsafe {
         let zero = zero_point(job.format);
         let mut acc = [[_mm512_setzero_ps(); N]; R];
         for b in 0..blocks {
-            let base: [*const u8; N] =
-                std::array::from_fn(|t| job.weight.add(((tile + t) * blocks + b) * stride));
+            let base = tile_blocks::<T, N>(job, tile, b, blocks, stride);
             let mut high = [[_mm512_setzero_si512(); N]; R];
             let mut low = [[_mm512_setzero_si512(); N]; R];
             for h in 0..4 {
@@ -156,8 +159,8 @@ unsafe fn block_tile<V: Values, T: Element, const R: usize, const N: usize>(
                     let four = |part: *const i8, at: usize| {
                         _mm512_set1_epi32(part.add(at).cast::<i32>().read_unaligned())
                     };
-                    let (a, a2) = (four(job.high, at), four(job.high, at + 16));
-                    let (c, c2) = (four(job.low, at), four(job.low, at + 16));
+                    let (a, a2) = (four(job.whole, at), four(job.whole, at + 16));
+                    let (c, c2) = (four(job.rest, at), four(job.rest, at + 16));
                     for t in 0..N {
                         let sum = _mm512_dpbusd_epi32(high[r][t], w[t][0], a);
                         high[r][t] = _mm512_dpbusd_epi32(sum, w[t][1], a2);
@@ -186,15 +189,76 @@ unsafe fn block_tile<V: Values, T: Element, const R: usize, const N: usize>(
                 }
             }
         }
-        for t in 0..N {
-            let column = (tile + t) * TILE;
-            let width = TILE.min(job.out_features - column);
+        store_tiles(job, &acc, row, tile);
+    }
+}
+
+/// Block `b` of tiles `tile..tile + N` of `job`'s weight, of `blocks` blocks of `stride` bytes.
+///
+/// # Safety
+/// The tiles and the block lie inside the weight.
+#[inline(always)]
+pub(super) unsafe fn tile_blocks<T, const N: usize>(
+    job: &Job<T>,
+    tile: usize,
+    b: usize,
+    blocks: usize,
+    stride: usize,
+) -> [*const u8; N] {
+    // SAFETY: the caller's promise.
+    std::array::from_fn(|t| unsafe { job.weight.add(((tile + t) * blocks + b) * stride) })
+}
+
+/// Stores the sums `acc` of output rows `row..row + R`, tiles `tile..tile + N`, plus the bias,
+/// as `T`.
+///
+/// # Safety
+/// The rows and tiles lie inside the job's output; the CPU has AVX-512 F and BW.
+#[inline(always)]
+pub(super) unsafe fn store_tiles<T: Element, const R: usize, const N: usize>(
+    job: &Job<T>,
+    acc: &[[__m512; N]; R],
+    row: usize,
+    tile: usize,
+) {
+    for t in 0..N {
+        let column = (tile + t) * TILE;
+        let width = TILE.min(job.out_features - column);
+        // SAFETY: the caller's promise: the columns and rows lie inside the output.
+        unsafe {
             let bias = bias_lanes(job.bias, column, width);
             for (r, sums) in acc.iter().enumerate() {
                 let target = job.out.add((row + r) * job.out_features + column);
                 store(_mm512_add_ps(sums[t], bias), target, width);
             }
         }
+    }
+}
+
+/// A group of four weights of a tile's 16 columns (64 bytes, column `c`'s four at bytes
+/// `4c..4c+4`) transposed in registers into four rows of 16, as floats: row `i` holds weight `i`
+/// of every column.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW.
+#[inline(always)]
+pub(super) unsafe fn transposed(group: __m512i) -> [__m512; 4] {
+    // SAFETY: register-only AVX-512 F and BW operations, which the caller has.
+    unsafe {
+        // Within each 128-bit lane (4 columns × 4 weights), bytes by weight then column; then
+        // the lanes' dwords by weight, so that 128-bit lane `i` holds weight `i` of 16 columns.
+        let by_weight = _mm512_broadcast_i32x4(_mm_setr_epi8(
+            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+        ));
+        let by_lane = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        let rows = _mm512_permutexvar_epi32(by_lane, _mm512_shuffle_epi8(group, by_weight));
+        let float = |bytes: __m128i| _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+        [
+            float(_mm512_extracti32x4_epi32::<0>(rows)),
+            float(_mm512_extracti32x4_epi32::<1>(rows)),
+            float(_mm512_extracti32x4_epi32::<2>(rows)),
+            float(_mm512_extracti32x4_epi32::<3>(rows)),
+        ]
     }
 }
 
@@ -280,12 +344,6 @@ unsafe fn transpose_as<V: Values, T: Element, const ZERO: i32>(
     // SAFETY: every tile block read lies inside the checked packed buffer; every row written
     // is below `in_features` and `store` writes `width` columns from `16t`, inside `out`.
     unsafe {
-        // Within each 128-bit lane (4 columns × 4 weights), bytes by weight then column; then
-        // the lanes' dwords by weight, so that 128-bit lane `i` holds weight `i` of 16 columns.
-        let by_weight = _mm512_broadcast_i32x4(_mm_setr_epi8(
-            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
-        ));
-        let by_lane = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         let zero = _mm512_set1_ps(ZERO as f32);
         for b in 0..weight.in_features / BLOCK {
             let at = weight.bytes.as_ptr().add(weight.tile_block(t, b));
@@ -293,17 +351,8 @@ unsafe fn transpose_as<V: Values, T: Element, const ZERO: i32>(
             let (d, m) = (half(scales_at), half(scales_at + 32));
             for h in 0..4 {
                 for (part, group) in V::groups(at, h).into_iter().enumerate() {
-                    let rows =
-                        _mm512_permutexvar_epi32(by_lane, _mm512_shuffle_epi8(group, by_weight));
                     let first = b * BLOCK + 4 * (h + 4 * part);
-                    for i in 0..4 {
-                        let bytes = match i {
-                            0 => _mm512_extracti32x4_epi32::<0>(rows),
-                            1 => _mm512_extracti32x4_epi32::<1>(rows),
-                            2 => _mm512_extracti32x4_epi32::<2>(rows),
-                            _ => _mm512_extracti32x4_epi32::<3>(rows),
-                        };
-                        let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+                    for (i, q) in transposed(group).into_iter().enumerate() {
                         // As `layout::dequantized`: d·(q - zero) for Q4_0 and Q8_0, d·q + m for
                         // Q4_1, each rounded as written.
                         let value = if ZERO == 0 {

@@ -23,9 +23,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::one_int8::Job;
-use super::vnni::{bias_lanes, store, Bytes, Nibbles, Values};
-use super::{tile_block_bytes, values_bytes, BLOCK, TILE};
+use super::vnni::{store_tiles, tile_blocks, Bytes, Nibbles, Values};
+use super::Job;
+use super::BLOCK;
 use crate::element::Element;
 use crate::isa::Avx512Vnni;
 use crate::quant::Format;
@@ -119,16 +119,13 @@ unsafe fn micro<
     tile: usize,
 ) {
     let k = job.in_features;
-    let blocks = k / BLOCK;
-    let stride = tile_block_bytes(job.format);
-    let scales_at = values_bytes(job.format);
+    let (blocks, stride, scales_at) = job.tile_geometry();
     // SAFETY: the caller keeps rows and tiles inside the job, so every offset below stays
     // inside the buffers `Job` describes; loads and stores are unaligned ones.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); N]; R];
         for b in 0..blocks {
-            let base: [*const u8; N] =
-                std::array::from_fn(|t| job.weight.add(((tile + t) * blocks + b) * stride));
+            let base = tile_blocks::<T, N>(job, tile, b, blocks, stride);
             for t in 0..N {
                 job.prefetch_tile_block(tile + N + t, b);
             }
@@ -136,7 +133,7 @@ unsafe fn micro<
             for h in 0..4 {
                 let w: [[__m512i; 2]; N] = std::array::from_fn(|t| V::groups(base[t], h));
                 for (r, dot) in dot.iter_mut().enumerate() {
-                    let at = job.values.add((row + r) * k + b * BLOCK + 4 * h);
+                    let at = job.whole.add((row + r) * k + b * BLOCK + 4 * h);
                     let four = |at: *const i8| _mm512_set1_epi32(at.cast::<i32>().read_unaligned());
                     let (a, a2) = (four(at), four(at.add(16)));
                     for (dot, w) in dot.iter_mut().zip(&w) {
@@ -170,14 +167,6 @@ unsafe fn micro<
                 }
             }
         }
-        for t in 0..N {
-            let column = (tile + t) * TILE;
-            let width = TILE.min(job.out_features - column);
-            let bias = bias_lanes(job.bias, column, width);
-            for (r, sums) in acc.iter().enumerate() {
-                let target = job.out.add((row + r) * job.out_features + column);
-                store(_mm512_add_ps(sums[t], bias), target, width);
-            }
-        }
+        store_tiles(job, &acc, row, tile);
     }
 }
