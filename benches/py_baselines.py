@@ -9,7 +9,6 @@ of the facades in `srt.mem_cache`, so one driver runs both.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -185,14 +184,15 @@ class PyRadixCache:
 
 
 class PyFreeList:
-    """A Python free list of KV slots with the Rust allocator's checks (page size 1)."""
+    """A Python free list of KV slots with the Rust allocator's checks and order (page size 1):
+    the lowest free slots first."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.clear()
 
     def clear(self) -> None:
-        self.free_slots = deque(range(1, self.size + 1))
+        self.free_slots = list(range(1, self.size + 1))
         self.allocated = bytearray(self.size + 1)
 
     def available_size(self) -> int:
@@ -201,8 +201,8 @@ class PyFreeList:
     def alloc(self, need_size: int) -> list[int] | None:
         if need_size > len(self.free_slots):
             return None
-        popleft = self.free_slots.popleft
-        out = [popleft() for _ in range(need_size)]
+        free_slots = self.free_slots
+        out = [heapq.heappop(free_slots) for _ in range(need_size)]
         allocated = self.allocated
         for slot in out:
             allocated[slot] = 1
@@ -217,4 +217,5 @@ class PyFreeList:
             seen.add(slot)
         for slot in free_index:
             allocated[slot] = 0
-        self.free_slots.extend(free_index)
+        for slot in free_index:
+            heapq.heappush(self.free_slots, slot)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
 from array import array
-from collections import deque
 
 import pytest
 from hypothesis import settings
@@ -16,25 +16,25 @@ SIZE = 40
 
 
 class RefAllocator:
-    """FIFO free list of pages: alloc from the front, free to the back, page 0 is padding."""
+    """Free pages in a heap: alloc takes the lowest ones, page 0 is padding."""
 
     def __init__(self, size: int, page_size: int) -> None:
         self.page_size = page_size
         self.num_pages = size // page_size
-        self.free_pages = deque(range(1, self.num_pages + 1))
+        self.free_pages = list(range(1, self.num_pages + 1))
 
     def alloc(self, n: int) -> list[int] | None:
         pages = n // self.page_size
         if pages > len(self.free_pages):
             return None
-        out = [self.free_pages.popleft() for _ in range(pages)]
+        out = [heapq.heappop(self.free_pages) for _ in range(pages)]
         return [p * self.page_size + i for p in out for i in range(self.page_size)]
 
     def free(self, slots: list[int]) -> None:
         for slot in slots:
             page = slot // self.page_size
             if page not in self.free_pages:
-                self.free_pages.append(page)
+                heapq.heappush(self.free_pages, page)
 
 
 class AllocatorMachine(RuleBasedStateMachine):
