@@ -50,7 +50,7 @@ def mixed_formats(name: str) -> str | None:
     """Blocks of a different format per projection, as GGUF files mix them (the shards of a
     fused projection share theirs, else it is dequantized)."""
     if name.endswith("proj.weight"):
-        for parts, fmt in ((("q_", "k_", "v_"), "q8_0"), (("o_",), "q4_0"), (("down",), "q8_0")):
+        for parts, fmt in ((("q_", "k_", "v_"), "q8_0"), (("o_",), "q5_0"), (("down",), "q5_1")):
             if any(f".{part}" in name for part in parts):
                 return fmt
     return every_matrix("q4_1")(name)

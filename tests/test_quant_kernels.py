@@ -35,6 +35,8 @@ from srt.kernels.cpu.quant_kernels import (
 FORMATS = {
     "q4_0": GGMLQuantizationType.Q4_0,
     "q4_1": GGMLQuantizationType.Q4_1,
+    "q5_0": GGMLQuantizationType.Q5_0,
+    "q5_1": GGMLQuantizationType.Q5_1,
     "q8_0": GGMLQuantizationType.Q8_0,
 }
 
@@ -268,7 +270,7 @@ def test_bad_arguments_raise_value_error() -> None:
     x, y, y16 = np.zeros((1, 64), np.float32), np.empty((1, 8), np.float32), np.empty(8, np.int16)
     tiles = np.empty(_rust.quant_packed_len("q4_0", 8, 64), np.uint8)
     cases: list[tuple[Callable[[], object], str]] = [
-        (lambda: QuantizedWeight(blocks, "q5_0", 64), "unknown format"),
+        (lambda: QuantizedWeight(blocks, "q3_0", 64), "unknown format"),
         (lambda: QuantizedWeight(blocks, "q4_0", 96), r"\[out, 54\]"),
         (lambda: QuantizedWeight(blocks, "q4_0", 48), "multiple of 32"),
         (lambda: QuantizedWeight(blocks, "q4_k", 128), "multiple of 256"),

@@ -91,11 +91,11 @@ class ServerArgs:
         default="auto",
         metadata=_arg(
             "device and precision",
-            "Weight format. gguf: a GGUF file's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors "
-            "stay in their blocks (CPU; other types are dequantized); int8: linear weights "
-            "quantized per output channel at load (CPU, weight-only); none: every weight in "
-            "--dtype; auto: gguf for a GGUF file, else none. On CUDA weights are dequantized "
-            "to --dtype.",
+            "Weight format. gguf: a GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and "
+            "Q6_K tensors stay in their blocks (CPU; other types are dequantized); int8: "
+            "linear weights quantized per output channel at load (CPU, weight-only); none: "
+            "every weight in --dtype; auto: gguf for a GGUF file, else none. On CUDA weights "
+            "are dequantized to --dtype.",
             choices=QUANTIZATIONS,
         ),
     )

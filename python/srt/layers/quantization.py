@@ -1,8 +1,8 @@
 """Weights kept quantized in memory (`--quantization`), and what a layer multiplies them with.
 
 Two formats:
-- `gguf`: a GGUF file's Q4_0, Q4_1 and Q8_0 tensors as the file holds them, in blocks of 32
-  weights, and its K-quants (Q4_K, Q5_K, Q6_K) in super-blocks of 256
+- `gguf`: a GGUF file's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 tensors as the file holds them, in
+  blocks of 32 weights, and its K-quants (Q4_K, Q5_K, Q6_K) in super-blocks of 256
   (`quant_kernels.QuantizedWeight`, multiplied by srt's Rust kernels, which read the blocks or
   tiles repacked from them; a fused weight whose shards differ in format is one part per
   format, `quant_parts.QuantizedParts`); on CPUs with the integer kernel, products of 16 rows

@@ -3,12 +3,13 @@
 GGUF tensors are renamed to Hugging Face's names (a layer's as its model class declares them,
 `gguf_layer_names`; a name with `{expert}` is a 3-D tensor of a mixture's experts, cut into one
 tensor per expert) and dequantized with the `gguf` package, except, with `--quantization gguf`,
-the matrices of the types srt multiplies in their blocks (Q4_0, Q4_1, Q8_0, and the K-quants
-Q4_K, Q5_K, Q6_K: `quant_kernels.FORMATS`), which come as `QuantizedWeight`s holding the file's
-bytes. So a file of mixed types (llama.cpp's Q4_K_M: Q4_K and Q6_K matrices, float32 norms)
-loads with no per-tensor case in model code; the other types (Q5_0, Q2_K, Q3_K, F16, ...) are
-dequantized, said once in the log. A file holding a type the `gguf` package cannot dequantize
-either, or a tensor no model layer names, is refused before any tensor is loaded, naming them.
+the matrices of the types srt multiplies in their blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the
+K-quants Q4_K, Q5_K, Q6_K: `quant_kernels.FORMATS`), which come as `QuantizedWeight`s holding
+the file's bytes. So a file of mixed types (llama.cpp's Q4_K_M: Q4_K, Q5_0 and Q6_K matrices,
+float32 norms) loads with no per-tensor case in model code; the other types (Q2_K, Q3_K,
+F16, ...) are dequantized, said once in the log. A file holding a type the `gguf` package
+cannot dequantize either, or a tensor no model layer names, is refused before any tensor is
+loaded, naming them.
 For the Llama architecture (Mistral's files included: llama.cpp writes Mistral as Llama),
 llama.cpp's conversion permuted the rows of the q/k projections (to its interleaved rotary
 layout), which is undone here; each row of blocks is one row of weights, so the same permutation

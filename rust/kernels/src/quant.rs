@@ -1,6 +1,6 @@
 //! Linear layers and embedding lookups computed straight from GGUF's quantized blocks
-//! (Q4_0, Q4_1, Q8_0, and the K-quants Q4_K, Q5_K, Q6_K), so that a decode step reads 4.5 to
-//! 8.5 bits per weight instead of 32.
+//! (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K-quants Q4_K, Q5_K, Q6_K), so that a decode step
+//! reads 4.5 to 8.5 bits per weight instead of 32.
 //!
 //! Why: decoding on the CPU reads every weight once per step for a few rows of activations; it
 //! is bound by the bytes of weights it reads, not by arithmetic. Keeping the blocks as they are
@@ -10,7 +10,9 @@
 //! `out` rows of `in / 32` blocks, each block `Format::block_bytes` bytes: a half-precision
 //! scale `d` (Q4_1: and an offset `m`) then the quantized values; weight `j` is `d·(q-8)`
 //! (Q4_0, `q` the low nibble of byte `j` for `j < 16`, the high nibble of byte `j-16` after),
-//! `d·q + m` (Q4_1, same nibbles), `d·q` (Q8_0, `q` the signed byte `j`). The K-quants keep
+//! `d·q + m` (Q4_1, same nibbles), `d·(q-16)` and `d·q + m` (Q5_0, Q5_1: the nibble with bit
+//! `j` of a 32-bit word `qh` above it, stored after the halves), `d·q` (Q8_0, `q` the signed
+//! byte `j`). The K-quants keep
 //! super-blocks of 256 weights (`k_blocks.rs`: 8 sub-blocks of 32, or for Q6_K 16 of 16, each
 //! with small integer scales under the super-block's half-precision ones), so a K-quant
 //! weight's input width is a multiple of 256.
@@ -46,7 +48,7 @@ pub use packed::{
     packed_len, PackedKernel, PackedMatrix, TILE,
 };
 
-/// Weights per block of Q4_0, Q4_1 and Q8_0, and per block of activations that the integer
+/// Weights per block of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and per block of activations that the integer
 /// kernels round together (a K-quant's sub-block of 32 is one).
 pub const BLOCK: usize = 32;
 
@@ -65,6 +67,10 @@ pub enum Format {
     Q4_0,
     /// 4-bit values with a scale and an offset: 20 bytes per block.
     Q4_1,
+    /// 5-bit values with a scale: 22 bytes per block.
+    Q5_0,
+    /// 5-bit values with a scale and an offset: 24 bytes per block.
+    Q5_1,
     /// 8-bit values with a scale: 34 bytes per block.
     Q8_0,
     /// 4-bit values, 8 sub-blocks of 32 with 6-bit scales and mins under a half scale and min:
@@ -78,20 +84,29 @@ pub enum Format {
 }
 
 impl Format {
-    /// The format named `name` (`"q4_0"`, `"q4_1"`, `"q8_0"`, `"q4_k"`, `"q5_k"`, `"q6_k"`).
+    /// The format named `name` (`"q4_0"`, `"q4_1"`, `"q5_0"`, `"q5_1"`, `"q8_0"`, `"q4_k"`,
+    /// `"q5_k"`, `"q6_k"`).
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "q4_0" => Ok(Format::Q4_0),
             "q4_1" => Ok(Format::Q4_1),
+            "q5_0" => Ok(Format::Q5_0),
+            "q5_1" => Ok(Format::Q5_1),
             "q8_0" => Ok(Format::Q8_0),
             "q4_k" => Ok(Format::Q4_K),
             "q5_k" => Ok(Format::Q5_K),
             "q6_k" => Ok(Format::Q6_K),
             _ => Err(Error::InvalidArgument(format!(
-                "unknown quantization format {name:?} (expected q4_0, q4_1, q8_0, q4_k, q5_k \
-                 or q6_k)"
+                "unknown quantization format {name:?} (expected q4_0, q4_1, q5_0, q5_1, q8_0, \
+                 q4_k, q5_k or q6_k)"
             ))),
         }
+    }
+
+    /// Whether a weight is `d·q + m` with an offset `m` of its own (Q4_1, Q5_1), rather than
+    /// `d·(q - zero)`.
+    pub const fn has_offset(self) -> bool {
+        matches!(self, Format::Q4_1 | Format::Q5_1)
     }
 
     /// Whether the format is a K-quant (super-blocks of 256).
@@ -113,6 +128,8 @@ impl Format {
         match self {
             Format::Q4_0 => 18,
             Format::Q4_1 => 20,
+            Format::Q5_0 => 22,
+            Format::Q5_1 => 24,
             Format::Q8_0 => 34,
             Format::Q4_K => 144,
             Format::Q5_K => 176,

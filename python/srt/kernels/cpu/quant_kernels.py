@@ -1,5 +1,5 @@
-"""Weights kept in GGUF's quantized blocks (Q4_0, Q4_1, Q8_0, and the K-quants Q4_K, Q5_K,
-Q6_K) and the products computed from them: the Rust `quant` kernels (rust/kernels/src/quant.rs)
+"""Weights kept in GGUF's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K-quants
+Q4_K, Q5_K, Q6_K) and the products computed from them: the Rust `quant` kernels (rust/kernels/src/quant.rs)
 as a tensor class.
 
 The K-quants (super-blocks of 256 weights, `SUPER_BLOCK_BYTES`) take the few-row kernels and the
@@ -71,7 +71,7 @@ BLOCK_SIZE = 32
 SUPER_BLOCK_SIZE = 256
 _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 # Bytes per block of 32 weights: the formats every path takes.
-BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q8_0": 34}
 # Bytes per super-block of 256 weights of the K-quants, which the one-int8 kernel does not take
 # yet.
 SUPER_BLOCK_BYTES: dict[str, int] = {"q4_k": 144, "q5_k": 176, "q6_k": 210}

@@ -120,7 +120,7 @@ impl Decode for Q80 {
 /// Decodes the row of blocks at `row` into `out` (`out.len() / 32` blocks), as `T`.
 ///
 /// # Safety
-/// `row` holds `out.len() / 32` blocks of `format`, which is not a K-quant.
+/// `row` holds `out.len() / 32` blocks of `format`: Q4_0, Q4_1 or Q8_0.
 #[target_feature(enable = "avx512f,avx512bw,f16c,fma")]
 pub(super) unsafe fn decode_row<T: Element>(
     _: Avx512,
@@ -134,8 +134,8 @@ pub(super) unsafe fn decode_row<T: Element>(
             Format::Q4_0 => decode_row_as::<Q40, T>(row, out),
             Format::Q4_1 => decode_row_as::<Q41, T>(row, out),
             Format::Q8_0 => decode_row_as::<Q80, T>(row, out),
-            Format::Q4_K | Format::Q5_K | Format::Q6_K => {
-                unreachable!("{format:?}'s super-blocks decode in plain Rust (`dequant.rs`)")
+            Format::Q5_0 | Format::Q5_1 | Format::Q4_K | Format::Q5_K | Format::Q6_K => {
+                unreachable!("{format:?} decodes in plain Rust (`dequant.rs`)")
             }
         }
     }

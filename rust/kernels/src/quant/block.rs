@@ -2,7 +2,7 @@
 //! linear kernel, and the half/bfloat16 conversions.
 //!
 //! Decoding rounds as the `gguf` package's numpy reference does (`d * q + m` as a product then
-//! a sum, `d * (q - 8)` as one product), so that `dequantize` is bit-identical to it. The
+//! a sum, `d * (q - 8)` and `d * (q - 16)` as one product), so that `dequantize` is bit-identical to it. The
 //! K-quants' super-blocks decode in `k_blocks.rs`; the kernel here takes a block of either.
 
 use super::{k_blocks, Format, Job, BLOCK, SUPER_BLOCK};
@@ -48,6 +48,29 @@ pub(crate) fn decode(format: Format, block: &[u8]) -> [f32; BLOCK] {
             for (j, &byte) in block[4..20].iter().enumerate() {
                 out[j] = d * f32::from(byte & 0xf) + m;
                 out[j + 16] = d * f32::from(byte >> 4) + m;
+            }
+        }
+        Format::Q5_0 | Format::Q5_1 => {
+            // The nibbles' bytes after the halves and `qh`, whose bit `j` is weight `j`'s fifth.
+            let values = if format == Format::Q5_0 { 6 } else { 8 };
+            let high = u32::from_le_bytes([
+                block[values - 4],
+                block[values - 3],
+                block[values - 2],
+                block[values - 1],
+            ]);
+            let q = |j: usize, nibble: u8| f32::from(nibble | ((high >> j) as u8 & 1) << 4);
+            let d = half(block, 0);
+            for (j, &byte) in block[values..values + 16].iter().enumerate() {
+                let (low, high) = (q(j, byte & 0xf), q(j + 16, byte >> 4));
+                if format == Format::Q5_0 {
+                    out[j] = d * (low - 16.0);
+                    out[j + 16] = d * (high - 16.0);
+                } else {
+                    let m = half(block, 2);
+                    out[j] = d * low + m;
+                    out[j + 16] = d * high + m;
+                }
             }
         }
         Format::Q8_0 => {

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{block, check_floats, QuantMatrix, PARALLEL_MIN_WORK};
+use super::{block, check_floats, Format, QuantMatrix, PARALLEL_MIN_WORK};
 use crate::element::Element;
 use crate::error::elements;
 use crate::isa::Avx512;
@@ -56,8 +56,10 @@ fn decode_block_rows<T: Element>(
     count: usize,
     out: &mut [T],
 ) {
-    // The AVX-512 decoder takes blocks of 32; the K-quants' super-blocks decode in plain Rust.
-    let simd = Avx512::active().filter(|_| !weight.format.is_k());
+    // The AVX-512 decoder takes Q4_0, Q4_1 and Q8_0; the 5-bit formats and the K-quants
+    // decode in plain Rust (lookups and load-time dequantization, not products).
+    let simd = Avx512::active()
+        .filter(|_| matches!(weight.format, Format::Q4_0 | Format::Q4_1 | Format::Q8_0));
     decode_rows(weight.in_features, count, out, &|i, values| {
         let row = weight.row(ids(i));
         #[cfg(target_arch = "x86_64")]

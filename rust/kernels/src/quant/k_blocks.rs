@@ -97,7 +97,7 @@ pub(crate) fn parts(format: Format, block: &[u8]) -> Parts {
                 *value = low | (high << 4);
             }
         }
-        Format::Q4_0 | Format::Q4_1 | Format::Q8_0 => {
+        Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 | Format::Q8_0 => {
             unreachable!("{format:?} has blocks of 32, not super-blocks")
         }
     }

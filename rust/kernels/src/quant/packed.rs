@@ -23,10 +23,12 @@
 //!   bytes, column `c`'s four at bytes `4c..4c+4`. Q8_0 stores the signed values plus 128 (so
 //!   every format is unsigned, as `vpdpbusd` wants its first operand), one group after another
 //!   (512 bytes); Q4_0 and Q4_1 store the nibbles, group `g` in the low nibbles and group
-//!   `g + 4` in the high nibbles of the same 64 bytes (256 bytes);
+//!   `g + 4` in the high nibbles of the same 64 bytes (256 bytes); Q5_0 and Q5_1 store their
+//!   low four bits so, then the fifth bits in 64 bytes, each weight's in the byte position of
+//!   its nibble, group `g`'s in bit `g` (320 bytes: Q5_K's sub-block layout, `k_layout.rs`);
 //! - the 16 columns' scales `d`, then their offsets `m`, as halves (64 bytes): a weight is
-//!   `d·(q - z) + m` in every format, with the zero point `z` 8 for Q4_0, 128 for Q8_0 and 0
-//!   for Q4_1, whose `m` is its own (0 for the others).
+//!   `d·(q - z) + m` in every format, with the zero point `z` 8 for Q4_0, 16 for Q5_0, 128
+//!   for Q8_0 and 0 for Q4_1 and Q5_1, whose `m` is their own (0 for the others).
 //!
 //! Arithmetic, the same in every kernel so that their results are bit-identical: an activation
 //! block of 32 is `s·(a + b/256)` with `s` = the largest magnitude / 127, `a` = `x/s` rounded to

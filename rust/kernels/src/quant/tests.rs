@@ -5,7 +5,13 @@ use super::*;
 use crate::element::Bf16;
 use crate::test_values::values;
 
-pub(super) const FORMATS: [Format; 3] = [Format::Q4_0, Format::Q4_1, Format::Q8_0];
+pub(super) const FORMATS: [Format; 5] = [
+    Format::Q4_0,
+    Format::Q4_1,
+    Format::Q5_0,
+    Format::Q5_1,
+    Format::Q8_0,
+];
 pub(super) const K_FORMATS: [Format; 3] = [Format::Q4_K, Format::Q5_K, Format::Q6_K];
 
 /// Every format, each with the input width `k` given for blocks of 32 scaled to its blocks (a
@@ -49,8 +55,8 @@ pub(crate) fn blocks(format: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
         };
         let at = scale_at(format);
         block[at..at + 2].copy_from_slice(&half(scales[2 * b].abs()).to_le_bytes());
-        // Q4_1's offset `m`, Q4_K's and Q5_K's `dmin`.
-        if matches!(format, Format::Q4_1 | Format::Q4_K | Format::Q5_K) {
+        // Q4_1's and Q5_1's offset `m`, Q4_K's and Q5_K's `dmin`.
+        if format.has_offset() || matches!(format, Format::Q4_K | Format::Q5_K) {
             block[2..4].copy_from_slice(&half(scales[2 * b + 1]).to_le_bytes());
         }
     }
@@ -116,6 +122,26 @@ fn blocks_decode_as_ggml_defines_them() {
     let w = block::decode(Format::Q4_1, &q4_1);
     assert_eq!((w[0], w[16], w[1]), (-0.5, -1.625, -2.0));
 
+    // Q5_0 and Q5_1: the nibbles after a 32-bit word whose bit `j` is weight `j`'s fifth.
+    let mut q5_0 = vec![0u8; 22];
+    q5_0[..2].copy_from_slice(&HALF_ONE_EIGHTH.to_le_bytes());
+    q5_0[2..6].copy_from_slice(&(1u32 | 1 << 16 | 1 << 31).to_le_bytes());
+    q5_0[6] = 0xf0; // weight 0: 16 → 0; weight 16: 31 → 1.875
+    q5_0[21] = 0x29; // weight 15: 9 → -0.875; weight 31: 18 → 0.25
+    let w = block::decode(Format::Q5_0, &q5_0);
+    assert_eq!(
+        (w[0], w[16], w[15], w[31], w[1]),
+        (0.0, 1.875, -0.875, 0.25, -2.0)
+    );
+
+    let mut q5_1 = vec![0u8; 24];
+    q5_1[..2].copy_from_slice(&HALF_ONE_EIGHTH.to_le_bytes());
+    q5_1[2..4].copy_from_slice(&HALF_MINUS_TWO.to_le_bytes());
+    q5_1[4..8].copy_from_slice(&(1u32 << 1).to_le_bytes());
+    q5_1[9] = 0x03; // weight 1: 19 → 0.375; weight 17: 0 → -2
+    let w = block::decode(Format::Q5_1, &q5_1);
+    assert_eq!((w[1], w[17], w[0]), (0.375, -2.0, -2.0));
+
     let mut q8_0 = vec![0u8; 34];
     q8_0[..2].copy_from_slice(&HALF_MINUS_TWO.to_le_bytes());
     q8_0[2] = 0x80; // -128 → 256
@@ -132,7 +158,8 @@ fn matrices_and_buffers_are_checked() {
         let err = QuantMatrix::new(Format::Q4_1, &data, n, k).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)), "[{n}, {k}]");
     }
-    assert!(Format::parse("q5_0").is_err());
+    assert!(Format::parse("q5_2").is_err());
+    assert_eq!(Format::parse("q5_0"), Ok(Format::Q5_0));
     assert_eq!(Format::parse("q8_0"), Ok(Format::Q8_0));
     assert_eq!(Format::parse("q6_k"), Ok(Format::Q6_K));
     let k_data = vec![0u8; 3 * 144];

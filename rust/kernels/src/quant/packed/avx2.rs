@@ -7,7 +7,7 @@
 //! into the 32-bit lane of each column (four weights of a column per lane, as in the tiles).
 //! For nibbles (Q4_0, Q4_1: weights 0..=15, activations within ±128) a pair is at most 3,840
 //! in magnitude, so a block's 8 groups add up in 16 bits (at most 30,720) and widen once per
-//! block. Q8_0's weights are stored plus 128, whose pairs would saturate 16 bits: its bytes turn
+//! block; Q5_0's and Q5_1's values (0..=31) would not, and widen at every group. Q8_0's weights are stored plus 128, whose pairs would saturate 16 bits: its bytes turn
 //! back into signed values, and `vpmaddubsw` takes their magnitudes against the activations
 //! carrying their signs (pairs at most 32,512), widened at every group; the sums then hold no
 //! zero point to take off. The integer sums are exact either way, so they equal `vpdpbusd`'s,
@@ -15,6 +15,7 @@
 //! bit-identical to theirs and to the portable kernels (see `packed.rs` and `one_int8.rs`).
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::{zero_point, Job, BLOCK, TILE};
@@ -28,16 +29,20 @@ const HALF: usize = 8;
 /// for the two-part kernel; one sum and a float sum for the one-int8 kernel).
 const TILE_ROWS: usize = 4;
 
-/// How a format's values meet the activations.
-trait Values {
-    /// Whether the sums hold no zero point (Q8_0's signed values) to take off afterwards.
-    const SIGNED: bool;
+/// How a format's groups of four weights come out of a tile block's values.
+trait Groups {
     /// The two groups of four weights at `h` (0..4) of the half tile `half` of a block's
     /// values: weights `4h..4h+4` and `16+4h..16+4h+4` of its 8 columns.
     ///
     /// # Safety
     /// `at` points at a tile block's values; the CPU has AVX2.
     unsafe fn groups(at: *const u8, h: usize, half: usize) -> [__m256i; 2];
+}
+
+/// How a format's values meet the activations.
+trait Values: Groups {
+    /// Whether the sums hold no zero point (Q8_0's signed values) to take off afterwards.
+    const SIGNED: bool;
     /// `sum` plus each column's four weights of `w` times the four activations of `a`.
     ///
     /// # Safety
@@ -52,12 +57,15 @@ trait Values {
 
 /// Q4_0 and Q4_1: the low and high nibbles of the same bytes; sums in 16-bit lanes.
 struct Nibbles;
+/// Q5_0 and Q5_1: `Nibbles` with the fifth bits of the plane after them (`layout.rs`); sums in
+/// 32-bit lanes (16 products of up to 31 × 128 would overflow 16 bits).
+struct FiveBits;
 /// Q8_0: the values made signed again; sums in 32-bit lanes.
 struct Bytes;
+/// Q8_0's values as stored (the weight plus 128).
+struct Stored;
 
-impl Values for Nibbles {
-    const SIGNED: bool = false;
-
+impl Groups for Nibbles {
     #[inline(always)]
     unsafe fn groups(at: *const u8, h: usize, half: usize) -> [__m256i; 2] {
         // SAFETY: the values hold 4 × 64 bytes at `at`, as the caller guarantees.
@@ -70,6 +78,10 @@ impl Values for Nibbles {
             ]
         }
     }
+}
+
+impl Values for Nibbles {
+    const SIGNED: bool = false;
 
     #[inline(always)]
     unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
@@ -84,9 +96,51 @@ impl Values for Nibbles {
     }
 }
 
-impl Values for Bytes {
-    const SIGNED: bool = true;
+impl Groups for FiveBits {
+    #[inline(always)]
+    unsafe fn groups(at: *const u8, h: usize, half: usize) -> [__m256i; 2] {
+        // SAFETY: the nibbles hold 4 × 64 bytes at `at`, the plane 64 after them, as the
+        // caller guarantees.
+        unsafe {
+            let [low, high] = Nibbles::groups(at, h, half);
+            let bits = _mm256_loadu_si256(at.add(256 + 32 * half).cast());
+            // Bits `h` and `h + 4` of each plane byte onto bit 4, by 16-bit shifts whose bits
+            // carried across bytes land outside the mask (left by at most 4 into bits 0..4,
+            // right by at most 3 into bits 5..8).
+            let (low_bits, high_bits) = match h {
+                0 => (_mm256_slli_epi16::<4>(bits), bits),
+                1 => (_mm256_slli_epi16::<3>(bits), _mm256_srli_epi16::<1>(bits)),
+                2 => (_mm256_slli_epi16::<2>(bits), _mm256_srli_epi16::<2>(bits)),
+                _ => (_mm256_slli_epi16::<1>(bits), _mm256_srli_epi16::<3>(bits)),
+            };
+            let bit = _mm256_set1_epi8(0x10);
+            [
+                _mm256_or_si256(low, _mm256_and_si256(low_bits, bit)),
+                _mm256_or_si256(high, _mm256_and_si256(high_bits, bit)),
+            ]
+        }
+    }
+}
 
+impl Values for FiveBits {
+    const SIGNED: bool = false;
+
+    #[inline(always)]
+    unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
+        // SAFETY: register-only AVX2 operations; the caller has AVX2.
+        unsafe {
+            let pairs = _mm256_maddubs_epi16(w, a);
+            _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn widen(sum: __m256i) -> __m256i {
+        sum
+    }
+}
+
+impl Groups for Bytes {
     #[inline(always)]
     unsafe fn groups(at: *const u8, h: usize, half: usize) -> [__m256i; 2] {
         // SAFETY: the values hold 8 × 64 bytes at `at`, as the caller guarantees.
@@ -98,6 +152,10 @@ impl Values for Bytes {
             [signed(h), signed(h + 4)]
         }
     }
+}
+
+impl Values for Bytes {
+    const SIGNED: bool = true;
 
     #[inline(always)]
     unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
@@ -114,27 +172,34 @@ impl Values for Bytes {
     }
 }
 
-/// With AVX-VNNI, for every format: `vpdpbusd` multiplies unsigned weight bytes by signed
-/// activation bytes and adds each column's four products into its 32-bit lane, in one
-/// instruction where AVX2 takes two or four. Q8_0's stored values (weight plus 128) are such
-/// bytes as they are, their zero point taken off afterwards as Q4_0's is. `NIBBLES`: Q4_0 and
-/// Q4_1, else Q8_0.
-struct Dot<const NIBBLES: bool>;
-
-impl<const NIBBLES: bool> Values for Dot<NIBBLES> {
-    const SIGNED: bool = false;
-
+impl Groups for Stored {
     #[inline(always)]
     unsafe fn groups(at: *const u8, h: usize, half: usize) -> [__m256i; 2] {
-        // SAFETY: the caller's promise, as for `Nibbles` and `Bytes`.
+        // SAFETY: the values hold 8 × 64 bytes at `at`, as the caller guarantees.
         unsafe {
-            if NIBBLES {
-                return Nibbles::groups(at, h, half);
-            }
             let stored = |g: usize| _mm256_loadu_si256(at.add(64 * g + 32 * half).cast());
             [stored(h), stored(h + 4)]
         }
     }
+}
+
+/// With AVX-VNNI, for every format: `vpdpbusd` multiplies unsigned weight bytes by signed
+/// activation bytes and adds each column's four products into its 32-bit lane, in one
+/// instruction where AVX2 takes two or four. Q8_0's stored values (weight plus 128) are such
+/// bytes as they are, their zero point taken off afterwards as Q4_0's is. `G`: the format's
+/// groups (`Stored` for Q8_0).
+struct Dot<G>(PhantomData<G>);
+
+impl<G: Groups> Groups for Dot<G> {
+    #[inline(always)]
+    unsafe fn groups(at: *const u8, h: usize, half: usize) -> [__m256i; 2] {
+        // SAFETY: the caller's promise, forwarded.
+        unsafe { G::groups(at, h, half) }
+    }
+}
+
+impl<G: Groups> Values for Dot<G> {
+    const SIGNED: bool = false;
 
     #[inline(always)]
     unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
@@ -347,7 +412,7 @@ impl Parts for OneInt8 {
     ) {
         let k = job.in_features;
         let (blocks, stride, scales_at, zero) = geometry::<V, T>(job);
-        let offsets = job.format == Format::Q4_1;
+        let offsets = job.format.has_offset();
         // SAFETY: the caller keeps rows and the tile inside the job, so every offset below stays
         // inside the buffers `Job` describes; loads are unaligned ones.
         unsafe {
@@ -389,13 +454,13 @@ impl Parts for OneInt8 {
 }
 
 /// Rows `rows` of every half tile of `tiles` of `job`, `TILE_ROWS` rows at a time, the values
-/// `Q8` for Q8_0 and `Q4` for Q4_0 and Q4_1.
+/// `Q8` for Q8_0, `Q4` for Q4_0 and Q4_1, `Q5` for Q5_0 and Q5_1.
 ///
 /// # Safety
 /// The rows and tiles lie inside the job and are the calling thread's; the CPU has AVX2, FMA
-/// and F16C, and `Q8`'s and `Q4`'s instructions.
+/// and F16C, and the instructions of `Q8`, `Q4` and `Q5`.
 #[inline(always)]
-unsafe fn each_half_tile<Q8: Values, Q4: Values, P: Parts, T: Element>(
+unsafe fn each_half_tile<Q8: Values, Q4: Values, Q5: Values, P: Parts, T: Element>(
     job: &Job<T>,
     rows: Range<usize>,
     tiles: Range<usize>,
@@ -405,6 +470,7 @@ unsafe fn each_half_tile<Q8: Values, Q4: Values, P: Parts, T: Element>(
         match job.format {
             Format::Q8_0 => half_tiles_as::<Q8, P, T>(job, rows, tiles),
             Format::Q4_0 | Format::Q4_1 => half_tiles_as::<Q4, P, T>(job, rows, tiles),
+            Format::Q5_0 | Format::Q5_1 => half_tiles_as::<Q5, P, T>(job, rows, tiles),
             Format::Q4_K | Format::Q5_K | Format::Q6_K => {
                 unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
             }
@@ -450,7 +516,7 @@ unsafe fn half_tiles_as<V: Values, P: Parts, T: Element>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn run<T: Element>(_: Avx2, job: &Job<T>, tiles: Range<usize>) {
     // SAFETY: forwarded.
-    unsafe { each_half_tile::<Bytes, Nibbles, Split, T>(job, 0..job.m, tiles) }
+    unsafe { each_half_tile::<Bytes, Nibbles, FiveBits, Split, T>(job, 0..job.m, tiles) }
 }
 
 /// `run` with AVX-VNNI's products.
@@ -460,7 +526,9 @@ pub(super) unsafe fn run<T: Element>(_: Avx2, job: &Job<T>, tiles: Range<usize>)
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub(super) unsafe fn run_vnni<T: Element>(_: AvxVnni, job: &Job<T>, tiles: Range<usize>) {
     // SAFETY: forwarded.
-    unsafe { each_half_tile::<Dot<false>, Dot<true>, Split, T>(job, 0..job.m, tiles) }
+    unsafe {
+        each_half_tile::<Dot<Stored>, Dot<Nibbles>, Dot<FiveBits>, Split, T>(job, 0..job.m, tiles)
+    }
 }
 
 /// `linear_packed_one_int8`'s rows `rows` × tiles `tiles` of `job`.
@@ -476,7 +544,7 @@ pub(super) unsafe fn run_one_int8<T: Element>(
     tiles: Range<usize>,
 ) {
     // SAFETY: forwarded.
-    unsafe { each_half_tile::<Bytes, Nibbles, OneInt8, T>(job, rows, tiles) }
+    unsafe { each_half_tile::<Bytes, Nibbles, FiveBits, OneInt8, T>(job, rows, tiles) }
 }
 
 /// `run_one_int8` with AVX-VNNI's products.
@@ -491,5 +559,7 @@ pub(super) unsafe fn run_one_int8_vnni<T: Element>(
     tiles: Range<usize>,
 ) {
     // SAFETY: forwarded.
-    unsafe { each_half_tile::<Dot<false>, Dot<true>, OneInt8, T>(job, rows, tiles) }
+    unsafe {
+        each_half_tile::<Dot<Stored>, Dot<Nibbles>, Dot<FiveBits>, OneInt8, T>(job, rows, tiles)
+    }
 }

@@ -44,7 +44,7 @@ unsafe fn run_with<P: Products, T: Element>(isa: Halves<P>, job: &Job<T>, tiles:
             Format::Q4_K => k_simd::run::<_, Q4K, T>(isa, job, tiles),
             Format::Q5_K => k_simd::run::<_, Q5K, T>(isa, job, tiles),
             Format::Q6_K => k_simd::run::<_, Q6K, T>(isa, job, tiles),
-            Format::Q4_0 | Format::Q4_1 | Format::Q8_0 => {
+            Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 | Format::Q8_0 => {
                 unreachable!("the formats of blocks of 32 take avx2.rs")
             }
         }

@@ -26,7 +26,7 @@ pub(super) unsafe fn run<T: Element>(cpu: Avx512Vnni, job: &Job<T>, tiles: Range
             Format::Q4_K => k_simd::run::<_, Q4K, T>(cpu, job, tiles),
             Format::Q5_K => k_simd::run::<_, Q5K, T>(cpu, job, tiles),
             Format::Q6_K => k_simd::run::<_, Q6K, T>(cpu, job, tiles),
-            Format::Q4_0 | Format::Q4_1 | Format::Q8_0 => {
+            Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 | Format::Q8_0 => {
                 unreachable!("the formats of blocks of 32 take vnni.rs")
             }
         }
@@ -194,7 +194,7 @@ pub(super) unsafe fn transpose_tile<T: Element>(
             Format::Q4_K => transpose_as::<Q4K, T>(cpu, weight, t, out),
             Format::Q5_K => transpose_as::<Q5K, T>(cpu, weight, t, out),
             Format::Q6_K => transpose_as::<Q6K, T>(cpu, weight, t, out),
-            Format::Q4_0 | Format::Q4_1 | Format::Q8_0 => {
+            Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 | Format::Q8_0 => {
                 unreachable!("the formats of blocks of 32 take vnni.rs")
             }
         }

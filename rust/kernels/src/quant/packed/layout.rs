@@ -12,11 +12,15 @@ use crate::parallel;
 use crate::quant::{block, check_shape, Format, QuantMatrix, BLOCK, SUPER_BLOCK};
 use crate::{Error, Result};
 
-/// Bytes of one block's values in a tile.
+/// Bytes of one block's nibbles in a tile (4-bit and 5-bit formats).
+const NIBBLES: usize = TILE * BLOCK / 2;
+
+/// Bytes of one block's values in a tile: Q5_0's and Q5_1's nibbles then their fifth bits.
 pub(super) const fn values_bytes(format: Format) -> usize {
     match format {
         Format::Q8_0 => TILE * BLOCK,
-        Format::Q4_0 | Format::Q4_1 => TILE * BLOCK / 2,
+        Format::Q4_0 | Format::Q4_1 => NIBBLES,
+        Format::Q5_0 | Format::Q5_1 => NIBBLES + TILE * BLOCK / 8,
         Format::Q4_K | Format::Q5_K | Format::Q6_K => {
             panic!("a K-quant's tiles hold super-blocks, not blocks of 32")
         }
@@ -138,7 +142,8 @@ pub(super) fn dequantized(format: Format, q: u8, d: f32, m: f32) -> f32 {
     let q = f32::from(q);
     match format {
         Format::Q4_0 => d * (q - 8.0),
-        Format::Q4_1 => d * q + m,
+        Format::Q4_1 | Format::Q5_1 => d * q + m,
+        Format::Q5_0 => d * (q - 16.0),
         Format::Q8_0 => d * (q - 128.0),
         Format::Q4_K | Format::Q5_K | Format::Q6_K => {
             unreachable!("a K-quant's tiles never reach the layout of blocks of 32")
@@ -150,7 +155,8 @@ pub(super) fn dequantized(format: Format, q: u8, d: f32, m: f32) -> f32 {
 pub(crate) const fn zero_point(format: Format) -> i32 {
     match format {
         Format::Q4_0 => 8,
-        Format::Q4_1 => 0,
+        Format::Q4_1 | Format::Q5_1 => 0,
+        Format::Q5_0 => 16,
         Format::Q8_0 => 128,
         Format::Q4_K | Format::Q5_K | Format::Q6_K => {
             panic!("a K-quant's tiles never reach the layout of blocks of 32")
@@ -163,19 +169,33 @@ fn value_place(format: Format, at: usize, lane: usize, i: usize) -> (usize, bool
     let (group, within) = (i / 4, i % 4);
     match format {
         Format::Q8_0 => (at + group * 64 + lane * 4 + within, false),
-        Format::Q4_0 | Format::Q4_1 => (at + (group % 4) * 64 + lane * 4 + within, group >= 4),
+        Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => {
+            (at + (group % 4) * 64 + lane * 4 + within, group >= 4)
+        }
         Format::Q4_K | Format::Q5_K | Format::Q6_K => {
             unreachable!("a K-quant's tiles never reach the layout of blocks of 32")
         }
     }
 }
 
+/// Where the fifth bit of weight `i` of a block's column `lane` lies, for Q5_0 and Q5_1: the
+/// byte (in the same position among the plane's 64 as its nibble among 64 bytes) and the bit
+/// (the weight's group of four, 0..8).
+fn fifth_bit_place(format: Format, at: usize, lane: usize, i: usize) -> Option<(usize, u32)> {
+    matches!(format, Format::Q5_0 | Format::Q5_1)
+        .then(|| (at + NIBBLES + lane * 4 + i % 4, (i / 4) as u32))
+}
+
 /// The unsigned value of weight `i` of column `lane` in the tile block at `at`.
 pub(super) fn value_at(format: Format, bytes: &[u8], at: usize, lane: usize, i: usize) -> u8 {
-    match value_place(format, at, lane, i) {
+    let low = match value_place(format, at, lane, i) {
         (byte, false) if format == Format::Q8_0 => bytes[byte],
         (byte, false) => bytes[byte] & 0xf,
         (byte, true) => bytes[byte] >> 4,
+    };
+    match fifth_bit_place(format, at, lane, i) {
+        Some((byte, bit)) => low | ((bytes[byte] >> bit) & 1) << 4,
+        None => low,
     }
 }
 
@@ -199,25 +219,40 @@ pub fn pack(weight: &QuantMatrix<'_>, out: &mut [u8]) -> Result<()> {
         {
             let at = (t * blocks + b) * tile_block_bytes(format);
             let d_bits = u16::from_le_bytes([source[0], source[1]]);
-            let (m_bits, values): (u16, Vec<u8>) = match format {
-                Format::Q4_0 | Format::Q4_1 => {
+            let m_bits = if format.has_offset() {
+                u16::from_le_bytes([source[2], source[3]])
+            } else {
+                0
+            };
+            let values: Vec<u8> = match format {
+                Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => {
                     let nibbles = &source[source.len() - 16..];
                     let low = nibbles.iter().map(|byte| byte & 0xf);
-                    let m = if format == Format::Q4_1 {
-                        u16::from_le_bytes([source[2], source[3]])
+                    let low_then_high = low.chain(nibbles.iter().map(|byte| byte >> 4));
+                    // Q5_0's and Q5_1's fifth bits: bit `i` of the word before the nibbles.
+                    let fifth = if matches!(format, Format::Q5_0 | Format::Q5_1) {
+                        let word = &source[source.len() - 20..source.len() - 16];
+                        u32::from_le_bytes([word[0], word[1], word[2], word[3]])
                     } else {
                         0
                     };
-                    (m, low.chain(nibbles.iter().map(|byte| byte >> 4)).collect())
+                    low_then_high
+                        .enumerate()
+                        .map(|(i, q)| q | ((fifth >> i) as u8 & 1) << 4)
+                        .collect()
                 }
-                Format::Q8_0 => (0, source[2..].iter().map(|&q| q ^ 0x80).collect()),
+                Format::Q8_0 => source[2..].iter().map(|&q| q ^ 0x80).collect(),
                 Format::Q4_K | Format::Q5_K | Format::Q6_K => {
                     unreachable!("the K-quants pack in k_layout.rs")
                 }
             };
             for (i, &q) in values.iter().enumerate() {
                 let (byte, high) = value_place(format, at, lane, i);
-                out[byte] |= if high { q << 4 } else { q };
+                let low = if format == Format::Q8_0 { q } else { q & 0xf };
+                out[byte] |= if high { low << 4 } else { low };
+                if let Some((byte, bit)) = fifth_bit_place(format, at, lane, i) {
+                    out[byte] |= (q >> 4) << bit;
+                }
             }
             let scales = at + values_bytes(format);
             out[scales + 2 * lane..][..2].copy_from_slice(&d_bits.to_le_bytes());

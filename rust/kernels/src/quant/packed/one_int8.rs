@@ -9,8 +9,9 @@
 //! their block's largest magnitude (about 7 bits, where bfloat16 keeps 8).
 //!
 //! Arithmetic, the same in every kernel so that their results are bit-identical: an activation
-//! block of 32 is `u·a` (`rounding.rs`), with its integer sum `Σa` and `s = u·Σa`. Per output, per block, `acc = fma(Σq·a - z·Σa, d·u, acc)` (the integer sum
-//! exact in int32, the zero point taken off there), then for Q4_1 only `acc = fma(m, s, acc)`,
+//! block of 32 is `u·a` (`rounding.rs`), with its integer sum `Σa` and `s = u·Σa`. Per output,
+//! per block, `acc = fma(Σq·a - z·Σa, d·u, acc)` (the integer sum exact in int32, the zero
+//! point taken off there), then for Q4_1 and Q5_1 only `acc = fma(m, s, acc)`,
 //! and finally `acc + bias`, rounded once to the output's type. A block holding a NaN or an
 //! infinity makes its rows' outputs NaN.
 //!
@@ -29,7 +30,7 @@ use super::rounding::RoundedRows;
 use super::{check_product, Job, PackedKernel, PackedMatrix, TILE};
 use crate::element::Element;
 use crate::parallel;
-use crate::quant::{block, Format, BLOCK};
+use crate::quant::{block, BLOCK};
 use crate::{Error, Result};
 
 /// Rows of a work item: a panel's int8 rows (60 × 1536 bytes at most for SmolLM2) stay in L2
@@ -163,7 +164,7 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Rang
                 let scales = at + values_bytes(job.format);
                 let d = half(scales + 2 * lane);
                 acc = (dot as f32).mul_add(d * input.units[row * blocks + b], acc);
-                if job.format == Format::Q4_1 {
+                if job.format.has_offset() {
                     let offset = half(scales + 2 * TILE + 2 * lane);
                     acc = offset.mul_add(input.sums[row * blocks + b], acc);
                 }

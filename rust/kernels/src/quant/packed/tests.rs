@@ -17,8 +17,8 @@ fn the_packed_weight_dequantizes_to_the_blocks_weights_bit_for_bit() {
         [(1, 32), (16, 64), (37, 96), (70, 160)],
         [(1, 256), (16, 512), (37, 768), (70, 256)],
     ];
-    for (formats, shapes) in [FORMATS, K_FORMATS].into_iter().zip(shapes) {
-        for (format, (n, k)) in formats.into_iter().flat_map(|f| shapes.map(|s| (f, s))) {
+    for (formats, shapes) in [&FORMATS[..], &K_FORMATS[..]].into_iter().zip(shapes) {
+        for (format, (n, k)) in formats.iter().flat_map(|&f| shapes.map(|s| (f, s))) {
             dequantizes_to_the_blocks(&Tiled::with_edge_scales(format, n, k, 41));
         }
     }

@@ -31,6 +31,8 @@ pub(super) trait Values {
 
 /// Q4_0 and Q4_1: the two groups are the low and high nibbles of the same 64 bytes.
 pub(super) struct Nibbles;
+/// Q5_0 and Q5_1: `Nibbles` with the fifth bits of the plane after them (`layout.rs`).
+pub(super) struct FiveBits;
 /// Q8_0: one group per 64 bytes.
 pub(super) struct Bytes;
 
@@ -46,6 +48,41 @@ impl Values for Nibbles {
                 _mm512_and_si512(_mm512_srli_epi16::<4>(packed), mask),
             ]
         }
+    }
+}
+
+impl Values for FiveBits {
+    #[inline(always)]
+    unsafe fn groups(at: *const u8, h: usize) -> [__m512i; 2] {
+        // SAFETY: the nibbles hold 4 × 64 bytes at `at`, the plane 64 after them, as the
+        // caller guarantees.
+        unsafe {
+            let [low, high] = Nibbles::groups(at, h);
+            let bits = _mm512_loadu_si512(at.add(256).cast());
+            let [low_bits, high_bits] = fifth_bits(bits, h);
+            [
+                _mm512_or_si512(low, low_bits),
+                _mm512_or_si512(high, high_bits),
+            ]
+        }
+    }
+}
+
+/// Groups `h`'s and `h + 4`'s fifth bits (bits `h` and `h + 4` of each plane byte) on bit 4:
+/// 16-bit shifts, whose bits carried across bytes land outside the mask (left by at most 4
+/// into bits 0..4, right by at most 3 into bits 5..8).
+#[inline(always)]
+unsafe fn fifth_bits(bits: __m512i, h: usize) -> [__m512i; 2] {
+    // SAFETY: register-only AVX-512 F and BW operations, which the caller has.
+    unsafe {
+        let bit = _mm512_set1_epi8(0x10);
+        let (low, high) = match h {
+            0 => (_mm512_slli_epi16::<4>(bits), bits),
+            1 => (_mm512_slli_epi16::<3>(bits), _mm512_srli_epi16::<1>(bits)),
+            2 => (_mm512_slli_epi16::<2>(bits), _mm512_srli_epi16::<2>(bits)),
+            _ => (_mm512_slli_epi16::<1>(bits), _mm512_srli_epi16::<3>(bits)),
+        };
+        [_mm512_and_si512(low, bit), _mm512_and_si512(high, bit)]
     }
 }
 
@@ -74,6 +111,7 @@ pub(super) unsafe fn run<T: Element>(_: Avx512Vnni, job: &Job<T>, tiles: Range<u
         match job.format {
             Format::Q8_0 => run_as::<Bytes, T>(job, tiles),
             Format::Q4_0 | Format::Q4_1 => run_as::<Nibbles, T>(job, tiles),
+            Format::Q5_0 | Format::Q5_1 => run_as::<FiveBits, T>(job, tiles),
             Format::Q4_K | Format::Q5_K | Format::Q6_K => {
                 unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
             }
@@ -324,6 +362,8 @@ pub(super) unsafe fn transpose_tile<T: Element>(
         match weight.format {
             Format::Q4_0 => transpose_as::<Nibbles, T, 8>(weight, t, out),
             Format::Q4_1 => transpose_as::<Nibbles, T, 0>(weight, t, out),
+            Format::Q5_0 => transpose_as::<FiveBits, T, 16>(weight, t, out),
+            Format::Q5_1 => transpose_as::<FiveBits, T, 0>(weight, t, out),
             Format::Q8_0 => transpose_as::<Bytes, T, 128>(weight, t, out),
             Format::Q4_K | Format::Q5_K | Format::Q6_K => {
                 unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
@@ -353,8 +393,8 @@ unsafe fn transpose_as<V: Values, T: Element, const ZERO: i32>(
                 for (part, group) in V::groups(at, h).into_iter().enumerate() {
                     let first = b * BLOCK + 4 * (h + 4 * part);
                     for (i, q) in transposed(group).into_iter().enumerate() {
-                        // As `layout::dequantized`: d·(q - zero) for Q4_0 and Q8_0, d·q + m for
-                        // Q4_1, each rounded as written.
+                        // As `layout::dequantized`: d·(q - zero) for Q4_0, Q5_0 and Q8_0, d·q + m
+                        // for Q4_1 and Q5_1, each rounded as written.
                         let value = if ZERO == 0 {
                             _mm512_add_ps(_mm512_mul_ps(d, q), m)
                         } else {

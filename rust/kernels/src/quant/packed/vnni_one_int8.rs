@@ -8,8 +8,8 @@
 //! decoded weight vector serves `ROWS` rows and a broadcast activation `TILES` tiles. Registers:
 //! an int32 sum and a float sum per (row, tile) (2 × 12), two decoded groups per tile (4), the
 //! broadcast activations and the nibble mask: 31 of 32. Per block and (row, tile) the float
-//! work is a conversion, a multiply (the two scales), a fused multiply-add, and for Q4_1 a
-//! second for its offsets. On Zen 4 the multiply and the fused multiply-adds share the two
+//! work is a conversion, a multiply (the two scales), a fused multiply-add, and for Q4_1 and
+//! Q5_1 a second for their offsets. On Zen 4 the multiply and the fused multiply-adds share the two
 //! pipes of `vpdpbusd` (the conversion does not), so Q4_1 runs at most 8 of 11 cycles'
 //! `vpdpbusd` whatever the blocking; one core measured 290-300 GOP/s of 434 (a loop of
 //! `vpdpbusd` alone), 69%. 6 × 2 measured 2-4% above 12 × 1 (SmolLM2's shapes, 256 and 2048
@@ -23,7 +23,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::vnni::{store_tiles, tile_blocks, Bytes, Nibbles, Values};
+use super::vnni::{store_tiles, tile_blocks, Bytes, FiveBits, Nibbles, Values};
 use super::Job;
 use super::BLOCK;
 use crate::element::Element;
@@ -53,6 +53,8 @@ pub(super) unsafe fn run<T: Element>(
             Format::Q8_0 => run_as::<Bytes, T, 128, false>(job, rows, tiles),
             Format::Q4_0 => run_as::<Nibbles, T, 8, false>(job, rows, tiles),
             Format::Q4_1 => run_as::<Nibbles, T, 0, true>(job, rows, tiles),
+            Format::Q5_0 => run_as::<FiveBits, T, 16, false>(job, rows, tiles),
+            Format::Q5_1 => run_as::<FiveBits, T, 0, true>(job, rows, tiles),
             Format::Q4_K | Format::Q5_K | Format::Q6_K => {
                 unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
             }
