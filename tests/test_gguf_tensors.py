@@ -1,5 +1,6 @@
 """`srt.model_executor.gguf_tensors` reads a GGUF file's tensors as `gguf.GGUFReader` does (names,
-types, shapes, the same numpy views of the data) without decoding its metadata."""
+types, shapes, the same numpy views of the data) without decoding its metadata, but for the
+values asked for."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
-from srt.model_executor.gguf_tensors import read_tensors
+from srt.model_executor.gguf_tensors import read_metadata, read_tensors
 from srt.testing.smollm2 import smollm2_gguf
 
 Q = GGMLQuantizationType
@@ -71,6 +72,23 @@ def test_tensors_are_read_as_gguf_reads_them(tmp_path: Path, alignment: int | No
 
 def test_a_big_endian_file_is_read_by_gguf_itself(tmp_path: Path) -> None:
     assert_read_as_gguf_reads(write_gguf(tmp_path / "big.gguf", big_endian=True))
+
+
+@pytest.mark.parametrize("big_endian", [False, True])
+def test_the_metadata_values_asked_for_are_read_as_gguf_reads_them(
+    tmp_path: Path, big_endian: bool
+) -> None:
+    path = write_gguf(tmp_path / "small.gguf", big_endian=big_endian)
+    fields = GGUFReader(path).fields
+    scalars = ["general.name", "llama.block_count", "test.int64", "test.float32", "test.float64"]
+    scalars += ["test.bool", "test.uint8"]
+    values = read_metadata(path, [*scalars, "test.ints", "tokenizer.ggml.tokens", "test.absent"])
+    assert values == {
+        **{key: fields[key].contents() for key in scalars},
+        "test.ints": None,  # arrays are not read
+        "tokenizer.ggml.tokens": None,
+    }
+    assert values["general.name"] == "tiny ünïcode"
 
 
 def test_what_is_not_a_gguf_file_is_refused(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """Qwen3-MoE, the sparse mixture of experts (models/qwen3_moe.py): the registry serves what its
-file registers; a GGUF file's stacked experts load as each expert's blocks; the engine's greedy
-ids are transformers'. Its logits against transformers' are test_model_runner's (on every
-fixture architecture), TP=2 against TP=1 test_tensor_parallel's."""
+file registers; a GGUF file's stacked experts load as each expert's blocks; a GGUF file alone,
+as llama.cpp writes it, is served with the config llama.cpp computes from its metadata, or
+refused naming a key it lacks; the engine's greedy ids are transformers'. Its logits against
+transformers' are test_model_runner's (on every fixture architecture), TP=2 against TP=1
+test_tensor_parallel's."""
 
 from __future__ import annotations
 
@@ -12,7 +14,13 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
-from runner_helpers import assert_logits_close, make_runner, runner_extend_and_decode_logits
+from runner_helpers import (
+    TinyModelFactory,
+    assert_logits_close,
+    make_runner,
+    runner_extend_and_decode_logits,
+)
+from test_gguf_kquant_models import gguf_alone
 from test_quantized_loading import blocks_of
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -21,8 +29,9 @@ from srt.kernels.cpu import cpu_kernels
 from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.layers.linear import Linear
 from srt.layers.moe import SparseMoeBlock
+from srt.model_executor.model_config import GGUF_CONFIG_KEYS, ModelConfig
 from srt.model_executor.weight_loader import iterate_weights
-from srt.models.qwen3_moe import GGUF_LAYER_NAMES, Qwen3MoeForCausalLM
+from srt.models.qwen3_moe import GGUF_LAYER_NAMES, Qwen3MoeForCausalLM, is_sparse
 from srt.models.registry import model_class_for
 
 # Each expert projection's GGUF type; every other matrix q8_0, norms and the router float32.
@@ -134,6 +143,55 @@ def test_a_gguf_file_s_stacked_experts_load_as_each_expert_s_blocks(
 
     # The blocks against the same values dequantized: the kernels' rounding of activations.
     assert_logits_close(runner_of("gguf"), runner_of("none"))
+
+
+def test_a_gguf_file_alone_is_served_with_the_config_llama_cpp_computes(
+    tiny_model_factory: TinyModelFactory, tmp_path: Path
+) -> None:
+    """A qwen3moe file as llama.cpp writes it, nothing beside it: its config, read from its
+    metadata, has the experts' width (which transformers does not map) and the renormalization
+    of the chosen experts' weights that llama.cpp's graph always does (Qwen3MoeConfig's default
+    does not), so that its logits (weights dequantized as they load) are those of the Hugging
+    Face directory it was written from, loaded with the same values."""
+    model = tiny_model_factory("qwen3_moe", "tiny-sparse")
+    gguf, expected = gguf_alone(model, tmp_path / "gguf", "Q4_K_M")
+    config = ModelConfig.load(str(gguf), "float32", torch.device("cpu")).hf_config
+    written = AutoConfig.from_pretrained(model)
+    for name in ("moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob"):
+        assert getattr(config, name) == getattr(written, name), name
+    assert all(is_sparse(config, layer) for layer in range(config.num_hidden_layers))
+
+    served = make_runner(gguf, quantization="none", max_total_tokens=256)
+    reference = make_runner(model, load_format="dummy", max_total_tokens=256)
+    reference.model.load_weights(iter(expected.items()))  # type: ignore[operator]
+    served_logits = runner_extend_and_decode_logits(served)
+    reference_logits = runner_extend_and_decode_logits(reference)
+    for ours, theirs in zip(served_logits, reference_logits, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("key", list(GGUF_CONFIG_KEYS["qwen3moe"].keys))
+def test_a_gguf_file_alone_without_a_key_srt_needs_is_refused_naming_it(
+    tiny_model_factory: TinyModelFactory, tmp_path: Path, key: str
+) -> None:
+    """transformers reads a config from a file without the key all the same (its default, or
+    nothing, in its place): srt refuses the file instead of serving experts of the wrong
+    shape or number."""
+    gguf, _ = gguf_alone(
+        tiny_model_factory("qwen3_moe", "tiny-sparse"), tmp_path / "gguf", "Q4_K_M"
+    )
+    name = f"qwen3moe.{key}".encode()
+    data = gguf.read_bytes()
+    assert data.count(name) == 1
+    # Renamed in place, its length kept (the file stays whole), to a key no reader knows.
+    gguf.write_bytes(data.replace(name, name.upper()))
+    with pytest.raises(ValueError, match="lacks metadata key") as refused:
+        ModelConfig.load(str(gguf), "float32", torch.device("cpu"))
+    attribute = GGUF_CONFIG_KEYS["qwen3moe"].keys[key]
+    assert str(refused.value) == (
+        f"tiny.Q4_K_M.gguf lacks metadata key qwen3moe.{key} (the model's {attribute}), which "
+        "srt needs to serve a qwen3moe file"
+    )
 
 
 @pytest.mark.slow

@@ -152,3 +152,28 @@ def test_the_command_line_writes_the_model_as_a_k_quant_gguf_file(
     with pytest.raises(SystemExit):
         main(["--arch", "qwen3", "--out", str(tmp_path / "t2"), "--gguf", "Q2_K"])
     assert "weights are not whole super-blocks of 256" in capsys.readouterr().err
+
+
+def test_the_command_line_writes_a_mixture_of_experts_as_llama_cpp_writes_qwen3moe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each layer's experts stacked per projection and typed as other matrices (the second
+    layer's ffn_down_exps given more bits, as its ffn_down would be), the router float32, no
+    dense MLP; a model with dense layers, which llama.cpp's qwen3moe does not have, refused."""
+    out = tmp_path / "moe"
+    argv = ["--arch", "qwen3_moe", "--preset", "tiny-sparse", "--out", str(out), "--gguf", "Q4_K_M"]
+    assert main(argv) == 0
+    tensors = {t.name: t for t in read_tensors(out / "tiny.Q4_K_M.gguf")}
+    # GGUF's order: columns (the hidden size), rows (the experts' width), experts.
+    assert tensors["blk.0.ffn_up_exps.weight"].shape == (64, 64, 8)
+    # Rows of 64 weights: Q4_K_M's fallbacks (Q5_0, and Q8_0 for Q6_K).
+    assert tensors["blk.0.ffn_up_exps.weight"].tensor_type.name == "Q5_0"
+    assert tensors["blk.0.ffn_down_exps.weight"].tensor_type.name == "Q5_0"
+    assert tensors["blk.1.ffn_down_exps.weight"].tensor_type.name == "Q8_0"
+    assert tensors["blk.1.ffn_gate_inp.weight"].tensor_type.name == "F32"
+    assert tensors["blk.1.ffn_gate_inp.weight"].shape == (64, 8)
+    assert not [name for name in tensors if name.endswith(("ffn_gate.weight", "ffn_up.weight"))]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["--arch", "qwen3_moe", "--out", str(tmp_path / "dense"), "--gguf", "Q4_K_M"])
+    assert "llama.cpp's qwen3moe has no dense layers" in capsys.readouterr().err

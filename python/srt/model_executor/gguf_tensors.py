@@ -1,10 +1,12 @@
-"""A GGUF file's tensors (name, type, shape, data), read past its metadata without decoding it.
+"""A GGUF file's tensors (name, type, shape, data), read past its metadata without decoding it;
+and the few metadata values a caller names, read the same way.
 
 Why: `gguf.GGUFReader` decodes every metadata value into numpy arrays, several small arrays per
 string: for SmolLM2's vocabulary (49,152 tokens and 48,900 merges) that took 3 to 4 s of a
 start on 2 cores, for values the weight loader never reads (srt reads a GGUF model's config and
 tokenizer from the Hugging Face files beside it, or writes them out once from the metadata).
-Here the metadata is skipped by its lengths alone (tens of milliseconds), and the tensor infos
+Here the metadata is skipped by its lengths alone (tens of milliseconds), but for the values
+asked for (`read_metadata`: what transformers' config mapping leaves out), and the tensor infos
 are read as GGUFReader reads them: each tensor's data the same numpy view of the mapped file.
 
 Little-endian files of GGUF versions 2 and 3 (what llama.cpp writes); any other goes through
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
@@ -26,20 +30,21 @@ _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
 _DEFAULT_ALIGNMENT = 32
 _ALIGNMENT_KEY = b"general.alignment"
-# Bytes of each fixed-size metadata value type.
-_VALUE_BYTES = {
-    GGUFValueType.UINT8: 1,
-    GGUFValueType.INT8: 1,
-    GGUFValueType.BOOL: 1,
-    GGUFValueType.UINT16: 2,
-    GGUFValueType.INT16: 2,
-    GGUFValueType.UINT32: 4,
-    GGUFValueType.INT32: 4,
-    GGUFValueType.FLOAT32: 4,
-    GGUFValueType.UINT64: 8,
-    GGUFValueType.INT64: 8,
-    GGUFValueType.FLOAT64: 8,
+# The struct format of each fixed-size metadata value type.
+_VALUE_FORMATS = {
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
 }
+_VALUE_BYTES = {kind: struct.calcsize(fmt) for kind, fmt in _VALUE_FORMATS.items()}
 # The tensor of Llama 3's rope scaling in llama.cpp's files: one divisor per rotation frequency,
 # part of the model's config (`ModelConfig.load`), not a weight.
 ROPE_FREQS = "rope_freqs.weight"
@@ -66,10 +71,8 @@ class GGUFTensor:
 def read_tensors(path: Path | str) -> list[GGUFTensor]:
     """Every tensor of GGUF file `path`, in the file's order (ValueError where the file is not
     a whole GGUF file)."""
-    with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    version = struct.unpack_from("<I", mapped, 4)[0] if len(mapped) >= 8 else 0
-    if mapped[:4] != _MAGIC or version not in _VERSIONS:
+    mapped = _mapped(path)
+    if mapped is None:
         return [
             GGUFTensor(t.name, t.tensor_type, tuple(t.shape.tolist()), t.data)
             for t in GGUFReader(path).tensors
@@ -83,9 +86,40 @@ def read_tensors(path: Path | str) -> list[GGUFTensor]:
     return tensors
 
 
+def read_metadata(path: Path | str, keys: Collection[str]) -> dict[str, Any]:
+    """The values of the metadata `keys` that GGUF file `path` holds (a key it lacks is left
+    out): numbers and strings as Python's, an array as None. Read as `read_tensors` reads, past
+    every other value without decoding it (ValueError where the file is not a whole GGUF
+    file)."""
+    mapped = _mapped(path)
+    if mapped is None:
+        fields = GGUFReader(path).fields
+        return {
+            key: None if fields[key].types[0] == GGUFValueType.ARRAY else fields[key].contents()
+            for key in keys
+            if key in fields
+        }
+    try:
+        (count,) = struct.unpack_from("<Q", mapped, 16)
+        _, values = _metadata(mapped, 24, count, {key.encode() for key in keys})
+    except struct.error:
+        raise ValueError(f"{path} ends inside its header") from None
+    return {key.decode(): value for key, (_, value) in values.items()}
+
+
+def _mapped(path: Path | str) -> mmap.mmap | None:
+    """GGUF file `path` mapped read-only, or None where it is not a little-endian file of the
+    versions read here (`GGUFReader` reads it, or says why not)."""
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    version = struct.unpack_from("<I", mapped, 4)[0] if len(mapped) >= 8 else 0
+    return mapped if mapped[:4] == _MAGIC and version in _VERSIONS else None
+
+
 def _tensors(mapped: mmap.mmap) -> list[GGUFTensor]:
     tensor_count, kv_count = struct.unpack_from("<QQ", mapped, 8)
-    offset, alignment = _skip_metadata(mapped, 24, kv_count)
+    offset, values = _metadata(mapped, 24, kv_count, {_ALIGNMENT_KEY})
+    alignment = _alignment(values.get(_ALIGNMENT_KEY))
     infos = []
     for _ in range(tensor_count):
         raw_name, offset = _string(mapped, offset)
@@ -139,21 +173,38 @@ def _string(mapped: mmap.mmap, offset: int) -> tuple[bytes, int]:
     return mapped[offset + 8 : offset + 8 + length], offset + 8 + length
 
 
-def _skip_metadata(mapped: mmap.mmap, offset: int, count: int) -> tuple[int, int]:
-    """The offset past `count` metadata pairs from `offset`, and the data's alignment (the
-    `general.alignment` value, if any)."""
-    alignment = _DEFAULT_ALIGNMENT
+def _metadata(
+    mapped: mmap.mmap, offset: int, count: int, wanted: Collection[bytes]
+) -> tuple[int, dict[bytes, tuple[GGUFValueType, Any]]]:
+    """The offset past `count` metadata pairs from `offset`, and the type and value of each of
+    the `wanted` keys among them (a number or a string; an array's value None)."""
+    values: dict[bytes, tuple[GGUFValueType, Any]] = {}
     for _ in range(count):
         key, offset = _string(mapped, offset)
-        (kind,) = struct.unpack_from("<I", mapped, offset)
-        if key == _ALIGNMENT_KEY:
-            if kind != GGUFValueType.UINT32:
-                raise ValueError("GGUF's general.alignment is not a uint32")
-            (alignment,) = struct.unpack_from("<I", mapped, offset + 4)
-            if alignment == 0 or alignment & (alignment - 1):
-                raise ValueError(f"GGUF alignment {alignment} is not a power of two")
-        offset = _skip_value(mapped, offset + 4, kind)
-    return offset, alignment
+        kind = GGUFValueType(struct.unpack_from("<I", mapped, offset)[0])
+        offset += 4
+        if key in wanted:
+            if kind == GGUFValueType.STRING:
+                value: Any = _string(mapped, offset)[0].decode()
+            elif kind in _VALUE_FORMATS:
+                value = struct.unpack_from(_VALUE_FORMATS[kind], mapped, offset)[0]
+            else:
+                value = None
+            values[key] = (kind, value)
+        offset = _skip_value(mapped, offset, kind)
+    return offset, values
+
+
+def _alignment(found: tuple[GGUFValueType, Any] | None) -> int:
+    """The data's alignment: the file's `general.alignment` (its type and value), if any."""
+    if found is None:
+        return _DEFAULT_ALIGNMENT
+    kind, alignment = found
+    if kind != GGUFValueType.UINT32:
+        raise ValueError("GGUF's general.alignment is not a uint32")
+    if alignment == 0 or alignment & (alignment - 1):
+        raise ValueError(f"GGUF alignment {alignment} is not a power of two")
+    return int(alignment)
 
 
 def _skip_value(mapped: mmap.mmap, offset: int, kind: int) -> int:

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType
 from transformers import AutoConfig, GenerationConfig
 
 from srt.layers.rotary_embedding import base_frequencies, inverse_frequencies, rope_parameters
-from srt.model_executor.gguf_tensors import ROPE_FREQS, read_tensors
+from srt.model_executor.gguf_tensors import ROPE_FREQS, read_metadata, read_tensors
 from srt.model_executor.resolve import default_dtype
 from srt.model_info import beside_hf_files
 from srt.models.llama import head_dim_of
@@ -50,6 +50,37 @@ def resolve_quantization(name: str, gguf_file: str | None, device: torch.device)
 
 
 @dataclass(frozen=True)
+class GGUFConfigKeys:
+    """What transformers' GGUF config mapping leaves out of an architecture that srt serves, as
+    llama.cpp computes it: config attributes read from metadata keys (named after the
+    architecture's prefix), each of which a file must hold, and those llama.cpp's graph of the
+    architecture fixes."""
+
+    keys: dict[str, str]  # metadata key -> config attribute
+    fixed: dict[str, Any]  # config attribute -> value
+
+
+# By GGUF architecture (`general.architecture`).
+GGUF_CONFIG_KEYS = {
+    # transformers does not map the experts' width. It maps the expert counts, but defaults
+    # them (to 128 and 8) for a file that lacks them: all three are required here. llama.cpp
+    # would guess a missing width as feed_forward_length / expert_used_count; every file its
+    # conversion writes holds the key, and srt refuses a file without it rather than guess.
+    # llama.cpp's graph always renormalizes the chosen experts' weights (as Qwen3-30B-A3B's
+    # config says), where Qwen3MoeConfig's default does not: set here, whether or not the
+    # transformers release sets it for a GGUF file (recent ones do).
+    "qwen3moe": GGUFConfigKeys(
+        keys={
+            "expert_count": "num_experts",
+            "expert_used_count": "num_experts_per_tok",
+            "expert_feed_forward_length": "moe_intermediate_size",
+        },
+        fixed={"norm_topk_prob": True},
+    ),
+}
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     model_path: str  # a directory, hub id, or the directory of `gguf_file`
     gguf_file: str | None
@@ -78,6 +109,8 @@ class ModelConfig:
             path, gguf_file=config_file, trust_remote_code=trust_remote_code
         )
         if gguf_file is not None and (Path(path) / gguf_file).is_file():
+            if config_file is not None:
+                _take_gguf_metadata(hf_config, Path(path) / gguf_file)
             _take_rope_freqs(hf_config, Path(path) / gguf_file, config_file is not None)
         model_max = _max_context(hf_config)
         if context_length is not None and context_length > model_max:
@@ -110,6 +143,30 @@ class ModelConfig:
     @property
     def vocab_size(self) -> int:
         return int(self.hf_config.vocab_size)
+
+
+def _take_gguf_metadata(hf_config: Any, gguf: Path) -> None:
+    """Puts on a config read from GGUF file `gguf`'s metadata what transformers' mapping leaves
+    out of its architecture (`GGUF_CONFIG_KEYS`); ValueError naming the file and a key that it
+    lacks or that is not a count."""
+    wanted = {f"{arch}.{key}" for arch, entry in GGUF_CONFIG_KEYS.items() for key in entry.keys}
+    metadata = read_metadata(gguf, {"general.architecture", *wanted})
+    arch = metadata.get("general.architecture")
+    entry = GGUF_CONFIG_KEYS.get(arch) if isinstance(arch, str) else None
+    if entry is None:
+        return
+    for key, attribute in entry.keys.items():
+        if f"{arch}.{key}" not in metadata:
+            raise ValueError(
+                f"{gguf.name} lacks metadata key {arch}.{key} (the model's {attribute}), "
+                f"which srt needs to serve a {arch} file"
+            )
+        value = metadata[f"{arch}.{key}"]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{gguf.name}: metadata key {arch}.{key} is {value!r}, not a count")
+        setattr(hf_config, attribute, value)
+    for attribute, fixed in entry.fixed.items():
+        setattr(hf_config, attribute, fixed)
 
 
 def _take_rope_freqs(hf_config: Any, gguf: Path, from_metadata: bool) -> None:

@@ -71,6 +71,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 1,
         "head_dim": 128,
     },
+    # The tiny mixture of experts with every layer sparse, as llama.cpp's qwen3moe files are (its
+    # graph has no dense layer): for qwen3_moe GGUF fixtures (`tiny_gguf.py`).
+    "tiny-sparse": {**_TINY, "mlp_only_layers": []},
     "llama3-8b": {
         "hidden_size": 4096,
         "intermediate_size": 14336,
@@ -140,7 +143,7 @@ def make_config(
     if arch == "mistral":
         kwargs["sliding_window"] = None
     if arch == "qwen3_moe":
-        kwargs.update(_TINY_MOE)
+        kwargs = {**_TINY_MOE, **kwargs}  # a preset's settings of the mixture win
     return _CONFIG_CLASSES[arch](**kwargs)
 
 
@@ -229,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gguf = args.out / f"tiny.{args.gguf}.gguf"
         try:
             write_tiny_gguf(args.out, gguf, args.gguf)
-        except ValueError as e:  # Q2_K of rows that are not whole super-blocks (tiny-k's are)
+        except ValueError as e:  # Q2_K of rows not whole super-blocks; a MoE's dense layers
             parser.error(f"argument --gguf: {e}")
         print(gguf)
     return 0

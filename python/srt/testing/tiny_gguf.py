@@ -6,16 +6,19 @@ and metadata, in one of llama.cpp's K-quant mixes.
 A mix names the type of most matrices and of the ones llama.cpp gives more bits (some layers'
 attn_v and ffn_down, and the output layer, always Q6_K: the embedding where it is tied, as a
 model with tied embeddings has no output tensor in llama.cpp's files); norms and biases stay
-float32. Rows that are not whole super-blocks of 256 weights take the type llama.cpp falls back
-to (Q4_K's Q5_0, Q5_K's Q5_1, Q6_K's Q8_0), so that any model, SmolLM2's 576 columns included,
-is written as llama.cpp's `llama-quantize` types it. The metadata is what transformers reads a
-config from (`ModelConfig.load` of a GGUF file with no prepared directory beside it), so a
-fixture shows what srt makes of a file as llama.cpp writes it.
+float32, as does a mixture of experts' router (`ffn_gate_inp`), whose experts are stacked per
+layer and projection (`ffn_gate_exps`, ...) and typed as other matrices. Rows that are not
+whole super-blocks of 256 weights take the type llama.cpp falls back to (Q4_K's Q5_0, Q5_K's
+Q5_1, Q6_K's Q8_0), so that any model, SmolLM2's 576 columns included, is written as
+llama.cpp's `llama-quantize` types it. The metadata is what transformers reads a config from
+(`ModelConfig.load` of a GGUF file with no prepared directory beside it), so a fixture shows
+what srt makes of a file as llama.cpp writes it.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,7 +47,13 @@ _MORE_BITS = ("attn_v", "ffn_down")
 # (SmolLM2's 576 columns): Q2_K's (IQ4_NL) has no encoder here.
 _FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
 # llama.cpp writes Mistral as the Llama architecture.
-_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_ARCH = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3moe",
+}
 # Hugging Face name -> GGUF name, written out here rather than taken from srt's loader, so that
 # a fixture checks the loader's names instead of repeating them.
 _GLOBAL = {
@@ -64,13 +73,21 @@ _LAYER = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
 }
+# A layer's experts of one projection, stacked into one 3-D tensor (expert, row, column).
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+)\.weight")
+_EXPERTS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
+# llama.cpp's `llama-quantize` keeps a mixture's router in float32, as norms and biases.
+_ROUTER = "ffn_gate_inp"
 
 
 def gguf_name(name: str) -> str:
-    """The GGUF name of Hugging Face tensor `name`."""
+    """The GGUF name of Hugging Face tensor `name` (of an expert's: its layer's stack)."""
     if name in _GLOBAL:
         return _GLOBAL[name]
+    if expert := _EXPERT.fullmatch(name):
+        return f"blk.{expert[1]}.{_EXPERTS[expert[3]]}.weight"
     _, _, layer, rest = name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
     return f"blk.{layer}.{_LAYER[module]}.{kind}"
@@ -91,11 +108,14 @@ def mix_type(
     body, more_bits, _ = MIXES[mix]
 
     def type_of(name: str, shape: tuple[int, ...]) -> GGMLQuantizationType:
-        if len(shape) == 1:
+        part = name.split(".")[-2]
+        if len(shape) == 1 or part == _ROUTER:
             return Q.F32
+        # llama.cpp's test is a substring: a mixture's ffn_down_exps is an ffn_down.
+        more = part.removesuffix("_exps") in _MORE_BITS
         if name == "output.weight" or (tied and name == "token_embd.weight"):
             kind = Q.Q6_K
-        elif name.split(".")[-2] in _MORE_BITS and _more_bits(int(name.split(".")[1]), layers):
+        elif more and _more_bits(int(name.split(".")[1]), layers):
             kind = more_bits
         else:
             kind = body
@@ -119,18 +139,23 @@ def write_tiny_gguf(model_dir: Path, out: Path, mix: str = "Q4_K_M") -> dict[str
     order (the values a loader must give the model)."""
     config = AutoConfig.from_pretrained(model_dir)
     arch = _GGUF_ARCH[config.model_type]
+    if arch == "qwen3moe" and (config.mlp_only_layers or config.decoder_sparse_step != 1):
+        raise ValueError(
+            "llama.cpp's qwen3moe has no dense layers: write an all-sparse model "
+            "(make_tiny_model's preset tiny-sparse)"
+        )
     writer = GGUFWriter(out, arch)
     _write_metadata(writer, config, mix)
     tied = bool(config.tie_word_embeddings)
     type_of = mix_type(mix, config.num_hidden_layers, tied)
     if config.rope_parameters["rope_type"] == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(config))
+    checkpoint = load_file(model_dir / "model.safetensors")
     expected: dict[str, torch.Tensor] = {}
-    for name, tensor in sorted(load_file(model_dir / "model.safetensors").items()):
-        if name == "lm_head.weight" and tied:
-            continue
-        target = gguf_name(name)
-        values = tensor.float().numpy()
+    for target, names in _sources(checkpoint, tied).items():
+        tensors = [checkpoint[name].float().numpy() for name in names]
+        stacked = _EXPERT.fullmatch(names[0]) is not None
+        values = np.stack(tensors) if stacked else tensors[0]
         kind = type_of(target, values.shape)
         if kind == Q.F32:
             stored, held = values, values
@@ -138,17 +163,33 @@ def write_tiny_gguf(model_dir: Path, out: Path, mix: str = "Q4_K_M") -> dict[str
             encode = gguf_kquants.quantize if kind in gguf_kquants.K_QUANTS else quantize
             stored = encode(values, kind)
             held = dequantize(stored, kind)
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch == "llama" and target.endswith(("attn_q.weight", "attn_k.weight")):
             # Rows are whole blocks: permuting the blocks permutes the weights.
-            heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
+            heads = config.num_attention_heads if "attn_q" in target else config.num_key_value_heads
             stored = llama_cpp_permute(stored, heads)
         writer.add_tensor(target, stored, raw_dtype=None if kind == Q.F32 else kind)
-        expected[name] = torch.from_numpy(np.array(held, dtype=np.float32))
+        held = np.array(held, dtype=np.float32)
+        for name, part in zip(names, held if stacked else [held], strict=True):
+            expected[name] = torch.from_numpy(part)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return expected
+
+
+def _sources(checkpoint: dict[str, torch.Tensor], tied: bool) -> dict[str, list[str]]:
+    """GGUF name -> the Hugging Face tensors it holds: one, or a layer's experts of one
+    projection in expert order (10 after 9), as llama.cpp stacks them. A tied output layer has
+    none: the embedding stands for it."""
+    names = sorted(
+        sorted(checkpoint), key=lambda n: int(m[2]) if (m := _EXPERT.fullmatch(n)) else -1
+    )
+    sources: dict[str, list[str]] = {}
+    for name in names:
+        if not (name == "lm_head.weight" and tied):
+            sources.setdefault(gguf_name(name), []).append(name)
+    return sources
 
 
 def llama3_rope_freqs(config: Any) -> np.ndarray:
@@ -190,5 +231,9 @@ def _write_metadata(writer: GGUFWriter, config: Any, mix: str) -> None:
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
+    if config.model_type == "qwen3_moe":
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
