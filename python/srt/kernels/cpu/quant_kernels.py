@@ -82,7 +82,12 @@ PathFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 # Row counts at which the paths are compared, in order (see `_measure_plan`). Past the last, the
 # few-row kernel is assumed to lose (its cost grows with rows at the rate of two int8 products
 # per weight, or float32 FMAs, where a many-row path's grows at half that or better-blocked).
-_PROBE_ROWS = (4, 8, 16, 32, 64, 128, 256)
+# 1024: prefill passes reach thousands of rows, where the dense path's dequantization, paid once
+# per call, weighs least; measured with SmolLM2's Q4_1 gate_up (bf16, 2 cores with AMX), the
+# one-int8 kernel took 0.99 ms at 256 rows against the dense path's 1.26, but 3.97 against 1.91
+# at 1024 and 15.7 against 5.1 at 4096: a plan that stopped at 256 kept the slower path for
+# every larger pass.
+_PROBE_ROWS = (4, 8, 16, 32, 64, 128, 256, 1024)
 _PROBE_REPEATS = 3
 # The fewest rows of a product that may round activations to int8 (inside `int8_activations`).
 INT8_ACTIVATION_MIN_ROWS = 16
