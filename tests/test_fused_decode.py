@@ -148,10 +148,16 @@ def test_a_fused_step_gives_the_layers_bits(
         assert torch.equal(ours, theirs)
 
 
+@pytest.mark.parametrize(
+    ("formats", "preset"),
+    [(every_matrix("q4_1"), "tiny"), (q4_k_m, "tiny-k")],  # blocks of 32; K-quants, in parts
+)
 def test_a_fused_step_rounding_activations_to_int8_gives_the_layers_bits(
     tiny_model_factory: TinyModelFactory,
     monkeypatch: pytest.MonkeyPatch,
     counted: list[bool],
+    formats: Callable[[str], str | None],
+    preset: str,
 ) -> None:
     """Where the plans round activations to one int8 from 2 rows (as if measured; 16 in
     serving), the stack's decode steps of 3 sequences do too, as the layers' do."""
@@ -165,7 +171,7 @@ def test_a_fused_step_rounding_activations_to_int8_gives_the_layers_bits(
     )
 
     def logits(offered: bool) -> list[torch.Tensor]:
-        runner = quantized_runner(tiny_model_factory, "llama", every_matrix("q4_1"), "bfloat16")
+        runner = quantized_runner(tiny_model_factory, "llama", formats, "bfloat16", preset)
         runner.offer_int8_activations = offered  # as for a GGUF file
         return runner_extend_and_decode_logits(runner)
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from test_quant_kernels import FORMATS, PACKED, close, make
+from test_quant_kernels import FORMATS, K_FORMATS, PACKED, close, make, make_k
 
 from srt.kernels.cpu import quant_kernels
 from srt.kernels.cpu.quant_kernels import DENSE, KERNEL, ONE_INT8
@@ -57,6 +57,22 @@ def test_prefill_matches_the_dequantized_reference(fmt: str, rows: int) -> None:
     assert torch.equal(weight._one_int8(x[-1:], bias), got[-1:])
 
 
+@needs_packed
+@pytest.mark.parametrize("fmt", sorted(K_FORMATS))
+@pytest.mark.parametrize("rows", [1, 7, 65])
+def test_k_quants_one_int8_matches_the_dequantized_reference(fmt: str, rows: int) -> None:
+    """The K-quants' kernels on one-int8 rows (super-blocks of 256, each sub-block of 32 meeting
+    its block of activations)."""
+    weight, reference = make_k(fmt, 45, 512, seed=rows)
+    assert weight.pack()
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    bias = torch.randn(45)
+    got = weight._one_int8(x, bias)
+    close(got, F.linear(int8_rounded(x), reference.double(), bias.double()), 1e-4)
+    close(got, F.linear(x, reference, bias), 2e-2)
+    assert torch.equal(weight._one_int8(x[-1:], bias), got[-1:])
+
+
 def test_prefill_needs_the_tiles() -> None:
     weight, _ = make("q4_1", 16, 64)
     with pytest.raises(ValueError, match="not packed"):
@@ -75,16 +91,16 @@ def test_a_path_takes_over_where_it_wins_twice_in_a_row() -> None:
     probes = quant_kernels._PROBE_ROWS
     k, p, d = KERNEL, ONE_INT8, DENSE
     # A lone win is noise; a second one confirms the first.
-    assert quant_kernels._plan_from(timings(k, p, k, p, p, p, p)) == ((0, k), (probes[3], p))
+    assert quant_kernels._plan_from(timings(k, p, k, p, p, p, p, p)) == ((0, k), (probes[3], p))
     # The kernel gives way past the last probe to the faster many-row path there.
-    plan = quant_kernels._plan_from(timings(k, k, k, k, k, k, k))
+    plan = quant_kernels._plan_from(timings(k, k, k, k, k, k, k, k))
     assert plan == ((0, k), (2 * probes[-1], d))
     # One win at the last probe counts; paths may follow one another.
-    assert quant_kernels._plan_from(timings(k, k, p, p, d, d, p)) == (
+    assert quant_kernels._plan_from(timings(k, k, p, p, d, d, d, p)) == (
         (0, k),
         (probes[2], p),
         (probes[4], d),
-        (probes[6], p),
+        (probes[7], p),
     )
     # Without tiles (no integer kernel) only two paths are timed.
     two = [{KERNEL: 1.0, DENSE: 2.0}] * len(probes)

@@ -2,9 +2,9 @@
 Q4_K, Q5_K, Q6_K) and the products computed from them: the Rust `quant` kernels (rust/kernels/src/quant.rs)
 as a tensor class.
 
-The K-quants (super-blocks of 256 weights, `SUPER_BLOCK_BYTES`) take the few-row kernels and the
-dense path; the one-int8 kernel does not take them yet, so their plans never offer it. The GGUF
-loader keeps every format here in blocks (`FORMATS`).
+The K-quants (super-blocks of 256 weights, `SUPER_BLOCK_BYTES`) take every path, their kernels
+meeting each sub-block of 32 with its block of activations. The GGUF loader keeps every format
+here in blocks (`FORMATS`).
 
 Why: decoding on the CPU is bound by the bytes of weights each step reads; blocks of 4.5 to 8.5
 bits per weight read 4 to 7 times fewer than float32. Where the CPU has integer dot products
@@ -70,10 +70,9 @@ from srt.tensor_views import numpy_view
 BLOCK_SIZE = 32
 SUPER_BLOCK_SIZE = 256
 _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
-# Bytes per block of 32 weights: the formats every path takes.
+# Bytes per block of 32 weights.
 BLOCK_BYTES: dict[str, int] = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q8_0": 34}
-# Bytes per super-block of 256 weights of the K-quants, which the one-int8 kernel does not take
-# yet.
+# Bytes per super-block of 256 weights of the K-quants.
 SUPER_BLOCK_BYTES: dict[str, int] = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 # Every format `QuantizedWeight` holds: the ones the GGUF loader keeps in blocks.
 FORMATS: frozenset[str] = frozenset(BLOCK_BYTES) | frozenset(SUPER_BLOCK_BYTES)
@@ -234,8 +233,7 @@ class QuantizedWeight:
         kernel offered or not (measured once per format, shape, dtype and offer in this
         process)."""
         self.pack()
-        # The one-int8 kernel takes the formats of blocks of 32 only.
-        offered = int8_offered and self.packed and self.fmt in BLOCK_BYTES
+        offered = int8_offered and self.packed
         key = (self.fmt, self.out_features, self.in_features, dtype, self.packed, offered)
         found = _plans.get(key)
         if found is None:

@@ -148,18 +148,10 @@ pub(super) fn check_layer<T: Element>(
 /// Checks one part of projection `what`, which takes `input` features: its shape, its bias,
 /// and that only a kernel that exists rounds its activations to one int8.
 fn check_part(what: &str, part: &Part<'_>, input: usize) -> Result<()> {
-    if part.one_int8_from.is_some() {
-        let format = part.weight.format();
-        if matches!(part.weight, Weight::Blocks(_)) {
-            return Err(invalid(format!(
-                "the {what} projection is blocks, which have no one-int8 kernel"
-            )));
-        }
-        if format.is_k() {
-            return Err(invalid(format!(
-                "the {what} projection is {format:?}, which has no one-int8 kernel"
-            )));
-        }
+    if part.one_int8_from.is_some() && matches!(part.weight, Weight::Blocks(_)) {
+        return Err(invalid(format!(
+            "the {what} projection is blocks, which have no one-int8 kernel"
+        )));
     }
     let (n, k) = part.weight.shape();
     if k != input || n == 0 {

@@ -162,25 +162,36 @@ fn blocks_refuse_one_int8_activations() {
 }
 
 #[test]
-fn k_quants_refuse_one_int8_activations() {
-    let layer = &layers()[0];
-    let (mut k, mut v) = caches().swap_remove(0);
+fn a_k_quant_projection_rounds_activations_to_one_int8_from_its_rows() {
     let format = Format::Q4_K;
     let matrix_blocks = blocks(format, DIM, 256, 3);
     let matrix = QuantMatrix::new(format, &matrix_blocks, DIM, 256).unwrap();
     let mut tiles = vec![0; quant::packed_len(format, DIM, 256).unwrap()];
     quant::pack(&matrix, &mut tiles).unwrap();
-    let down = Part {
-        weight: Weight::Packed(PackedMatrix::new(format, &tiles, DIM, 256).unwrap()),
-        bias: None,
-        one_int8_from: Some(1),
+    let weight = PackedMatrix::new(format, &tiles, DIM, 256).unwrap();
+    let down = |one_int8_from| -> Projection<'_> {
+        Part {
+            weight: Weight::Packed(weight),
+            bias: None,
+            one_int8_from,
+        }
+        .into()
+    };
+    let (rows, kernel) = (3, PackedKernel::best().unwrap_or(PackedKernel::Portable));
+    let x = values(rows * 256, 5);
+    let product = |one_int8: bool| {
+        let mut out = vec![0f32; rows * DIM];
+        if one_int8 {
+            quant::linear_packed_one_int8(kernel, &weight, &x, rows, None, &mut out).unwrap();
+        } else {
+            linear_packed(kernel, &weight, &x, rows, None, &mut out).unwrap();
+        }
+        out
+    };
+    for (one_int8_from, one_int8) in [(Some(rows), true), (Some(rows + 1), false), (None, false)] {
+        let mut out = vec![0f32; rows * DIM];
+        project(kernel, &down(one_int8_from), &x, rows, &mut out).unwrap();
+        assert_eq!(out, product(one_int8), "one_int8_from {one_int8_from:?}");
     }
-    .into();
-    let feed_forward = FeedForward::Dense(Mlp {
-        gate_up: layer.gate_up.projection(TWO_PARTS),
-        down,
-    });
-    let stacked = layer.stacked(TWO_PARTS, feed_forward, (&mut k, &mut v));
-    let refused = check_layer(&stacked, DIM, ATTENTION_WIDTHS);
-    assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("Q4_K")));
+    assert_ne!(product(true), product(false));
 }

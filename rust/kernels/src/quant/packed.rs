@@ -40,7 +40,8 @@
 //! the output's type. A block holding a NaN or an infinity makes its rows' outputs NaN.
 //!
 //! The K-quants (Q4_K, Q5_K, Q6_K) have their own tiles (`k_layout.rs`) and kernels
-//! (`k_kernel.rs`), on the same activations, with the same steps per sub-block of 32.
+//! (`k_kernel.rs`), on the same activations (split, or rounded to one int8), with the same
+//! steps per sub-block of 32.
 //!
 //! What must stay true: a row's outputs do not depend on the other rows of the call or on the
 //! threads (each (row, column) is summed by the same operations in the same order).
@@ -151,6 +152,8 @@ pub(crate) struct Job<T> {
     pub(crate) format: Format,
     /// `[m, k]` parts `a` of the activations (`RoundedRows::whole`).
     pub(crate) whole: *const i8,
+    /// Whether the activations are split into two int8 parts (else rounded to one).
+    pub(crate) split: bool,
     /// `[m, k]` parts `b` of the split rounding (`RoundedRows::rest`), else empty.
     pub(crate) rest: *const i8,
     pub(crate) units: *const f32,
@@ -185,6 +188,7 @@ impl<T> Job<T> {
         Job {
             format: weight.format,
             whole: rows.whole.as_ptr(),
+            split: !rows.rest.is_empty(),
             rest: rows.rest.as_ptr(),
             units: rows.units.as_ptr(),
             totals: rows.totals.as_ptr(),
@@ -282,8 +286,23 @@ pub fn linear_packed<T: Element>(
         return Ok(());
     }
     let rows = RoundedRows::split(x, kernel);
-    let first_halves = k_kernel::first_halves(&rows, weight.format);
-    let job = Job::new(weight, &rows, &first_halves, bias, out, m);
+    run_on_tiles(kernel, weight, &rows, bias, out, m);
+    Ok(())
+}
+
+/// The product of `weight` by the rounded rows `rows` (`m` of them; lengths checked) into
+/// `out`, tile chunks claimed by the process's OpenMP threads: every product of split rows,
+/// and the K-quants' of one-int8 rows.
+pub(super) fn run_on_tiles<T: Element>(
+    kernel: PackedKernel,
+    weight: &PackedMatrix<'_>,
+    rows: &RoundedRows,
+    bias: Option<&[f32]>,
+    out: &mut [T],
+    m: usize,
+) {
+    let first_halves = k_kernel::first_halves(rows, weight.format);
+    let job = Job::new(weight, rows, &first_halves, bias, out, m);
     let (tiles, threads) = (job.tiles(), job.threads());
     // Tiles are claimed in chunks, so a thread slowed by a busy core takes fewer of them.
     let chunk = tiles.div_ceil(threads * 4).next_multiple_of(4);
@@ -294,11 +313,10 @@ pub fn linear_packed<T: Element>(
             break;
         }
         let claimed = start..(start + chunk).min(tiles);
-        // SAFETY: every length was checked above, and this thread alone owns the tiles
+        // SAFETY: the caller checked every length, and this thread alone owns the tiles
         // `claimed`.
         unsafe { run_kernel(kernel, &job, claimed) };
     });
-    Ok(())
 }
 
 /// Checks a product's lengths against the weight (`x` `[m, k]`, `out` `[m, n]`, the bias `n`).
@@ -319,13 +337,18 @@ pub(super) fn check_product<T>(
 }
 
 /// # Safety
-/// `job`'s lengths are checked; no other thread writes `tiles`.
+/// `job`'s lengths are checked, its rows split unless its format is a K-quant; no other thread
+/// writes `tiles`.
 unsafe fn run_kernel<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: Range<usize>) {
     // SAFETY: forwarded from the caller.
     unsafe {
         if job.format.is_k() {
             return k_kernel::run(kernel, job, tiles);
         }
+        debug_assert!(
+            job.split,
+            "one-int8 rows of blocks of 32 take `one_int8.rs`"
+        );
         match kernel {
             PackedKernel::Portable => run_portable(job, tiles),
             #[cfg(target_arch = "x86_64")]

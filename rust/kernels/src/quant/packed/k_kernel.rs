@@ -1,6 +1,7 @@
-//! `linear_packed` on the K-quants' tiles (`k_layout.rs`): activations split into two int8 parts
-//! per block of 32 as for every format (`rounding.rs`), each sub-block of 32 of a super-block
-//! meeting its block of activations.
+//! `linear_packed` and `linear_packed_one_int8` on the K-quants' tiles (`k_layout.rs`):
+//! activations split into two int8 parts per block of 32, or rounded to one, as for every
+//! format (`rounding.rs`), each sub-block of 32 of a super-block meeting its block of
+//! activations.
 //!
 //! Arithmetic, the same in every kernel so that their results are bit-identical. Per output,
 //! per super-block, `d` and `dmin` its column's halves as floats; per sub-block `j` of 32 (the
@@ -15,7 +16,9 @@
 //!   `T_0` is the first half's `Σ(256a + b)` (`first_halves`) and `T_1` the block's total
 //!   minus `T_0`.
 //!
-//! and finally `acc + bias`, rounded once to the output's type. The integer sums are exact in
+//! and finally `acc + bias`, rounded once to the output's type. With one int8 per activation
+//! (`u`, `Σa` and `u·Σa` as in `one_int8.rs`) the steps are the same with `Σq·a` in place of
+//! `256·Σq·a + Σq·b`, and `T_0` the first half's `Σa`. The integer sums are exact in
 //! int32: at most `256·32·31·127 + 32·31·127` (Q5_K, about 3.2·10⁷) for a sub-block, and for a
 //! Q6_K half `256·16·63·127 + 16·63·127 + 32·16·32639` (about 4.9·10⁷), far below 2³¹. A block
 //! of activations holding a NaN or an infinity makes its rows' outputs NaN, as a NaN unit
@@ -29,14 +32,20 @@ use super::{Job, PackedKernel, TILE};
 use crate::element::Element;
 use crate::quant::{Format, BLOCK, SUPER_BLOCK};
 
-/// Q6_K's per-block sums of the first 16 values `256a + b` of the split rows (`[m, k / 32]`);
-/// empty for the other formats. Plain integer sums, so the same whatever tier rounded.
+/// Q6_K's per-block sums of the first 16 values `256a + b` of split rows, or `a` of one-int8
+/// rows (`[m, k / 32]`); empty for the other formats. Plain integer sums, so the same whatever
+/// tier rounded.
 pub(super) fn first_halves(rows: &RoundedRows, format: Format) -> Vec<i32> {
     if format != Format::Q6_K {
         return Vec::new();
     }
-    rows.whole
-        .chunks_exact(BLOCK)
+    let wholes = rows.whole.chunks_exact(BLOCK);
+    if rows.rest.is_empty() {
+        return wholes
+            .map(|a| a[..BLOCK / 2].iter().map(|&a| i32::from(a)).sum())
+            .collect();
+    }
+    wholes
         .zip(rows.rest.chunks_exact(BLOCK))
         .map(|(a, b)| {
             a[..BLOCK / 2]
@@ -48,7 +57,7 @@ pub(super) fn first_halves(rows: &RoundedRows, format: Format) -> Vec<i32> {
         .collect()
 }
 
-/// Tiles `tiles` of `job` (a K-quant) with `kernel`.
+/// Tiles `tiles` of `job` (a K-quant, its rows split or rounded to one int8) with `kernel`.
 ///
 /// # Safety
 /// `job`'s lengths are checked (`first_halves` filled for Q6_K); no other thread writes
@@ -84,26 +93,33 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
     } else {
         0
     };
-    // SAFETY: the caller guarantees the buffers' extents, `rest`'s and `first_halves`' as the
-    // others'.
+    let rest_len = if job.split { m * k } else { 0 };
+    // SAFETY: the caller guarantees the buffers' extents, `rest`'s (split rows) and
+    // `first_halves`' as the others'.
     let (input, rest, first) = unsafe {
         (
             job.inputs(),
-            std::slice::from_raw_parts(job.rest, m * k),
+            std::slice::from_raw_parts(job.rest, rest_len),
             std::slice::from_raw_parts(job.first_halves, halves_len),
         )
     };
     let (weight, bytes) = (&input.weight, input.weight.bytes);
-    // The integer sums of `256a + b` times the values `i` of column `lane` of the tile
-    // super-block at `at`.
+    // The integer sums of `256a + b` (split rows) or `a` times the values `i` of column `lane`
+    // of the tile super-block at `at`.
     let dot = |row: usize, b: usize, at: usize, lane: usize, i: Range<usize>| {
         let (mut high, mut low) = (0i32, 0i32);
         for i in i {
             let q = i32::from(value_at(format, bytes, at, lane, (b % 8) * BLOCK + i));
             high += q * i32::from(input.whole[row * k + b * BLOCK + i]);
-            low += q * i32::from(rest[row * k + b * BLOCK + i]);
+            if job.split {
+                low += q * i32::from(rest[row * k + b * BLOCK + i]);
+            }
         }
-        (high << 8) + low
+        if job.split {
+            (high << 8) + low
+        } else {
+            high
+        }
     };
     for column in tiles.start * TILE..(tiles.end * TILE).min(n) {
         let (t, lane) = (column / TILE, column % TILE);

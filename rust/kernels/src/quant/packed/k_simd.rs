@@ -262,22 +262,40 @@ pub(super) unsafe fn run<L: Lanes, F: KFormat, T: Element>(
     job: &Job<T>,
     tiles: Range<usize>,
 ) {
+    // SAFETY: forwarded; `rest` is read only where the rows are split.
+    unsafe {
+        if job.split {
+            run_rows::<L, F, T, true>(isa, job, tiles)
+        } else {
+            run_rows::<L, F, T, false>(isa, job, tiles)
+        }
+    }
+}
+
+/// `run` on rows split into two int8 parts (`SPLIT`) or rounded to one.
+#[inline(always)]
+unsafe fn run_rows<L: Lanes, F: KFormat, T: Element, const SPLIT: bool>(
+    isa: L,
+    job: &Job<T>,
+    tiles: Range<usize>,
+) {
     let most = if L::WIDE { 6 } else { 4 };
     for (row, rows) in even_row_tiles(job.m, most) {
+        let tiles = tiles.clone();
         // SAFETY: rows `row..row + rows` and `tiles` lie inside the job and this thread's
         // share, as the caller guarantees.
         unsafe {
             match (L::WIDE, rows) {
-                (true, 1) => span::<L, F, T, 1, 4>(isa, job, row, tiles.clone()),
-                (true, 2) => span::<L, F, T, 2, 2>(isa, job, row, tiles.clone()),
-                (true, 3) => span::<L, F, T, 3, 2>(isa, job, row, tiles.clone()),
-                (true, 4) => span::<L, F, T, 4, 1>(isa, job, row, tiles.clone()),
-                (true, 5) => span::<L, F, T, 5, 1>(isa, job, row, tiles.clone()),
-                (true, _) => span::<L, F, T, 6, 1>(isa, job, row, tiles.clone()),
-                (false, 1) => span::<L, F, T, 1, 2>(isa, job, row, tiles.clone()),
-                (false, 2) => span::<L, F, T, 2, 1>(isa, job, row, tiles.clone()),
-                (false, 3) => span::<L, F, T, 3, 1>(isa, job, row, tiles.clone()),
-                (false, _) => span::<L, F, T, 4, 1>(isa, job, row, tiles.clone()),
+                (true, 1) => span::<L, F, T, SPLIT, 1, 4>(isa, job, row, tiles),
+                (true, 2) => span::<L, F, T, SPLIT, 2, 2>(isa, job, row, tiles),
+                (true, 3) => span::<L, F, T, SPLIT, 3, 2>(isa, job, row, tiles),
+                (true, 4) => span::<L, F, T, SPLIT, 4, 1>(isa, job, row, tiles),
+                (true, 5) => span::<L, F, T, SPLIT, 5, 1>(isa, job, row, tiles),
+                (true, _) => span::<L, F, T, SPLIT, 6, 1>(isa, job, row, tiles),
+                (false, 1) => span::<L, F, T, SPLIT, 1, 2>(isa, job, row, tiles),
+                (false, 2) => span::<L, F, T, SPLIT, 2, 1>(isa, job, row, tiles),
+                (false, 3) => span::<L, F, T, SPLIT, 3, 1>(isa, job, row, tiles),
+                (false, _) => span::<L, F, T, SPLIT, 4, 1>(isa, job, row, tiles),
             }
         }
     }
@@ -286,7 +304,14 @@ pub(super) unsafe fn run<L: Lanes, F: KFormat, T: Element>(
 /// Rows `row..row + R` over `tiles`, `N` tiles at a time, the tiles short of `N` one by one,
 /// each tile `WIDTH` columns at a time.
 #[inline(always)]
-unsafe fn span<L: Lanes, F: KFormat, T: Element, const R: usize, const N: usize>(
+unsafe fn span<
+    L: Lanes,
+    F: KFormat,
+    T: Element,
+    const SPLIT: bool,
+    const R: usize,
+    const N: usize,
+>(
     isa: L,
     job: &Job<T>,
     row: usize,
@@ -297,13 +322,13 @@ unsafe fn span<L: Lanes, F: KFormat, T: Element, const R: usize, const N: usize>
     unsafe {
         while tile + N <= tiles.end {
             for part in 0..TILE / L::WIDTH {
-                rows::<L, F, T, R, N>(isa, job, row, tile, part);
+                rows::<L, F, T, SPLIT, R, N>(isa, job, row, tile, part);
             }
             tile += N;
         }
         while tile < tiles.end {
             for part in 0..TILE / L::WIDTH {
-                rows::<L, F, T, R, 1>(isa, job, row, tile, part);
+                rows::<L, F, T, SPLIT, R, 1>(isa, job, row, tile, part);
             }
             tile += 1;
         }
@@ -313,7 +338,14 @@ unsafe fn span<L: Lanes, F: KFormat, T: Element, const R: usize, const N: usize>
 /// Output rows `row..row + R` of the columns `part·WIDTH..(part + 1)·WIDTH` of tiles
 /// `tile..tile + N`.
 #[inline(always)]
-unsafe fn rows<L: Lanes, F: KFormat, T: Element, const R: usize, const N: usize>(
+unsafe fn rows<
+    L: Lanes,
+    F: KFormat,
+    T: Element,
+    const SPLIT: bool,
+    const R: usize,
+    const N: usize,
+>(
     isa: L,
     job: &Job<T>,
     row: usize,
@@ -353,13 +385,20 @@ unsafe fn rows<L: Lanes, F: KFormat, T: Element, const R: usize, const N: usize>
                         }
                         for r in 0..R {
                             let at = (row + r) * k + b * BLOCK + 4 * h + 16 * p;
-                            let (a, c) = (job.whole.add(at), job.rest.add(at));
+                            let a = job.whole.add(at);
                             for t in 0..N {
                                 high[r][t] = isa.dot(high[r][t], w[t][0], a);
-                                low[r][t] = isa.dot(low[r][t], w[t][0], c);
                                 if F::PARTS == 1 {
                                     high[r][t] = isa.dot(high[r][t], w[t][1], a.add(16));
-                                    low[r][t] = isa.dot(low[r][t], w[t][1], c.add(16));
+                                }
+                            }
+                            if SPLIT {
+                                let c = job.rest.add(at);
+                                for t in 0..N {
+                                    low[r][t] = isa.dot(low[r][t], w[t][0], c);
+                                    if F::PARTS == 1 {
+                                        low[r][t] = isa.dot(low[r][t], w[t][1], c.add(16));
+                                    }
                                 }
                             }
                         }
@@ -394,7 +433,12 @@ unsafe fn rows<L: Lanes, F: KFormat, T: Element, const R: usize, const N: usize>
                         };
                         let sums = isa.splat(*job.sums.add(at));
                         for t in 0..N {
-                            let sum = isa.combine(high[r][t], low[r][t], zero);
+                            // One-int8 rows: `high` alone, as `combine`'s low sum below no high.
+                            let sum = if SPLIT {
+                                isa.combine(high[r][t], low[r][t], zero)
+                            } else {
+                                isa.combine(isa.zero(), high[r][t], zero)
+                            };
                             acc[r][t] = isa.scale_add(sum, isa.mul(scale[t], unit), acc[r][t]);
                             if F::MINS {
                                 acc[r][t] = isa.sub_product(min[t], sums, acc[r][t]);

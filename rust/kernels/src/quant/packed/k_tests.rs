@@ -1,7 +1,8 @@
 //! Unit tests of the K-quants' tiles and kernels (`k_layout.rs`, `k_kernel.rs`): the layout's
 //! size against the file's (its weights against the super-blocks' are `tests.rs`'s), the
 //! portable kernel against a float64 product within the bound that rounding the activations
-//! allows, and every tier against the portable kernel bit for bit.
+//! allows, and every tier against the portable kernel bit for bit; each with the activations
+//! split into two int8 parts and rounded to one.
 
 use super::fixtures::{
     every_kernel_equals_the_portable_one, exact, misses, only_the_non_finite_rows_are_nan,
@@ -69,10 +70,15 @@ fn terms(weight: &QuantMatrix<'_>) -> Vec<f64> {
     out
 }
 
-/// As `tests::bound`: per block, the activations' two parts miss them by at most `s/256`, so
-/// the sum moves by at most `s/256 · Σ|w|`; the float steps add a relative 1e-5 of the terms
-/// they round (`terms`), which for Q4_K and Q5_K may cancel.
-fn bound(x: &[f32], w: &[f32], terms: &[f64]) -> f64 {
+/// Both roundings, each with the share of its block's step `s = max|x| / 127` by which it may
+/// miss an activation: the split one's two parts by `s/256`, one int8 by half a step (a little
+/// more for the float32 product that scales it).
+const ROUNDINGS: [(Rounding, f64); 2] = [(Rounding::Split, 1.0 / 256.0), (Rounding::OneInt8, 0.51)];
+
+/// As `tests::bound`: per block, the rounded activations miss them by at most `share · s`, so
+/// the sum moves by at most `share · s · Σ|w|`; the float steps add a relative 1e-5 of the
+/// terms they round (`terms`), which for Q4_K and Q5_K may cancel.
+fn bound(x: &[f32], w: &[f32], terms: &[f64], share: f64) -> f64 {
     let mut total = 0f64;
     for ((xs, ws), ts) in x
         .chunks_exact(BLOCK)
@@ -86,24 +92,29 @@ fn bound(x: &[f32], w: &[f32], terms: &[f64]) -> f64 {
             .zip(ts)
             .map(|(&a, &t)| f64::from(a.abs()) * t)
             .sum();
-        total += step / 256.0 * weights + 1e-5 * rounded;
+        total += share * step * weights + 1e-5 * rounded;
     }
     total + 1e-6
 }
 
 #[test]
 fn the_integer_product_is_within_the_rounding_of_the_activations() {
-    for format in K_FORMATS {
-        for (m, n, k) in [(1, 37, 256), (2, 1, 512), (5, 40, 768), (9, 19, 256)] {
-            let tiled = Tiled::random(format, n, k, 7);
-            let (tiles, weight) = (tiled.tiles(), tiled.weight());
-            let (w, t) = (dequantized(&weight), terms(&weight));
-            let x = values(m * k, 1);
-            let bias = values(n, 3);
-            let out = Rounding::Split.product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
-            for miss in misses(&out, &x, &w, &bias) {
-                let allowed = bound(miss.x, miss.w, &t[miss.col * k..][..k]);
-                assert!(miss.error <= allowed, "{format:?} ({m}, {n}, {k}) {miss}");
+    for (rounding, share) in ROUNDINGS {
+        for format in K_FORMATS {
+            for (m, n, k) in [(1, 37, 256), (2, 1, 512), (5, 40, 768), (9, 19, 256)] {
+                let tiled = Tiled::random(format, n, k, 7);
+                let (tiles, weight) = (tiled.tiles(), tiled.weight());
+                let (w, t) = (dequantized(&weight), terms(&weight));
+                let x = values(m * k, 1);
+                let bias = values(n, 3);
+                let out = rounding.product(PackedKernel::Portable, &tiles, &x, m, Some(&bias));
+                for miss in misses(&out, &x, &w, &bias) {
+                    let allowed = bound(miss.x, miss.w, &t[miss.col * k..][..k], share);
+                    assert!(
+                        miss.error <= allowed,
+                        "{rounding:?} {format:?} ({m}, {n}, {k}) {miss}"
+                    );
+                }
             }
         }
     }
@@ -114,25 +125,27 @@ fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_th
     // Rows 1..=20 meet every register tile and uneven row splits; 61 columns end inside a tile;
     // column 40's second super-block has a NaN scale; 4100 × 2 passes the parallel threshold.
     let rows: Vec<usize> = (1..=20).collect();
-    for format in K_FORMATS {
-        for (n, k, rows, nan) in [
-            (61, 512, &rows[..], Some(40 * 2 + 1)),
-            (33, 256, &[1, 7][..], None),
-            (4100, 256, &[2][..], None),
-        ] {
-            let tiled = Tiled::of(format, k_blocks_with(format, n, k, 23, nan), n, k);
-            let bias = values(n, 2);
-            for &m in rows {
-                let x = values(m * k, 29);
-                let want = every_kernel_equals_the_portable_one(
-                    Rounding::Split,
-                    &tiled.tiles(),
-                    &x,
-                    m,
-                    &bias,
-                );
-                if nan.is_some() {
-                    assert!(want[40].is_nan() && want[39].is_finite(), "{format:?}");
+    for (rounding, _) in ROUNDINGS {
+        for format in K_FORMATS {
+            for (n, k, rows, nan) in [
+                (61, 512, &rows[..], Some(40 * 2 + 1)),
+                (33, 256, &[1, 7][..], None),
+                (4100, 256, &[2][..], None),
+            ] {
+                let tiled = Tiled::of(format, k_blocks_with(format, n, k, 23, nan), n, k);
+                let bias = values(n, 2);
+                for &m in rows {
+                    let x = values(m * k, 29);
+                    let want = every_kernel_equals_the_portable_one(
+                        rounding,
+                        &tiled.tiles(),
+                        &x,
+                        m,
+                        &bias,
+                    );
+                    if nan.is_some() {
+                        assert!(want[40].is_nan() && want[39].is_finite(), "{format:?}");
+                    }
                 }
             }
         }
@@ -141,27 +154,13 @@ fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_th
 
 #[test]
 fn a_non_finite_activation_makes_only_its_rows_outputs_nan() {
-    for format in K_FORMATS {
-        only_the_non_finite_rows_are_nan(
-            Rounding::Split,
-            &Tiled::random(format, 20, 512, 9).tiles(),
-            300,
-        );
-    }
-}
-
-#[test]
-fn the_one_int8_path_refuses_k_quants() {
-    let (n, k) = (5, 256);
-    for format in K_FORMATS {
-        let tiled = Tiled::random(format, n, k, 3);
-        let tiles = tiled.tiles();
-        let x = vec![0.5f32; 2 * k];
-        let mut out = vec![0f32; 2 * n];
-        for kernel in PackedKernel::detected() {
-            let refused = linear_packed_one_int8(kernel, &tiles, &x, 2, None, &mut out);
-            assert!(matches!(refused, Err(crate::Error::InvalidArgument(_))));
-            assert!(linear_packed(kernel, &tiles, &x, 2, None, &mut out).is_ok());
+    for (rounding, _) in ROUNDINGS {
+        for format in K_FORMATS {
+            only_the_non_finite_rows_are_nan(
+                rounding,
+                &Tiled::random(format, 20, 512, 9).tiles(),
+                300,
+            );
         }
     }
 }
@@ -187,21 +186,23 @@ fn the_largest_values_and_activations_stay_exact() {
         let tiled = Tiled::of(format, data, n, k);
         let (tiles, w) = (tiled.tiles(), dequantized(&tiled.weight()));
         let x: Vec<f32> = (0..m * k).map(|i| if i < k { 1.0 } else { -1.0 }).collect();
-        let want = Rounding::Split.product(PackedKernel::Portable, &tiles, &x, m, None);
-        for row in 0..m {
-            let exact = exact(&x[row * k..][..k], &w[..k], 0.0);
-            let got = f64::from(want[row * n]);
-            assert!(
-                (got - exact).abs() <= 1e-5 * exact.abs(),
-                "{format:?}: {got} vs {exact}"
-            );
-        }
-        for kernel in PackedKernel::detected() {
-            assert_eq!(
-                Rounding::Split.product(kernel, &tiles, &x, m, None),
-                want,
-                "{kernel:?} {format:?}"
-            );
+        for (rounding, _) in ROUNDINGS {
+            let want = rounding.product(PackedKernel::Portable, &tiles, &x, m, None);
+            for row in 0..m {
+                let exact = exact(&x[row * k..][..k], &w[..k], 0.0);
+                let got = f64::from(want[row * n]);
+                assert!(
+                    (got - exact).abs() <= 1e-5 * exact.abs(),
+                    "{rounding:?} {format:?}: {got} vs {exact}"
+                );
+            }
+            for kernel in PackedKernel::detected() {
+                assert_eq!(
+                    rounding.product(kernel, &tiles, &x, m, None),
+                    want,
+                    "{kernel:?} {rounding:?} {format:?}"
+                );
+            }
         }
     }
 }

@@ -31,7 +31,7 @@ use super::{check_product, Job, PackedKernel, PackedMatrix, TILE};
 use crate::element::Element;
 use crate::parallel;
 use crate::quant::{block, BLOCK};
-use crate::{Error, Result};
+use crate::Result;
 
 /// Rows of a work item: a panel's int8 rows (60 × 1536 bytes at most for SmolLM2) stay in L2
 /// while its tile chunk passes over them. A multiple of the AVX-512 kernel's register tile
@@ -82,16 +82,15 @@ pub fn linear_packed_one_int8<T: Element>(
     out: &mut [T],
 ) -> Result<()> {
     check_product(weight, x, m, bias, out)?;
-    if weight.format.is_k() {
-        return Err(Error::InvalidArgument(format!(
-            "{:?} has no one-int8 kernel yet: its products take `linear_packed`",
-            weight.format
-        )));
-    }
     if m == 0 {
         return Ok(());
     }
     let rows = RoundedRows::one_int8(x, kernel);
+    if weight.format.is_k() {
+        // The K-quants' kernels take either rounding, over tile chunks of every row.
+        super::run_on_tiles(kernel, weight, &rows, bias, out, m);
+        return Ok(());
+    }
     let job = Job::new(weight, &rows, &[], bias, out, m);
     let (tiles, threads) = (job.tiles(), job.threads());
     let panels = m.div_ceil(PANEL_ROWS);
