@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from runner_helpers import assert_logits_close, greedy_generate, make_runner, te
 from runner_helpers import runner_extend_and_decode_logits as extend_and_decode
 from test_gguf_kquant_models import LOADER, dequantized_log, gguf_alone
 
+from srt.kernels.cpu import cpu_kernels
 from srt.kernels.cpu.quant_kernels import QuantizedWeight
 from srt.kernels.cpu.quant_parts import QuantizedParts
 from srt.model_executor.model_runner import ModelRunner
@@ -33,6 +35,8 @@ from srt.testing.server_process import running_server
 K_LOGITS_RTOL = 1e-3
 # The file's tensor bytes bound the weights': the K-quants' tiles are within 3% of their blocks.
 MEMORY_OVER_FILE = 1.1
+# How quantized weights are held: repacked where the CPU has the integer kernel.
+KEPT = "tiles" if cpu_kernels.quant_packed_kernel() is not None else "blocks"
 CPU_DECODE = "srt.model_executor.cpu_decode"
 FALLBACK = "decode steps run layer by layer, not in one Rust call: "
 PROMPTS = [[5, 17, 42, 99, 7, 300, 12], [8, 9, 10], [61, 62, 63, 64, 65]]
@@ -171,6 +175,11 @@ def test_srt_serve_answers_from_the_blocks(
     found = weights(log)
     assert found["quantization"] == "gguf"
     assert gguf_memory(gguf, found["weights_mb"])["weights_to_gguf"] <= MEMORY_OVER_FILE
+    # The log says how: each format in its tiles (or blocks, on a CPU without the kernel).
+    held_as = re.search(r"weights: .*; held as (.*)", log)
+    assert held_as is not None
+    forms = {form.rsplit(" ", 2)[0] for form in held_as.group(1).split(", ")}
+    assert {f"{fmt} {KEPT}" for fmt in ("q4_k", "q6_k")} <= forms
     assert FALLBACK not in log
     # Each token the dequantized model's choice, up to its first lead within the tolerance.
     reference = dequantized_reference(model, expected)

@@ -135,13 +135,30 @@ def quantize_int8(model: nn.Module) -> int:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of `model`'s weights as they sit in memory: its float parameters and its quantized
-    weights, a shared one (tied embeddings) counted once."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())  # deduplicated
+    """Bytes of `model`'s weights as they sit in memory (`weight_forms`'s sum)."""
+    return sum(weight_forms(model).values())
+
+
+def weight_forms(model: nn.Module) -> dict[str, int]:
+    """Bytes of `model`'s weights as they sit in memory, by the form they are held in: a float
+    dtype (`bfloat16`), a GGUF format in its blocks or the integer kernel's tiles (`q5_0
+    tiles`), `int8`; a shared weight (tied embeddings) counted once."""
+    forms: dict[str, int] = {}
+
+    def add(form: str, nbytes: int) -> None:
+        forms[form] = forms.get(form, 0) + nbytes
+
+    for p in model.parameters():  # deduplicated
+        add(str(p.dtype).removeprefix("torch."), p.numel() * p.element_size())
     seen: set[int] = set()
     for module in model.modules():
         quant = getattr(module, "quant", None)
-        if quant is not None and id(quant) not in seen:
-            seen.add(id(quant))
-            total += quant.nbytes
-    return total
+        if quant is None or id(quant) in seen:
+            continue
+        seen.add(id(quant))
+        for part in getattr(quant, "parts", (quant,)):
+            if isinstance(part, QuantizedWeight):
+                add(f"{part.fmt} {'tiles' if part.packed else 'blocks'}", part.nbytes)
+            else:
+                add("int8", part.nbytes)
+    return forms

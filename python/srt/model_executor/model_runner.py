@@ -24,7 +24,7 @@ from srt.kernels.cpu.quant_kernels import int8_activations
 from srt.layers.attention.registry import create_attention_backend
 from srt.layers.forward_batch import ForwardBatch
 from srt.layers.linear import plan_products, prepare_for_device, uninitialized
-from srt.layers.quantization import quantize_int8, weight_bytes
+from srt.layers.quantization import quantize_int8, weight_forms
 from srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from srt.model_executor.cpu_decode import CpuDecodeExecutor
 from srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
@@ -143,12 +143,19 @@ class ModelRunner:
                 else "cache off: SRT_DISABLE_KERNEL_PLAN_CACHE=1"
             )
             stages.done("kernel plans", f"{counts}; {cache}")
-        self.weight_bytes = weight_bytes(self.model)
+        forms = weight_forms(self.model)
+        self.weight_bytes = sum(forms.values())
+        held = ", ".join(
+            f"{form} {nbytes / 2**20:.1f} MB"
+            for form, nbytes in sorted(forms.items(), key=lambda item: -item[1])
+            if nbytes
+        )
         logger.info(
-            "weights: %.1f MB (%s, quantization %s)",
+            "weights: %.1f MB (%s, quantization %s); held as %s",
             self.weight_bytes / 2**20,
             str(config.dtype).removeprefix("torch."),
             config.quantization,
+            held,
         )
 
     def init_memory_pool(self) -> None:
