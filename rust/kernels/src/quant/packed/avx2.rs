@@ -48,11 +48,24 @@ trait Values: Groups {
     /// # Safety
     /// The CPU has AVX2.
     unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i;
-    /// A block's sum of `add`s as 8 int32 lanes.
+    /// A block's sum of `add`s as 8 int32 lanes: as it is, where `add` sums in them.
     ///
     /// # Safety
     /// The CPU has AVX2.
-    unsafe fn widen(sum: __m256i) -> __m256i;
+    #[inline(always)]
+    unsafe fn widen(sum: __m256i) -> __m256i {
+        sum
+    }
+}
+
+/// `sum` plus each column's 16-bit pairs of products `pairs`, added into its int32 lane.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn add_pairs(sum: __m256i, pairs: __m256i) -> __m256i {
+    // SAFETY: register-only AVX2 operations; the caller has AVX2.
+    unsafe { _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))) }
 }
 
 /// Q4_0 and Q4_1: the low and high nibbles of the same bytes; sums in 16-bit lanes.
@@ -128,15 +141,7 @@ impl Values for FiveBits {
     #[inline(always)]
     unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
         // SAFETY: register-only AVX2 operations; the caller has AVX2.
-        unsafe {
-            let pairs = _mm256_maddubs_epi16(w, a);
-            _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn widen(sum: __m256i) -> __m256i {
-        sum
+        unsafe { add_pairs(sum, _mm256_maddubs_epi16(w, a)) }
     }
 }
 
@@ -161,14 +166,11 @@ impl Values for Bytes {
     unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
         // SAFETY: register-only AVX2 operations; the caller has AVX2.
         unsafe {
-            let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
-            _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+            add_pairs(
+                sum,
+                _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w)),
+            )
         }
-    }
-
-    #[inline(always)]
-    unsafe fn widen(sum: __m256i) -> __m256i {
-        sum
     }
 }
 
@@ -205,11 +207,6 @@ impl<G: Groups> Values for Dot<G> {
     unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
         // SAFETY: a register-only AVX-VNNI operation; the caller runs with AVX-VNNI enabled.
         unsafe { _mm256_dpbusd_avx_epi32(sum, w, a) }
-    }
-
-    #[inline(always)]
-    unsafe fn widen(sum: __m256i) -> __m256i {
-        sum
     }
 }
 
