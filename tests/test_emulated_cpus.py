@@ -11,11 +11,11 @@ through every path the server takes on such a CPU, in float32 (what `--dtype aut
 AVX-512 BF16): the weights packed into tiles where the CPU has an integer kernel, a prefill rounding
 activations to int8, one that takes the dense path (the weight dequantized for PyTorch's matmul),
 and decode steps of 1 and of 16 sequences in the fused decode stack (its one-int8 products from 16
-rows, but for the Q4_K_M file: the K-quants have no one-int8 kernel; its qkv projection is in parts
-of Q4_K and Q6_K). The plans are set, not measured (timings under emulation mean nothing), to reach
-each path. Its tokens must equal those of the same run on this machine with the kernels capped at
-the emulated CPU's tier (`SRT_CPU_ISA`): below AVX2 the products run on blocks in float32, not on
-tiles, and that changed one of the 17 sequences' tokens at a near tie, measured.
+rows; the Q4_K_M file's qkv projection is in parts of Q4_K and Q6_K). The plans are set, not
+measured (timings under emulation mean nothing), to reach each path. Its tokens must equal those of
+the same run on this machine with the kernels capped at the emulated CPU's tier (`SRT_CPU_ISA`):
+below AVX2 the products run on blocks in float32, not on tiles, and that changed one of the 17
+sequences' tokens at a near tie, measured.
 """
 
 from __future__ import annotations
@@ -146,12 +146,10 @@ def test_an_emulated_cpu_generates_the_native_tokens(tiny_gguf: Path, cpu: str) 
     assert native["isa"][0] == tier
     assert emulated["tokens"] == native["tokens"]
     assert emulated == {**native, "isa": emulated["isa"]}
-    # Every path was reached: on tiles (AVX2) the one-int8 kernel too, but for the Q4_K_M file
-    # (the K-quants have none); a decode step of 1 and one of 16 sequences ran fused (the
-    # Q4_K_M file's qkv in parts).
+    # Every path was reached: on tiles (AVX2) the one-int8 kernel too, the K-quants' included;
+    # a decode step of 1 and one of 16 sequences ran fused (the Q4_K_M file's qkv in parts).
     tiles = tier != "scalar"
-    k_quants = tiny_gguf.name == "tiny.Q4_K_M.gguf"
-    one_int8 = {"_one_int8"} if tiles and not k_quants else set()
+    one_int8 = {"_one_int8"} if tiles else set()
     assert emulated["packed"] == tiles
     assert set(emulated["paths"]) == {"_kernel", "_dense"} | one_int8
     assert emulated["fused"] == {"1": NEW_TOKENS - 1, "16": NEW_TOKENS - 1}
