@@ -6,12 +6,12 @@ Nehalem` has no AVX at all (`scalar`; PyTorch's wheel runs there, on its default
 scripts/emulated_cpus.sh runs the Rust tests on both.
 
 The run (`generate`, this file run as a script) loads a tiny llama from a GGUF file holding Q4_0,
-Q4_1 and Q8_0 blocks, or llama.cpp's Q4_K_M mix (Q4_K and Q6_K), and decodes greedily in-process
-through every path the server takes on such a CPU, in float32 (what `--dtype auto` picks without
-AVX-512 BF16): the weights packed into tiles where the CPU has an integer kernel, a prefill rounding
-activations to int8, one that takes the dense path (the weight dequantized for PyTorch's matmul),
-and decode steps of 1 and of 16 sequences in the fused decode stack (its one-int8 products from 16
-rows; the Q4_K_M file's qkv projection is in parts of Q4_K and Q6_K). The plans are set, not
+Q4_1, Q5_0, Q5_1 and Q8_0 blocks, or llama.cpp's Q4_K_M mix (Q4_K and Q6_K), and decodes greedily
+in-process through every path the server takes on such a CPU, in float32 (what `--dtype auto` picks
+without AVX-512 BF16): the weights packed into tiles where the CPU has an integer kernel, a prefill
+rounding activations to int8, one that takes the dense path (the weight dequantized for PyTorch's
+matmul), and decode steps of 1 and of 16 sequences in the fused decode stack (its one-int8 products
+from 16 rows; the Q4_K_M file's qkv projection is in parts of Q4_K and Q6_K). The plans are set, not
 measured (timings under emulation mean nothing), to reach each path. Its tokens must equal those of
 the same run on this machine with the kernels capped at the emulated CPU's tier (`SRT_CPU_ISA`):
 below AVX2 the products run on blocks in float32, not on tiles, and that changed one of the 17
@@ -35,18 +35,18 @@ from typing import Any
 import pytest
 import torch
 
-# The tiny llama's tensors in the three block formats (fused shards share theirs, so that every
-# projection stays in blocks), under GGUF's names.
+# The tiny llama's tensors in the five formats of blocks of 32 (fused shards share theirs, so that
+# every projection stays in blocks), under GGUF's names.
 BLOCK_FORMATS = {
     "embed_tokens": "q4_0",
     "lm_head": "q8_0",
     "self_attn.q_proj": "q8_0",
     "self_attn.k_proj": "q8_0",
     "self_attn.v_proj": "q8_0",
-    "self_attn.o_proj": "q4_0",
+    "self_attn.o_proj": "q5_0",
     "mlp.gate_proj": "q4_1",
     "mlp.up_proj": "q4_1",
-    "mlp.down_proj": "q8_0",
+    "mlp.down_proj": "q5_1",
 }
 # From how many rows a product takes the dense path (prefill of the 16 prompts: more rows; of
 # the one prompt: fewer, so the one-int8 kernel).
