@@ -48,8 +48,8 @@ pub use packed::{
     packed_len, PackedKernel, PackedMatrix, TILE,
 };
 
-/// Weights per block of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and per block of activations that the integer
-/// kernels round together (a K-quant's sub-block of 32 is one).
+/// Weights per block of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and per block of activations that the
+/// integer kernels round together (a K-quant's sub-block of 32 is one).
 pub const BLOCK: usize = 32;
 
 /// Weights per super-block of a K-quant (GGML's `QK_K`).

@@ -2,8 +2,9 @@
 //! linear kernel, and the half/bfloat16 conversions.
 //!
 //! Decoding rounds as the `gguf` package's numpy reference does (`d * q + m` as a product then
-//! a sum, `d * (q - 8)` and `d * (q - 16)` as one product), so that `dequantize` is bit-identical to it. The
-//! K-quants' super-blocks decode in `k_blocks.rs`; the kernel here takes a block of either.
+//! a sum, `d * (q - 8)` and `d * (q - 16)` as one product), so that `dequantize` is
+//! bit-identical to it. The K-quants' super-blocks decode in `k_blocks.rs`; the kernel here
+//! takes a block of either.
 
 use super::{k_blocks, Format, Job, BLOCK, SUPER_BLOCK};
 use crate::element::Element;
