@@ -1,6 +1,6 @@
 """Weights kept in GGUF's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K-quants
-Q4_K, Q5_K, Q6_K) and the products computed from them: the Rust `quant` kernels (rust/kernels/src/quant.rs)
-as a tensor class.
+Q4_K, Q5_K, Q6_K) and the products computed from them: the Rust `quant` kernels
+(rust/kernels/src/quant.rs) as a tensor class.
 
 The K-quants (super-blocks of 256 weights, `SUPER_BLOCK_BYTES`) take every path, their kernels
 meeting each sub-block of 32 with its block of activations. The GGUF loader keeps every format
