@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib.metadata import files
+from importlib.metadata import files, packages_distributions
 from pathlib import Path
 
-SOURCE_PACKAGE = Path(__file__).resolve().parents[1] / "python" / "srt"
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE_PACKAGE = ROOT / "python" / "srt"
 """The package's source (maturin's `python-source`). Not the repository root: a virtual
 environment made inside the clone (`python -m venv .venv`) installs the wheel under it."""
 
@@ -45,6 +46,19 @@ def test_kernels_ship_inside_srt_only() -> None:
     assert any(f.startswith("srt/kernels/") and f.endswith(".py") for f in shipped), shipped
     assert not [f for f in shipped if f.startswith("kernels/")]
     assert any(f.startswith("srt/_rust") for f in shipped)
+
+
+def test_the_repository_root_shadows_no_installed_module() -> None:
+    """`python -m pytest` puts the root first on `sys.path`: a package or module there named
+    like an installed distribution's (a top-level `kernels/`, say, which transformers imports
+    from the `kernels` distribution) would be imported in its place."""
+    importable = {
+        entry.stem if entry.suffix == ".py" else entry.name
+        for entry in ROOT.iterdir()
+        if entry.suffix == ".py" or (entry / "__init__.py").is_file()
+    }
+    installed = packages_distributions()
+    assert not {name: installed[name] for name in importable if name in installed}
 
 
 def test_the_playground_page_ships_inside_srt() -> None:
