@@ -113,6 +113,15 @@ class Llama:
     """What CPU it was built for: `native`, or the `SRT_CPU_ISA` cap (`llama_cpu_options`)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class LlamaBindings:
+    """llama.cpp's Python bindings (`llama_cpp`, from the same sdist) over `llama-server`'s
+    build of the library: run `python` with `env` added to the environment."""
+
+    python: Path
+    env: dict[str, str]
+
+
 class Installer:
     def __init__(self, cache: Path, jobs: int) -> None:
         self.cache = cache
@@ -277,6 +286,24 @@ class Installer:
                 log_file=self._log_file("llama-build"),
             )
         return quantize
+
+    def llama_bindings(self) -> LlamaBindings:
+        """The tools venv's Python, with what the bindings import beside numpy and jinja2
+        (this environment's), loading the libraries `llama-server` was built with."""
+        llama = self.llama()
+        python = self.tools() / "python"
+        if missing_modules(python, ["diskcache"]):
+            run(
+                [python, "-m", "pip", "install", "diskcache"],
+                log_file=self._log_file("tools-install"),
+            )
+        return LlamaBindings(
+            python,
+            {
+                "PYTHONPATH": str(llama.source.parent.parent),
+                "LLAMA_CPP_LIB_PATH": str(llama.server.parent),
+            },
+        )
 
     def llama_version(self, server: Path) -> str:
         """What `llama-server --version` says (its build number and commit)."""
