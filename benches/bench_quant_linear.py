@@ -4,6 +4,7 @@
     python benches/bench_quant_linear.py [--rows 1 4 16 64 2048] [--threads N] [--json OUT]
     python benches/bench_quant_linear.py --shapes qkv o_proj gate_up down --rows 256 1024 4096 \
         --kernel-max-rows 4096   # prefill: GOP/s of every path
+    python benches/bench_quant_linear.py --format q5_0   # every shape in another GGUF format
 
 Weights are read cold, as in a decode step that streams every layer: each kernel cycles over
 enough copies of its weight to pass `--working-set` bytes, more than the last level cache. For
@@ -14,7 +15,9 @@ its measured crossover, a dequantize-and-matmul at or above it); `quant_kernel` 
 kernel (up to 256 rows, beyond which it is far slower than a matmul): the integer kernel on
 repacked tiles where the CPU has AVX2 or AVX-512 VNNI (`quant_packed_kernel` in the JSON), else
 the portable float kernel on the blocks (`SRT_CPU_ISA=scalar` forces it for comparison,
-`SRT_CPU_ISA=avx2` the AVX2 integer kernel).
+`SRT_CPU_ISA=avx2` the AVX2 integer kernel). `--format` quantizes every shape to another of the
+formats srt keeps in blocks (llama.cpp's Q4_K_M holds SmolLM2's 576-wide rows in Q5_0, its down
+in Q4_K or Q6_K; a K-quant needs rows of whole super-blocks of 256, so only `down` takes one).
 
 For many rows (prefill) the figures are `*_GOPs` (2·m·n·k over the time): `quant_one_int8_bf16`,
 the one-int8 kernel (activations rounded to one int8 per value) on bfloat16 activations
@@ -50,6 +53,7 @@ from srt.kernels.cpu.quant_kernels import (
     QuantizedWeight,
     int8_activations,
 )
+from srt.testing import gguf_kquants
 
 # SmolLM2-135M-Instruct's GGUF: (in, out, format) per projection; the tied lm_head is Q8_0 in
 # the file, and Q4_1 for comparison.
@@ -61,7 +65,7 @@ SHAPES = {
     "lm_head_q8_0": (576, 49152, "q8_0"),
     "lm_head_q4_1": (576, 49152, "q4_1"),
 }
-GGML = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}
+FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 KERNEL_MAX_ROWS = 256
 
 
@@ -98,7 +102,9 @@ def bench_shape(
 ) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     dense = (rng.standard_normal((n, k), dtype=np.float32) * 0.05).astype(np.float32)
-    blocks = torch.from_numpy(quantize(dense, GGML[fmt]))
+    qtype = GGMLQuantizationType[fmt.upper()]
+    encode = gguf_kquants.quantize if qtype in gguf_kquants.K_QUANTS else quantize
+    blocks = torch.from_numpy(encode(dense, qtype))
     del dense
     first = QuantizedWeight(blocks, fmt, k)
     count = copies(first.nbytes, working_set)
@@ -148,6 +154,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 2048])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--format", choices=FORMATS, help="every shape in this format")
     parser.add_argument("--working-set", type=int, default=256 << 20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
@@ -164,6 +171,10 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.format in ("q4_k", "q5_k", "q6_k"):
+        narrow = [s for s in args.shapes if SHAPES[s][0] % gguf_kquants.SUPER_BLOCK]
+        if narrow:
+            parser.error(f"{args.format} needs rows of whole super-blocks of 256: not {narrow}")
     int8_offered = not args.disable_int8_activations
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -177,6 +188,7 @@ def main() -> None:
     with torch.inference_mode(), int8_activations(int8_offered):
         for name in args.shapes:
             k, n, fmt = SHAPES[name]
+            fmt = args.format or fmt
             results["shapes"][f"{name} {k}->{n}"] = bench_shape(
                 k,
                 n,
