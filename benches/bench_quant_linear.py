@@ -69,6 +69,10 @@ FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 KERNEL_MAX_ROWS = 256
 
 
+def is_k_quant(fmt: str) -> bool:
+    return GGMLQuantizationType[fmt.upper()] in gguf_kquants.K_QUANTS
+
+
 def best_seconds(fns: list[Callable[[], Any]], repeats: int) -> float:
     """The best time per call over `repeats` passes over `fns` (one call each), after one
     warm-up pass; each pass lasts at least 50 ms."""
@@ -102,9 +106,8 @@ def bench_shape(
 ) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     dense = (rng.standard_normal((n, k), dtype=np.float32) * 0.05).astype(np.float32)
-    qtype = GGMLQuantizationType[fmt.upper()]
-    encode = gguf_kquants.quantize if qtype in gguf_kquants.K_QUANTS else quantize
-    blocks = torch.from_numpy(encode(dense, qtype))
+    encode = gguf_kquants.quantize if is_k_quant(fmt) else quantize
+    blocks = torch.from_numpy(encode(dense, GGMLQuantizationType[fmt.upper()]))
     del dense
     first = QuantizedWeight(blocks, fmt, k)
     count = copies(first.nbytes, working_set)
@@ -171,7 +174,7 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if args.format in ("q4_k", "q5_k", "q6_k"):
+    if args.format and is_k_quant(args.format):
         narrow = [s for s in args.shapes if SHAPES[s][0] % gguf_kquants.SUPER_BLOCK]
         if narrow:
             parser.error(f"{args.format} needs rows of whole super-blocks of 256: not {narrow}")
