@@ -291,8 +291,7 @@ pub fn linear_packed<T: Element>(
 }
 
 /// The product of `weight` by the rounded rows `rows` (`m` of them; lengths checked) into
-/// `out`, tile chunks claimed by the process's OpenMP threads: every product of split rows,
-/// and the K-quants' of one-int8 rows.
+/// `out`, tile chunks claimed by the process's OpenMP threads: every product of split rows.
 pub(super) fn run_on_tiles<T: Element>(
     kernel: PackedKernel,
     weight: &PackedMatrix<'_>,
@@ -343,7 +342,7 @@ unsafe fn run_kernel<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: Rang
     // SAFETY: forwarded from the caller.
     unsafe {
         if job.format.is_k() {
-            return k_kernel::run(kernel, job, tiles);
+            return k_kernel::run(kernel, job, 0..job.m, tiles);
         }
         debug_assert!(
             job.split,

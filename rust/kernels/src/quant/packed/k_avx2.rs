@@ -16,14 +16,19 @@ use crate::element::Element;
 use crate::isa::{Avx2, AvxVnni};
 use crate::quant::Format;
 
-/// `linear_packed`'s tiles `tiles` of a K-quant `job`, for every row, with AVX2's products.
+/// Rows `rows` of tiles `tiles` of a K-quant `job`, with AVX2's products.
 ///
 /// # Safety
 /// As `k_simd::run`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn run<T: Element>(cpu: Avx2, job: &Job<T>, tiles: Range<usize>) {
+pub(super) unsafe fn run<T: Element>(
+    cpu: Avx2,
+    job: &Job<T>,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+) {
     // SAFETY: forwarded; the token proves the instructions.
-    unsafe { run_with(Halves(cpu), job, tiles) }
+    unsafe { run_with(Halves(cpu), job, rows, tiles) }
 }
 
 /// `run` with AVX-VNNI's products.
@@ -31,19 +36,29 @@ pub(super) unsafe fn run<T: Element>(cpu: Avx2, job: &Job<T>, tiles: Range<usize
 /// # Safety
 /// As `k_simd::run`.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub(super) unsafe fn run_vnni<T: Element>(cpu: AvxVnni, job: &Job<T>, tiles: Range<usize>) {
+pub(super) unsafe fn run_vnni<T: Element>(
+    cpu: AvxVnni,
+    job: &Job<T>,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+) {
     // SAFETY: forwarded; the token proves the instructions.
-    unsafe { run_with(Halves(cpu), job, tiles) }
+    unsafe { run_with(Halves(cpu), job, rows, tiles) }
 }
 
 #[inline(always)]
-unsafe fn run_with<P: Products, T: Element>(isa: Halves<P>, job: &Job<T>, tiles: Range<usize>) {
+unsafe fn run_with<P: Products, T: Element>(
+    isa: Halves<P>,
+    job: &Job<T>,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+) {
     // SAFETY: forwarded; each format's reader matches `job.format`.
     unsafe {
         match job.format {
-            Format::Q4_K => k_simd::run::<_, Q4K, T>(isa, job, tiles),
-            Format::Q5_K => k_simd::run::<_, Q5K, T>(isa, job, tiles),
-            Format::Q6_K => k_simd::run::<_, Q6K, T>(isa, job, tiles),
+            Format::Q4_K => k_simd::run::<_, Q4K, T>(isa, job, rows, tiles),
+            Format::Q5_K => k_simd::run::<_, Q5K, T>(isa, job, rows, tiles),
+            Format::Q6_K => k_simd::run::<_, Q6K, T>(isa, job, rows, tiles),
             Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 | Format::Q8_0 => {
                 unreachable!("the formats of blocks of 32 take avx2.rs")
             }

@@ -13,19 +13,24 @@ use crate::element::Element;
 use crate::isa::Avx512Vnni;
 use crate::quant::{Format, BLOCK, SUPER_BLOCK};
 
-/// `linear_packed`'s tiles `tiles` of a K-quant `job`, for every row.
+/// Rows `rows` of tiles `tiles` of a K-quant `job`.
 ///
 /// # Safety
 /// As `k_simd::run`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c,fma")]
-pub(super) unsafe fn run<T: Element>(cpu: Avx512Vnni, job: &Job<T>, tiles: Range<usize>) {
+pub(super) unsafe fn run<T: Element>(
+    cpu: Avx512Vnni,
+    job: &Job<T>,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+) {
     // SAFETY: forwarded; each format's reader matches `job.format`; the token proves the
     // instructions.
     unsafe {
         match job.format {
-            Format::Q4_K => k_simd::run::<_, Q4K, T>(cpu, job, tiles),
-            Format::Q5_K => k_simd::run::<_, Q5K, T>(cpu, job, tiles),
-            Format::Q6_K => k_simd::run::<_, Q6K, T>(cpu, job, tiles),
+            Format::Q4_K => k_simd::run::<_, Q4K, T>(cpu, job, rows, tiles),
+            Format::Q5_K => k_simd::run::<_, Q5K, T>(cpu, job, rows, tiles),
+            Format::Q6_K => k_simd::run::<_, Q6K, T>(cpu, job, rows, tiles),
             Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 | Format::Q8_0 => {
                 unreachable!("the formats of blocks of 32 take vnni.rs")
             }

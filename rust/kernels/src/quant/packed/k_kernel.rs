@@ -57,22 +57,28 @@ pub(super) fn first_halves(rows: &RoundedRows, format: Format) -> Vec<i32> {
         .collect()
 }
 
-/// Tiles `tiles` of `job` (a K-quant, its rows split or rounded to one int8) with `kernel`.
+/// Rows `rows` of tiles `tiles` of `job` (a K-quant, its rows split or rounded to one int8)
+/// with `kernel`.
 ///
 /// # Safety
-/// `job`'s lengths are checked (`first_halves` filled for Q6_K); no other thread writes
-/// `tiles`.
-pub(super) unsafe fn run<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: Range<usize>) {
+/// `job`'s lengths are checked (`first_halves` filled for Q6_K); `rows` lie inside the job; no
+/// other thread writes the outputs of `rows` × `tiles`.
+pub(super) unsafe fn run<T: Element>(
+    kernel: PackedKernel,
+    job: &Job<T>,
+    rows: Range<usize>,
+    tiles: Range<usize>,
+) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match kernel {
-            PackedKernel::Portable => run_portable(job, tiles),
+            PackedKernel::Portable => run_portable(job, rows, tiles),
             #[cfg(target_arch = "x86_64")]
-            PackedKernel::Avx2(cpu) => super::k_avx2::run(cpu, job, tiles),
+            PackedKernel::Avx2(cpu) => super::k_avx2::run(cpu, job, rows, tiles),
             #[cfg(target_arch = "x86_64")]
-            PackedKernel::AvxVnni(cpu) => super::k_avx2::run_vnni(cpu, job, tiles),
+            PackedKernel::AvxVnni(cpu) => super::k_avx2::run_vnni(cpu, job, rows, tiles),
             #[cfg(target_arch = "x86_64")]
-            PackedKernel::Avx512Vnni(cpu) => super::k_avx512::run(cpu, job, tiles),
+            PackedKernel::Avx512Vnni(cpu) => super::k_avx512::run(cpu, job, rows, tiles),
             #[cfg(not(target_arch = "x86_64"))]
             PackedKernel::Avx2(_) | PackedKernel::AvxVnni(_) | PackedKernel::Avx512Vnni(_) => {
                 unreachable!("detection makes no x86 token off x86-64")
@@ -85,7 +91,7 @@ pub(super) unsafe fn run<T: Element>(kernel: PackedKernel, job: &Job<T>, tiles: 
 ///
 /// # Safety
 /// As `run`.
-unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
+unsafe fn run_portable<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Range<usize>) {
     let (m, n, k, format) = (job.m, job.out_features, job.in_features, job.format);
     let blocks = k / BLOCK;
     let halves_len = if format == Format::Q6_K {
@@ -125,7 +131,7 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, tiles: Range<usize>) {
         let (t, lane) = (column / TILE, column % TILE);
         // SAFETY: the bias, when given, holds `n` floats.
         let bias = (!job.bias.is_null()).then(|| unsafe { *job.bias.add(column) });
-        for row in 0..m {
+        for row in rows.clone() {
             let mut acc = 0f32;
             for s in 0..k / SUPER_BLOCK {
                 let at = weight.tile_block(t, s);

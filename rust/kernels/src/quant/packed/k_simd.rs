@@ -250,24 +250,26 @@ impl KFormat for Q6K {
     }
 }
 
-/// Tiles `tiles` of `job` for every row, with `isa`'s instructions. Inlined into each tier's
+/// Rows `rows` of tiles `tiles` of `job`, with `isa`'s instructions. Inlined into each tier's
 /// function, which enables its instructions.
 ///
 /// # Safety
-/// `job`'s lengths are checked (`first_halves` filled for Q6_K) and its format is `F`'s; no
-/// other thread writes `tiles`; the CPU has `isa`'s instructions.
+/// `job`'s lengths are checked (`first_halves` filled for Q6_K) and its format is `F`'s;
+/// `rows` lie inside the job; no other thread writes the outputs of `rows` × `tiles`; the
+/// CPU has `isa`'s instructions.
 #[inline(always)]
 pub(super) unsafe fn run<L: Lanes, F: KFormat, T: Element>(
     isa: L,
     job: &Job<T>,
+    rows: Range<usize>,
     tiles: Range<usize>,
 ) {
     // SAFETY: forwarded; `rest` is read only where the rows are split.
     unsafe {
         if job.split {
-            run_rows::<L, F, T, true>(isa, job, tiles)
+            run_rows::<L, F, T, true>(isa, job, rows, tiles)
         } else {
-            run_rows::<L, F, T, false>(isa, job, tiles)
+            run_rows::<L, F, T, false>(isa, job, rows, tiles)
         }
     }
 }
@@ -277,11 +279,12 @@ pub(super) unsafe fn run<L: Lanes, F: KFormat, T: Element>(
 unsafe fn run_rows<L: Lanes, F: KFormat, T: Element, const SPLIT: bool>(
     isa: L,
     job: &Job<T>,
+    rows: Range<usize>,
     tiles: Range<usize>,
 ) {
     let most = if L::WIDE { 6 } else { 4 };
-    for (row, rows) in even_row_tiles(job.m, most) {
-        let tiles = tiles.clone();
+    for (first, count) in even_row_tiles(rows.len(), most) {
+        let (row, rows, tiles) = (rows.start + first, count, tiles.clone());
         // SAFETY: rows `row..row + rows` and `tiles` lie inside the job and this thread's
         // share, as the caller guarantees.
         unsafe {

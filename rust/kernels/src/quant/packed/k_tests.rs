@@ -122,9 +122,10 @@ fn the_integer_product_is_within_the_rounding_of_the_activations() {
 
 #[test]
 fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_the_batch() {
-    // Rows 1..=20 meet every register tile and uneven row splits; 61 columns end inside a tile;
-    // column 40's second super-block has a NaN scale; 4100 × 2 passes the parallel threshold.
-    let rows: Vec<usize> = (1..=20).collect();
+    // Rows 1..=20 meet every register tile and uneven row splits, 127 the one-int8 product's
+    // panels of 60 rows (the last of 7); 61 columns end inside a tile; column 40's second
+    // super-block has a NaN scale; 4100 × 2 passes the parallel threshold.
+    let rows: Vec<usize> = (1..=20).chain([127]).collect();
     for (rounding, _) in ROUNDINGS {
         for format in K_FORMATS {
             for (n, k, rows, nan) in [
