@@ -12,13 +12,19 @@ from pathlib import Path
 
 import pytest
 from runner_helpers import greedy_generate, make_runner, next_token_fidelity, teacher_forced_logits
-from test_quantized_model import GREEDY_TOKENS, chat_prompts
+from test_quantized_model import chat_prompts
 
 from srt.model_info import _DONE_MARKER
 from srt.testing.tiny_gguf import write_tiny_gguf
 
 TOP_1_AT_LEAST = 0.97
 KL_AT_MOST = 5e-3
+# Tokens per prompt (12 prompts). At the Q4_1 test's 32 (384 positions) one flipped near-tie
+# moved the agreement by 0.26 points, and which path each product takes (measured at start, see
+# quant_kernels) moved it from 0.964 to 0.974 on one Zen 4 with bf16 activations: the target
+# sat inside that noise. At 128 (1536 positions) the plans that machine can measure gave 0.971
+# (products of 4 to 15 rows on the dequantized bf16 weight) to 0.980.
+FIDELITY_TOKENS = 128
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +49,10 @@ def test_a_q4_k_m_file_keeps_the_next_tokens_of_its_dequantized_model(
     smollm2: Path, q4_k_m: Path, dtype: str
 ) -> None:
     """`dtype` auto: bf16 activations where the CPU has AVX-512 BF16 (the default there)."""
-    served = make_runner(q4_k_m, dtype=dtype, max_total_tokens=2048)
-    reference = make_runner(q4_k_m, quantization="none", max_total_tokens=2048)
+    served = make_runner(q4_k_m, dtype=dtype, max_total_tokens=4096)
+    reference = make_runner(q4_k_m, quantization="none", max_total_tokens=4096)
     prompts = chat_prompts(smollm2)
-    tokens = greedy_generate(reference, prompts, GREEDY_TOKENS, banned=set())
+    tokens = greedy_generate(reference, prompts, FIDELITY_TOKENS, banned=set())
     ours = teacher_forced_logits(served, prompts, tokens).log_softmax(-1)
     theirs = teacher_forced_logits(reference, prompts, tokens).log_softmax(-1)
     same_top, kl = next_token_fidelity(ours, theirs)

@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         next_token_fidelity,
         teacher_forced_logits,
     )
-    from test_gguf_kquant_fidelity import KL_AT_MOST, TOP_1_AT_LEAST
-    from test_quantized_model import GREEDY_TOKENS, chat_prompts
+    from test_gguf_kquant_fidelity import FIDELITY_TOKENS, KL_AT_MOST, TOP_1_AT_LEAST
+    from test_quantized_model import chat_prompts
 
     from peers.install import Installer, default_cache_dir
 
@@ -57,14 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     models = installer.models(need_f16=args.weights == "f16", need_q4_k_m=True)
     gguf = models.gguf(args.weights)
     prompts = chat_prompts(models.hf_dir)
-    reference = make_runner(gguf, quantization="none", max_total_tokens=2048)
-    tokens = greedy_generate(reference, prompts, GREEDY_TOKENS, banned=set())
+    reference = make_runner(gguf, quantization="none", max_total_tokens=4096)
+    tokens = greedy_generate(reference, prompts, FIDELITY_TOKENS, banned=set())
     theirs = teacher_forced_logits(reference, prompts, tokens).log_softmax(-1)
     del reference
 
     engines: dict[str, torch.Tensor] = {}
     for dtype in ("auto", "float32"):
-        served = make_runner(gguf, dtype=dtype, max_total_tokens=2048)
+        served = make_runner(gguf, dtype=dtype, max_total_tokens=4096)
         name = f"srt, {served.model_config.dtype} activations".replace("torch.", "")
         engines[name] = teacher_forced_logits(served, prompts, tokens)
         del served
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "model": str(gguf),
         "prompts": len(prompts),
-        "steps": GREEDY_TOKENS,
+        "steps": FIDELITY_TOKENS,
         "targets": {"top_1_at_least": TOP_1_AT_LEAST, "mean_kl_at_most": KL_AT_MOST},
         "engines": {},
     }
