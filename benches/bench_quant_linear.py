@@ -49,7 +49,10 @@ from roofline import copy_bandwidth
 
 from srt.kernels.cpu import cpu_kernels
 from srt.kernels.cpu.quant_kernels import (
+    FORMATS,
     INT8_ACTIVATION_MIN_ROWS,
+    SUPER_BLOCK_BYTES,
+    SUPER_BLOCK_SIZE,
     QuantizedWeight,
     int8_activations,
 )
@@ -65,12 +68,7 @@ SHAPES = {
     "lm_head_q8_0": (576, 49152, "q8_0"),
     "lm_head_q4_1": (576, 49152, "q4_1"),
 }
-FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 KERNEL_MAX_ROWS = 256
-
-
-def is_k_quant(fmt: str) -> bool:
-    return GGMLQuantizationType[fmt.upper()] in gguf_kquants.K_QUANTS
 
 
 def best_seconds(fns: list[Callable[[], Any]], repeats: int) -> float:
@@ -106,7 +104,7 @@ def bench_shape(
 ) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     dense = (rng.standard_normal((n, k), dtype=np.float32) * 0.05).astype(np.float32)
-    encode = gguf_kquants.quantize if is_k_quant(fmt) else quantize
+    encode = gguf_kquants.quantize if fmt in SUPER_BLOCK_BYTES else quantize
     blocks = torch.from_numpy(encode(dense, GGMLQuantizationType[fmt.upper()]))
     del dense
     first = QuantizedWeight(blocks, fmt, k)
@@ -157,7 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 2048])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--format", choices=FORMATS, help="every shape in this format")
+    parser.add_argument("--format", choices=sorted(FORMATS), help="every shape in this format")
     parser.add_argument("--working-set", type=int, default=256 << 20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
@@ -174,8 +172,8 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if args.format and is_k_quant(args.format):
-        narrow = [s for s in args.shapes if SHAPES[s][0] % gguf_kquants.SUPER_BLOCK]
+    if args.format in SUPER_BLOCK_BYTES:
+        narrow = [s for s in args.shapes if SHAPES[s][0] % SUPER_BLOCK_SIZE]
         if narrow:
             parser.error(f"{args.format} needs rows of whole super-blocks of 256: not {narrow}")
     int8_offered = not args.disable_int8_activations
