@@ -152,14 +152,24 @@ def test_a_fused_step_gives_the_layers_bits(
     ("formats", "preset"),
     [(every_matrix("q4_1"), "tiny"), (q4_k_m, "tiny-k")],  # blocks of 32; K-quants, in parts
 )
+@pytest.mark.parametrize(
+    "offered_plan",
+    [
+        ((0, KERNEL), (2, ONE_INT8)),
+        # The dense path between the two kernels, as measured for SmolLM2's Q5_0 projections
+        # of 4 to 15 rows on Zen 4: steps of 2 sequences would take the layers, of 3 the stack.
+        ((0, KERNEL), (2, DENSE), (3, ONE_INT8)),
+    ],
+)
 def test_a_fused_step_rounding_activations_to_int8_gives_the_layers_bits(
     tiny_model_factory: TinyModelFactory,
     monkeypatch: pytest.MonkeyPatch,
     counted: list[bool],
     formats: Callable[[str], str | None],
     preset: str,
+    offered_plan: quant_kernels.Plan,
 ) -> None:
-    """Where the plans round activations to one int8 from 2 rows (as if measured; 16 in
+    """Where the plans round activations to one int8 from 2 or 3 rows (as if measured; 16 in
     serving), the stack's decode steps of 3 sequences do too, as the layers' do."""
     if cpu_kernels.quant_packed_kernel() is None:
         pytest.skip("one int8 per activation needs the integer kernel (AVX-512 VNNI)")
@@ -167,7 +177,7 @@ def test_a_fused_step_rounding_activations_to_int8_gives_the_layers_bits(
     monkeypatch.setattr(
         quant_kernels,
         "_measure_plan",
-        lambda weight, dtype, offered: ((0, KERNEL), (2, ONE_INT8) if offered else (512, DENSE)),
+        lambda weight, dtype, offered: offered_plan if offered else ((0, KERNEL), (512, DENSE)),
     )
 
     def logits(offered: bool) -> list[torch.Tensor]:

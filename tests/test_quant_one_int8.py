@@ -135,25 +135,32 @@ def test_products_round_activations_to_int8_only_inside_the_offer(
 
 
 @pytest.mark.parametrize(
-    ("plan", "rows"),
+    ("plan", "stacked"),
     [
-        (((0, KERNEL), (16, ONE_INT8), (64, DENSE)), (16, 64)),
-        (((0, KERNEL), (16, ONE_INT8), (32, KERNEL)), (16, 32)),
-        (((0, KERNEL), (16, ONE_INT8)), (16, sys.maxsize)),
-        (((0, KERNEL), (8, DENSE), (16, ONE_INT8)), (None, 8)),
-        (((0, KERNEL),), (None, sys.maxsize)),
+        (((0, KERNEL), (16, ONE_INT8), (64, DENSE)), (16, ((0, 64),))),
+        (((0, KERNEL), (16, ONE_INT8), (32, KERNEL)), (16, ((0, 32),))),
+        (((0, KERNEL), (16, ONE_INT8)), (16, ((0, sys.maxsize),))),
+        (((0, KERNEL), (8, DENSE), (16, ONE_INT8)), (16, ((0, 8), (16, sys.maxsize)))),
+        (
+            ((0, KERNEL), (4, DENSE), (16, ONE_INT8), (1024, DENSE)),
+            (16, ((0, 4), (16, 1024))),
+        ),
+        (((0, KERNEL), (8, DENSE), (32, KERNEL)), (None, ((0, 8), (32, sys.maxsize)))),
+        (((0, KERNEL),), (None, ((0, sys.maxsize),))),
     ],
 )
-def test_stack_rows_reads_where_the_plan_leaves_the_stacks_kernels(
-    plan: quant_kernels.Plan, rows: tuple[int | None, int], monkeypatch: pytest.MonkeyPatch
+def test_stack_rows_reads_where_the_stacks_kernels_follow_the_plan(
+    plan: quant_kernels.Plan,
+    stacked: tuple[int | None, tuple[tuple[int, int], ...]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What a decode stack running only the few-row and one-int8 kernels needs of a plan: from
-    which rows it rounds activations to one int8, and from which rows another path takes the
-    products."""
+    which rows it rounds activations to one int8, and the windows of rows where that gives the
+    plan's own path."""
     monkeypatch.setattr(quant_kernels, "_plans", {})
     monkeypatch.setattr(quant_kernels, "_measure_plan", lambda weight, dtype, offered: plan)
     weight, _ = make("q4_1", 16, 64)
-    assert weight.stack_rows(torch.float32, True) == rows
+    assert weight.stack_rows(torch.float32, True) == stacked
 
 
 @pytest.mark.parametrize("offered", [False, True])
@@ -175,7 +182,9 @@ def test_linear_takes_the_path_its_measured_plan_gives(
             )
         else:
             assert ONE_INT8 not in dict(plan).values()
-            assert weight.stack_rows(dtype, offered) == (None, plan[1][0])
+            one_int8_from, windows = weight.stack_rows(dtype, offered)
+            assert one_int8_from is None
+            assert windows[0] == (0, plan[1][0])
         boundaries = [(1, KERNEL)] + [
             (rows, path)
             for (_, below), (start, path) in itertools.pairwise(plan)

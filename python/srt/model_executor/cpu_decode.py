@@ -16,16 +16,19 @@ When it runs: decode steps on the CPU, float32 or bf16, whose attention can read
 in place (`CpuAttnBackend.in_place_decode`), with per-head q/k norms (Qwen3) or without,
 with a gated MLP or a sparse mixture of such experts (Qwen3-MoE: every expert's projections
 quantized; the float32 router's kernel is the one the Python mixture calls), on one
-tensor-parallel rank (the stack has no all-reduce between a layer's shards), with fewer
-sequences than any projection's plan gives to a path other than the kernels the stack runs
+tensor-parallel rank (the stack has no all-reduce between a layer's shards), with a number of
+sequences for which every projection's plan gives the path the stack takes
 (`QuantizedWeight.stack_rows`: the few-row kernel, and on tiles the one-int8 kernel from the row
-count where the plan rounds activations to one int8, as each projection's plan gives for the
-step's rows). Elsewhere, or with `SRT_FUSED_DECODE=0`, the layers run one by one.
+count where the plan first rounds activations to one int8). A plan may give a window of rows
+between the two to the dense path (SmolLM2's Q4_K_M file on Zen 4: Q5_0 projections of 4 to 15
+rows): those steps take the layers one by one, the steps of 16 sequences and more the stack
+again. Elsewhere, or with `SRT_FUSED_DECODE=0`, the layers run one by one.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +49,9 @@ if TYPE_CHECKING:
     from srt.mem_cache.memory_pool import KVPool
 
 logger = logging.getLogger(__name__)
+
+# Windows [start, end) of row counts, by rising start.
+Windows = tuple[tuple[int, int], ...]
 
 
 def _stack_parts(name: str, linear: Linear) -> tuple[QuantizedWeight, ...] | str:
@@ -73,8 +79,9 @@ class CpuDecodeExecutor:
         # What the stack was built for: the pool, and whether int8 activations were offered.
         self._built_for: tuple[KVPool, bool] | None = None
         self._stack: _rust.DecoderStack | None = None
-        # Steps of at least this many sequences take the layers' path.
-        self._max_batch = 0
+        # The windows [start, end) of sequences per step the stack runs; others take the
+        # layers' path.
+        self._batches: Windows = ()
         # The reasons already logged for not building a stack.
         self._said: set[str] = set()
 
@@ -97,7 +104,10 @@ class CpuDecodeExecutor:
             return False
         metadata = backend.in_place_decode()
         stack = None if metadata is None else self._ready(forward_batch.kv_pool, hidden.dtype)
-        if metadata is None or stack is None or forward_batch.batch_size >= self._max_batch:
+        batch = forward_batch.batch_size
+        if metadata is None or stack is None:
+            return False
+        if not any(start <= batch < end for start, end in self._batches):
             return False
         rows, seq_lens = metadata
         cos, sin = rope
@@ -122,14 +132,16 @@ class CpuDecodeExecutor:
         # The model runner builds this executor on the CPU only, where the pool is.
         if not plan.layers or pool.k_buffers[0].dtype != dtype:
             return None
-        specs, ends = [], []
+        specs = []
+        batches: Windows = ((0, sys.maxsize),)
         for layer in plan.layers:
             spec = self._layer_spec(layer, pool, dtype, built_for[1])
             if isinstance(spec, str):
                 self._say_unfit(spec)
                 return None
             specs.append(spec[0])
-            ends.extend(spec[1])
+            for windows in spec[1]:
+                batches = _intersection(batches, windows)
         self._stack = _rust.DecoderStack(
             plan.heads,
             plan.kv_heads,
@@ -138,7 +150,7 @@ class CpuDecodeExecutor:
             plan.scale,
             specs,
         )
-        self._max_batch = min(ends)
+        self._batches = batches
         return self._stack
 
     def _say_unfit(self, reason: str) -> None:
@@ -149,10 +161,11 @@ class CpuDecodeExecutor:
 
     def _layer_spec(
         self, layer: DecoderLayerPlan, pool: KVPool, dtype: torch.dtype, offered: bool
-    ) -> tuple[_rust.LayerSpec, list[int]] | str:
-        """A layer's spec for `DecoderStack` and, per projection, the fewest rows that leave
-        the stack's kernels; else why the stack cannot run it (a projection not quantized or
-        in a form the stack does not take, a norm not of `dtype` or of another epsilon)."""
+    ) -> tuple[_rust.LayerSpec, list[Windows]] | str:
+        """A layer's spec for `DecoderStack` and, per projection, the windows of rows where
+        the stack's kernels take the path its plan gives; else why the stack cannot run it (a
+        projection not quantized or in a form the stack does not take, a norm not of `dtype`
+        or of another epsilon)."""
         named = {"qkv": layer.qkv, "o": layer.o}
         moe = layer.moe
         if moe is None:
@@ -163,7 +176,7 @@ class CpuDecodeExecutor:
             for i, (gate_up, down) in enumerate(zip(moe.gate_up, moe.down, strict=True)):
                 named |= {f"expert {i}'s gate_up": gate_up, f"expert {i}'s down": down}
         projections: dict[str, _rust.ProjectionSpec | list[_rust.ProjectionSpec]] = {}
-        ends = []
+        served = []
         for name, linear in named.items():
             parts = _stack_parts(name, linear)
             if isinstance(parts, str):
@@ -172,8 +185,8 @@ class CpuDecodeExecutor:
             specs, start = [], 0
             for weight in parts:
                 # First: measuring the plan packs the weight where it will be packed.
-                one_int8_from, end = weight.stack_rows(dtype, offered)
-                ends.append(end)
+                one_int8_from, windows = weight.stack_rows(dtype, offered)
+                served.append(windows)
                 rows = slice(start, start + weight.out_features)
                 start = rows.stop
                 # The stack holds the numpy view, which holds the float32 copy.
@@ -222,4 +235,10 @@ class CpuDecodeExecutor:
             **feed_forward,
             **qk_norms,
         )
-        return spec, ends
+        return spec, served
+
+
+def _intersection(a: Windows, b: Windows) -> Windows:
+    """The row counts in both `a` and `b`, as windows [start, end) by rising start."""
+    both = ((max(s, t), min(e, f)) for s, e in a for t, f in b)
+    return tuple((start, end) for start, end in both if start < end)

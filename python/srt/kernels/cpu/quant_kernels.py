@@ -244,17 +244,26 @@ class QuantizedWeight:
         self._paths[dtype, int8_offered] = bound
         return found
 
-    def stack_rows(self, dtype: torch.dtype, int8_offered: bool) -> tuple[int | None, int]:
+    def stack_rows(
+        self, dtype: torch.dtype, int8_offered: bool
+    ) -> tuple[int | None, tuple[tuple[int, int], ...]]:
         """For a decode stack that runs the few-row and one-int8 kernels alone
         (`model_executor/cpu_decode.py`): from which row count of `dtype` the plan takes the
-        one-int8 kernel (activations rounded to one int8; None: never), and from which another
-        path (`sys.maxsize`: none)."""
-        one_int8_from = None
-        for start, path in self.plan(dtype, int8_offered)[1:]:
-            if path != ONE_INT8 or one_int8_from is not None:
-                return one_int8_from, start
-            one_int8_from = start
-        return one_int8_from, sys.maxsize
+        one-int8 kernel (activations rounded to one int8; None: never), and the windows of row
+        counts [start, end) where the stack, taking the few-row kernel below that count and the
+        one-int8 kernel from it, takes the path the plan gives (`sys.maxsize`: no end)."""
+        plan = self.plan(dtype, int8_offered)
+        one_int8_from = next((start for start, path in plan if path == ONE_INT8), None)
+        windows: list[tuple[int, int]] = []
+        ends = [start for start, _ in plan[1:]] + [sys.maxsize]
+        for (start, path), end in zip(plan, ends, strict=True):
+            stacked = KERNEL if one_int8_from is None or start < one_int8_from else ONE_INT8
+            if path != stacked:
+                continue
+            if windows and windows[-1][1] == start:
+                start = windows.pop()[0]
+            windows.append((start, end))
+        return one_int8_from, tuple(windows)
 
     def _kernel(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The product on the tiles (in the rows' dtype) or the blocks (in float32)."""
