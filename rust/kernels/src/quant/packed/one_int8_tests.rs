@@ -11,7 +11,8 @@ use crate::test_values::values;
 #[test]
 fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_the_batch() {
     // 1..=13 rows meet every register tile and its remainders; 70 and 131 rows span panels
-    // and end them in partial register tiles;
+    // (a whole one widens Q5_0's and Q5_1's tiles to bytes on AVX-512 VNNI) and end them in
+    // partial register tiles;
     // 61 columns end inside a tile, 300 (19 tiles) span tile chunks and leave an odd tile;
     // 2 × 4100 × 512 passes the parallel threshold.
     every_kernel_on_blocks_of_32(
