@@ -67,6 +67,8 @@ mod k_avx512;
 mod k_kernel;
 mod k_layout;
 #[cfg(target_arch = "x86_64")]
+mod k_q6;
+#[cfg(target_arch = "x86_64")]
 mod k_simd;
 #[cfg(test)]
 mod k_tests;

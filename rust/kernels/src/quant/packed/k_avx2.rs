@@ -169,6 +169,18 @@ impl<P: Products> Lanes for Halves<P> {
     }
 
     #[inline(always)]
+    unsafe fn add(self, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_add_epi32(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn times_signed(self, sum: __m256i, at: *const u8) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_mullo_epi32(sum, _mm256_cvtepi8_epi32(_mm_loadl_epi64(at.cast()))) }
+    }
+
+    #[inline(always)]
     unsafe fn zero_float(self) -> __m256 {
         // SAFETY: see the impl.
         unsafe { _mm256_setzero_ps() }

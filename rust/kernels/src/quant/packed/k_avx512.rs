@@ -109,6 +109,18 @@ impl Lanes for Avx512Vnni {
     }
 
     #[inline(always)]
+    unsafe fn add(self, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_add_epi32(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn times_signed(self, sum: __m512i, at: *const u8) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_mullo_epi32(sum, _mm512_cvtepi8_epi32(_mm_loadu_si128(at.cast()))) }
+    }
+
+    #[inline(always)]
     unsafe fn zero_float(self) -> __m512 {
         // SAFETY: see the impl.
         unsafe { _mm512_setzero_ps() }

@@ -18,7 +18,10 @@
 //!
 //! and finally `acc + bias`, rounded once to the output's type. With one int8 per activation
 //! (`u`, `Σa` and `u·Σa` as in `one_int8.rs`) the steps are the same with `Σq·a` in place of
-//! `256·Σq·a + Σq·b`, and `T_0` the first half's `Σa`. The integer sums are exact in
+//! `256·Σq·a + Σq·b`, and `T_0` the first half's `Σa`, but for Q6_K: its two halves meet their
+//! scales in integers, `acc = fma(sc_{2j}·(Σ₀q·a - 32·T_0) + sc_{2j+1}·(Σ₁q·a - 32·T_1), d·u,
+//! acc)`, exact in int32 and in its conversion to float32 (at most `2·128·16·32·127`, about
+//! 1.66·10⁷, below 2²⁴): the float work of one block of 32 instead of two. The integer sums are exact in
 //! int32: at most `256·32·31·127 + 32·31·127` (Q5_K, about 3.2·10⁷) for a sub-block, and for a
 //! Q6_K half `256·16·63·127 + 16·63·127 + 32·16·32639` (about 4.9·10⁷), far below 2³¹. A block
 //! of activations holding a NaN or an infinity makes its rows' outputs NaN, as a NaN unit
@@ -138,7 +141,17 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Rang
                 let (d, dmin) = halves(format, bytes, at, lane);
                 for b in 8 * s..8 * s + 8 {
                     let unit = input.units[row * blocks + b];
-                    if format == Format::Q6_K {
+                    if format == Format::Q6_K && !job.split {
+                        let first_half = first[row * blocks + b];
+                        let total = input.totals[row * blocks + b];
+                        let mut sum = 0i32;
+                        for (p, half_total) in [(0, first_half), (1, total - first_half)] {
+                            let (sc, _) = scale_min(format, bytes, at, lane, 2 * (b % 8) + p);
+                            let half = dot(row, b, at, lane, 16 * p..16 * p + 16);
+                            sum += i32::from(sc) * (half - 32 * half_total);
+                        }
+                        acc = (sum as f32).mul_add(d * unit, acc);
+                    } else if format == Format::Q6_K {
                         let first_half = first[row * blocks + b];
                         for (p, total) in [
                             (0, first_half),

@@ -9,8 +9,9 @@
 //! shift and a byte mask: the bits that the shift carries across bytes land outside the mask,
 //! see `shifted`). A tier multiplies it with four activations broadcast to every column and
 //! adds each column's four products into its int32 lane (`Lanes::dot`); the sums then meet
-//! the scales as in `k_kernel.rs`. Q6_K's halves run one after the other, so that the
-//! registers hold as many sums as Q4_K's.
+//! the scales as in `k_kernel.rs`. Q6_K's halves of split rows run one after the other, so
+//! that the registers hold as many sums as Q4_K's; of one-int8 rows, side by side, their
+//! scales applied in integers (`k_q6.rs`).
 //!
 //! Register tiles: `R` rows share each loaded group; with few rows, `N` column tiles run side
 //! by side, so that enough independent sums hide the latency of the products.
@@ -21,6 +22,7 @@
 use std::ops::Range;
 
 use super::k_layout::{halves_at, mins_at, plane_bytes, scales_at, NIBBLES};
+use super::k_q6;
 use super::vnni::even_row_tiles;
 use super::{tile_block_bytes, Job, BLOCK, TILE};
 use crate::element::Element;
@@ -63,6 +65,13 @@ pub(super) trait Lanes: Copy {
     unsafe fn dot(self, sum: Self::Sum, w: Self::Bytes, a: *const i8) -> Self::Sum;
     /// `(high << 8) + low - zero`, per column.
     unsafe fn combine(self, high: Self::Sum, low: Self::Sum, zero: i32) -> Self::Sum;
+    /// `a + b`, per column.
+    unsafe fn add(self, a: Self::Sum, b: Self::Sum) -> Self::Sum;
+    /// `sum` times the `WIDTH` signed bytes at `at`, per column (the low 32 bits).
+    ///
+    /// # Safety
+    /// `at` holds `WIDTH` readable bytes; the CPU has the tier's instructions.
+    unsafe fn times_signed(self, sum: Self::Sum, at: *const u8) -> Self::Sum;
     /// Zero floats.
     unsafe fn zero_float(self) -> Self::Float;
     /// `v` in every column.
@@ -378,6 +387,19 @@ unsafe fn rows<
             }
             for j in 0..8 {
                 let b = 8 * s + j;
+                if F::PARTS == 2 && !SPLIT {
+                    let at = k_q6::Block {
+                        base: &base,
+                        row,
+                        j,
+                        b,
+                        offset,
+                        scales,
+                        d_at,
+                    };
+                    k_q6::halves_in_integers::<L, F, T, R, N>(isa, job, &at, &mut acc);
+                    continue;
+                }
                 for p in 0..F::PARTS {
                     let mut high = [[isa.zero(); N]; R];
                     let mut low = [[isa.zero(); N]; R];

@@ -43,7 +43,7 @@ const TILES: usize = 2;
 /// `linear_packed_one_int8`); no other thread writes these outputs.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c,fma")]
 pub(super) unsafe fn run<T: Element>(
-    _: Avx512Vnni,
+    cpu: Avx512Vnni,
     job: &Job<T>,
     rows: Range<usize>,
     tiles: Range<usize>,
@@ -54,8 +54,8 @@ pub(super) unsafe fn run<T: Element>(
             Format::Q8_0 => run_as::<Bytes, T, 128, false>(job, rows, tiles, None),
             Format::Q4_0 => run_as::<Nibbles, T, 8, false>(job, rows, tiles, None),
             Format::Q4_1 => run_as::<Nibbles, T, 0, true>(job, rows, tiles, None),
-            Format::Q5_0 => widened_or::<FiveBits, T, 16, false>(job, rows, tiles),
-            Format::Q5_1 => widened_or::<FiveBits, T, 0, true>(job, rows, tiles),
+            Format::Q5_0 => widened_or::<FiveBits, T, 16, false>(cpu, job, rows, tiles),
+            Format::Q5_1 => widened_or::<FiveBits, T, 0, true>(cpu, job, rows, tiles),
             Format::Q4_K | Format::Q5_K | Format::Q6_K => {
                 unreachable!("a K-quant's tiles never reach the kernels of blocks of 32")
             }
@@ -121,6 +121,7 @@ std::thread_local! {
 /// `run_as`, widening each group of tiles to bytes first when `rows` are many.
 #[inline(always)]
 unsafe fn widened_or<V: Values, T: Element, const ZERO: i32, const OFFSET: bool>(
+    cpu: Avx512Vnni,
     job: &Job<T>,
     rows: Range<usize>,
     tiles: Range<usize>,
@@ -133,12 +134,13 @@ unsafe fn widened_or<V: Values, T: Element, const ZERO: i32, const OFFSET: bool>
     // SAFETY: forwarded (a closure does not take the target features of the function it is
     // in: the work runs in a function of its own that has them).
     WIDENED.with_borrow_mut(|widened| unsafe {
-        run_widened::<V, T, ZERO, OFFSET>(job, rows, tiles, widened)
+        run_widened::<V, T, ZERO, OFFSET>(cpu, job, rows, tiles, widened)
     })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c,fma")]
 unsafe fn run_widened<V: Values, T: Element, const ZERO: i32, const OFFSET: bool>(
+    _: Avx512Vnni,
     job: &Job<T>,
     rows: Range<usize>,
     tiles: Range<usize>,
