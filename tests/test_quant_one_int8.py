@@ -151,7 +151,7 @@ def test_products_round_activations_to_int8_only_inside_the_offer(
 )
 def test_stack_rows_reads_where_the_stacks_kernels_follow_the_plan(
     plan: quant_kernels.Plan,
-    stacked: tuple[int | None, tuple[tuple[int, int], ...]],
+    stacked: tuple[int | None, quant_kernels.Windows],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What a decode stack running only the few-row and one-int8 kernels needs of a plan: from

@@ -37,7 +37,7 @@ from srt import _rust, envs
 from srt.distributed import get_tp_group
 from srt.forward_mode import ForwardMode
 from srt.kernels.cpu import cpu_kernels
-from srt.kernels.cpu.quant_kernels import QuantizedWeight, int8_offered
+from srt.kernels.cpu.quant_kernels import QuantizedWeight, Windows, int8_offered
 from srt.kernels.cpu.quant_parts import QuantizedParts
 from srt.layers.attention.cpu_backend import CpuAttnBackend
 from srt.layers.decoder_plan import DecoderLayerPlan, DecoderPlan
@@ -49,9 +49,6 @@ if TYPE_CHECKING:
     from srt.mem_cache.memory_pool import KVPool
 
 logger = logging.getLogger(__name__)
-
-# Windows [start, end) of row counts, by rising start.
-Windows = tuple[tuple[int, int], ...]
 
 
 def _stack_parts(name: str, linear: Linear) -> tuple[QuantizedWeight, ...] | str:

@@ -94,6 +94,8 @@ INT8_ACTIVATION_MIN_ROWS = 16
 KERNEL, ONE_INT8, DENSE = "_kernel", "_one_int8", "_dense"
 # A plan: (fewest rows, path) pairs by rising row count, the first (0, KERNEL).
 Plan = tuple[tuple[int, str], ...]
+# Windows [start, end) of row counts, by rising start.
+Windows = tuple[tuple[int, int], ...]
 # (fmt, out_features, in_features, activations' dtype, packed, int8 offered) -> the measured plan.
 _plans: dict[tuple[str, int, int, torch.dtype, bool, bool], Plan] = {}
 # How many of those plans this process read from the plan cache ("read") or measured
@@ -244,9 +246,7 @@ class QuantizedWeight:
         self._paths[dtype, int8_offered] = bound
         return found
 
-    def stack_rows(
-        self, dtype: torch.dtype, int8_offered: bool
-    ) -> tuple[int | None, tuple[tuple[int, int], ...]]:
+    def stack_rows(self, dtype: torch.dtype, int8_offered: bool) -> tuple[int | None, Windows]:
         """For a decode stack that runs the few-row and one-int8 kernels alone
         (`model_executor/cpu_decode.py`): from which row count of `dtype` the plan takes the
         one-int8 kernel (activations rounded to one int8; None: never), and the windows of row
