@@ -21,8 +21,8 @@
 //! `256·Σq·a + Σq·b`, and `T_0` the first half's `Σa`, but for Q6_K: its two halves meet their
 //! scales in integers, `acc = fma(sc_{2j}·(Σ₀q·a - 32·T_0) + sc_{2j+1}·(Σ₁q·a - 32·T_1), d·u,
 //! acc)`, exact in int32 and in its conversion to float32 (at most `2·128·16·32·127`, about
-//! 1.66·10⁷, below 2²⁴): the float work of one block of 32 instead of two. The integer sums are exact in
-//! int32: at most `256·32·31·127 + 32·31·127` (Q5_K, about 3.2·10⁷) for a sub-block, and for a
+//! 1.66·10⁷, below 2²⁴): the float work of one block of 32 instead of two. The integer sums
+//! are exact in int32: at most `256·32·31·127 + 32·31·127` (Q5_K, about 3.2·10⁷) for a sub-block, and for a
 //! Q6_K half `256·16·63·127 + 16·63·127 + 32·16·32639` (about 4.9·10⁷), far below 2³¹. A block
 //! of activations holding a NaN or an infinity makes its rows' outputs NaN, as a NaN unit
 //! multiplies every scale of it.
@@ -141,25 +141,22 @@ unsafe fn run_portable<T: Element>(job: &Job<T>, rows: Range<usize>, tiles: Rang
                 let (d, dmin) = halves(format, bytes, at, lane);
                 for b in 8 * s..8 * s + 8 {
                     let unit = input.units[row * blocks + b];
-                    if format == Format::Q6_K && !job.split {
+                    if format == Format::Q6_K {
                         let first_half = first[row * blocks + b];
-                        let total = input.totals[row * blocks + b];
-                        let mut sum = 0i32;
-                        for (p, half_total) in [(0, first_half), (1, total - first_half)] {
+                        let totals = [first_half, input.totals[row * blocks + b] - first_half];
+                        // Each half's scale, and its sum less 32 times its activations' sum.
+                        let parts = [0, 1].map(|p| {
                             let (sc, _) = scale_min(format, bytes, at, lane, 2 * (b % 8) + p);
-                            let half = dot(row, b, at, lane, 16 * p..16 * p + 16);
-                            sum += i32::from(sc) * (half - 32 * half_total);
-                        }
-                        acc = (sum as f32).mul_add(d * unit, acc);
-                    } else if format == Format::Q6_K {
-                        let first_half = first[row * blocks + b];
-                        for (p, total) in [
-                            (0, first_half),
-                            (1, input.totals[row * blocks + b] - first_half),
-                        ] {
-                            let (sc, _) = scale_min(format, bytes, at, lane, 2 * (b % 8) + p);
-                            let sum = dot(row, b, at, lane, 16 * p..16 * p + 16) - 32 * total;
-                            acc = (sum as f32).mul_add((d * f32::from(sc)) * unit, acc);
+                            let sum = dot(row, b, at, lane, 16 * p..16 * p + 16);
+                            (sc, sum - 32 * totals[p])
+                        });
+                        if job.split {
+                            for (sc, sum) in parts {
+                                acc = (sum as f32).mul_add((d * f32::from(sc)) * unit, acc);
+                            }
+                        } else {
+                            let sum: i32 = parts.iter().map(|&(sc, sum)| i32::from(sc) * sum).sum();
+                            acc = (sum as f32).mul_add(d * unit, acc);
                         }
                     } else {
                         let (sc, m) = scale_min(format, bytes, at, lane, b % 8);
