@@ -22,10 +22,10 @@
 //! scales in integers, `acc = fma(sc_{2j}·(Σ₀q·a - 32·T_0) + sc_{2j+1}·(Σ₁q·a - 32·T_1), d·u,
 //! acc)`, exact in int32 and in its conversion to float32 (at most `2·128·16·32·127`, about
 //! 1.66·10⁷, below 2²⁴): the float work of one block of 32 instead of two. The integer sums
-//! are exact in int32: at most `256·32·31·127 + 32·31·127` (Q5_K, about 3.2·10⁷) for a sub-block, and for a
-//! Q6_K half `256·16·63·127 + 16·63·127 + 32·16·32639` (about 4.9·10⁷), far below 2³¹. A block
-//! of activations holding a NaN or an infinity makes its rows' outputs NaN, as a NaN unit
-//! multiplies every scale of it.
+//! are exact in int32: at most `256·32·31·127 + 32·31·127` (Q5_K, about 3.2·10⁷) for a
+//! sub-block, and for a Q6_K half `256·16·63·127 + 16·63·127 + 32·16·32639` (about 4.9·10⁷),
+//! far below 2³¹. A block of activations holding a NaN or an infinity makes its rows' outputs
+//! NaN, as a NaN unit multiplies every scale of it.
 
 use std::ops::Range;
 
