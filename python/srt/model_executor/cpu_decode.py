@@ -20,9 +20,9 @@ tensor-parallel rank (the stack has no all-reduce between a layer's shards), wit
 sequences for which every projection's plan gives the path the stack takes
 (`QuantizedWeight.stack_rows`: the few-row kernel, and on tiles the one-int8 kernel from the row
 count where the plan first rounds activations to one int8). A plan may give a window of rows
-between the two to the dense path (SmolLM2's Q4_K_M file on Zen 4: Q5_0 projections of 4 to 15
-rows): those steps take the layers one by one, the steps of 16 sequences and more the stack
-again. Elsewhere, or with `SRT_FUSED_DECODE=0`, the layers run one by one.
+between the two to the dense path, where the few-row kernel measured slower: those steps take
+the layers one by one, the steps past the window the stack again. Elsewhere, or with
+`SRT_FUSED_DECODE=0`, the layers run one by one.
 """
 
 from __future__ import annotations

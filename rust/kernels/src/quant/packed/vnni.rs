@@ -191,7 +191,7 @@ unsafe fn block_tile<V: Values, T: Element, const R: usize, const N: usize>(
             let mut high = [[_mm512_setzero_si512(); N]; R];
             let mut low = [[_mm512_setzero_si512(); N]; R];
             for h in 0..4 {
-                let w: [[__m512i; 2]; N] = std::array::from_fn(|t| V::groups(base[t], h));
+                let w = tile_groups::<V, N>(&base, h);
                 for r in 0..R {
                     let at = (row + r) * k + b * BLOCK + 4 * h;
                     let four = |part: *const i8, at: usize| {
@@ -207,9 +207,8 @@ unsafe fn block_tile<V: Values, T: Element, const R: usize, const N: usize>(
                     }
                 }
             }
-            let half = |at: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(at.cast()));
-            let d: [__m512; N] = std::array::from_fn(|t| half(base[t].add(scales_at)));
-            let m: [__m512; N] = std::array::from_fn(|t| half(base[t].add(scales_at + 32)));
+            let d = tile_halves(&base, scales_at);
+            let m = tile_halves(&base, scales_at + 32);
             for r in 0..R {
                 let at = (row + r) * blocks + b;
                 let unit = _mm512_set1_ps(*job.units.add(at));
@@ -245,6 +244,47 @@ pub(super) unsafe fn tile_blocks<T, const N: usize>(
 ) -> [*const u8; N] {
     // SAFETY: the caller's promise.
     std::array::from_fn(|t| unsafe { job.weight.add(((tile + t) * blocks + b) * stride) })
+}
+
+/// The groups at `h` of the tile blocks at `base`. A loop, not `std::array::from_fn`: its
+/// closure does not take the kernel's target features, and where the compiler did not inline
+/// `from_fn`, every intrinsic in it became a call (Q5_0's few-row kernel ran that way).
+///
+/// # Safety
+/// As `Values::groups`, for each block.
+#[inline(always)]
+pub(super) unsafe fn tile_groups<V: Values, const N: usize>(
+    base: &[*const u8; N],
+    h: usize,
+) -> [[__m512i; 2]; N] {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let mut groups = [[_mm512_setzero_si512(); 2]; N];
+        for (groups, at) in groups.iter_mut().zip(base) {
+            *groups = V::groups(*at, h);
+        }
+        groups
+    }
+}
+
+/// The 16 half-precision values at `offset` of each tile block at `base`, as floats (a loop,
+/// as `tile_groups`).
+///
+/// # Safety
+/// Each block holds 32 bytes at `offset`; the CPU has AVX-512 F and F16C.
+#[inline(always)]
+pub(super) unsafe fn tile_halves<const N: usize>(
+    base: &[*const u8; N],
+    offset: usize,
+) -> [__m512; N] {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let mut halves = [_mm512_setzero_ps(); N];
+        for (half, at) in halves.iter_mut().zip(base) {
+            *half = _mm512_cvtph_ps(_mm256_loadu_si256(at.add(offset).cast()));
+        }
+        halves
+    }
 }
 
 /// Stores the sums `acc` of output rows `row..row + R`, tiles `tile..tile + N`, plus the bias,

@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::layout::values_bytes;
-use super::vnni::{store_tiles, Bytes, FiveBits, Nibbles, Values};
+use super::vnni::{store_tiles, tile_groups, tile_halves, Bytes, FiveBits, Nibbles, Values};
 use super::Job;
 use super::BLOCK;
 use crate::element::Element;
@@ -278,7 +278,7 @@ unsafe fn micro<
             }
             let mut dot = [[_mm512_setzero_si512(); N]; R];
             for h in 0..4 {
-                let w: [[__m512i; 2]; N] = std::array::from_fn(|t| V::groups(base[t], h));
+                let w = tile_groups::<V, N>(&base, h);
                 for (r, dot) in dot.iter_mut().enumerate() {
                     let at = job.whole.add((row + r) * k + b * BLOCK + 4 * h);
                     let four = |at: *const i8| _mm512_set1_epi32(at.cast::<i32>().read_unaligned());
@@ -288,8 +288,7 @@ unsafe fn micro<
                     }
                 }
             }
-            let half = |at: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(at.cast()));
-            let d: [__m512; N] = std::array::from_fn(|t| half(base[t].add(scales_at)));
+            let d = tile_halves(&base, scales_at);
             for r in 0..R {
                 let at = (row + r) * blocks + b;
                 let unit = _mm512_set1_ps(*job.units.add(at));
@@ -305,7 +304,7 @@ unsafe fn micro<
                 }
             }
             if OFFSET {
-                let m: [__m512; N] = std::array::from_fn(|t| half(base[t].add(scales_at + 32)));
+                let m = tile_halves(&base, scales_at + 32);
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let sum = _mm512_set1_ps(*job.sums.add((row + r) * blocks + b));
                     for (acc, m) in acc.iter_mut().zip(&m) {
