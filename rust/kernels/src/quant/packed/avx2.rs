@@ -25,7 +25,7 @@ use crate::quant::Format;
 
 mod values;
 
-use values::{Bytes, Dot, FiveBits, Nibbles, Stored, Values};
+use values::{Bytes, Dot, FiveBits, FiveBitsIn16, Nibbles, Stored, Values};
 
 /// Columns of a half tile (the 8 int32 lanes of an AVX2 vector).
 const HALF: usize = 8;
@@ -181,6 +181,8 @@ impl Parts for Split {
         column: usize,
         width: usize,
     ) {
+        // Its two sums a row leave no registers for sums widened during the block.
+        const { assert!(V::STEPS == 4, "the two-part kernel widens once per block") };
         let k = job.in_features;
         let (blocks, stride, scales_at, zero) = geometry::<V, T>(job);
         // SAFETY: the caller keeps rows and the tile inside the job, so every offset below stays
@@ -240,19 +242,27 @@ impl Parts for OneInt8 {
             for b in 0..blocks {
                 let base = job.weight.add((tile * blocks + b) * stride);
                 job.prefetch_tile_block(tile + 1, b);
+                // Each row's sum in the lanes of `V::add` since the last widening, and widened.
+                let mut part = [_mm256_setzero_si256(); R];
                 let mut dot = [_mm256_setzero_si256(); R];
                 for h in 0..4 {
                     let w = V::groups(base, h, half);
-                    for (r, dot) in dot.iter_mut().enumerate() {
+                    for (r, part) in part.iter_mut().enumerate() {
                         let at = job.whole.add((row + r) * k + b * BLOCK + 4 * h);
-                        *dot = V::add(V::add(*dot, w[0], four(at)), w[1], four(at.add(16)));
+                        *part = V::add(V::add(*part, w[0], four(at)), w[1], four(at.add(16)));
+                    }
+                    if (h + 1) % V::STEPS == 0 {
+                        for (dot, part) in dot.iter_mut().zip(&mut part) {
+                            *dot = _mm256_add_epi32(*dot, V::widen(*part));
+                            *part = _mm256_setzero_si256();
+                        }
                     }
                 }
                 let d = halves(base.add(scales_at + 2 * HALF * half));
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let at = (row + r) * blocks + b;
                     let unit = _mm256_set1_ps(*job.units.add(at));
-                    let mut whole = V::widen(dot[r]);
+                    let mut whole = dot[r];
                     if zero != 0 {
                         whole =
                             _mm256_sub_epi32(whole, _mm256_set1_epi32(zero * *job.totals.add(at)));
@@ -364,7 +374,7 @@ pub(super) unsafe fn run_one_int8<T: Element>(
     tiles: Range<usize>,
 ) {
     // SAFETY: forwarded.
-    unsafe { each_half_tile::<Bytes, Nibbles, FiveBits, OneInt8, T>(job, rows, tiles) }
+    unsafe { each_half_tile::<Bytes, Nibbles, FiveBitsIn16, OneInt8, T>(job, rows, tiles) }
 }
 
 /// `run_one_int8` with AVX-VNNI's products.

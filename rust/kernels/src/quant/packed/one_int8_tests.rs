@@ -2,7 +2,8 @@
 //! portable one against a float64 product within the bound that rounding the activations allows.
 
 use super::fixtures::{
-    bound, every_kernel_on_blocks_of_32, misses, only_the_non_finite_rows_are_nan, Rounding, Tiled,
+    bound, every_kernel_equals_the_portable_one, every_kernel_on_blocks_of_32, misses,
+    only_the_non_finite_rows_are_nan, Rounding, Tiled,
 };
 use super::*;
 use crate::quant::tests::{dequantized, FORMATS};
@@ -24,6 +25,33 @@ fn every_kernel_equals_the_portable_one_bit_for_bit_and_rows_do_not_depend_on_th
         ],
         [31, 5, 37],
     );
+}
+
+#[test]
+fn the_largest_values_and_activations_sum_exactly() {
+    // Every value the format's largest (all bits set: Q4's 15, Q5's 31; Q8_0's -1) times
+    // activations that all round to +127, then to -127: the sums that the AVX2 kernels keep in
+    // 16-bit lanes reach their largest magnitudes, and overflowing them would change the
+    // products.
+    let (n, k, m) = (40, 96, 5);
+    let x: Vec<f32> = (0..m * k)
+        .map(|i| if i / k % 2 == 0 { 1.5 } else { -1.5 })
+        .collect();
+    for format in FORMATS {
+        let block_bytes = format.block_bytes();
+        let mut blocks = vec![0xff; n * k / BLOCK * block_bytes];
+        let one = 0x3c00u16.to_le_bytes();
+        for block in blocks.chunks_exact_mut(block_bytes) {
+            block[..2].copy_from_slice(&one);
+            if format.has_offset() {
+                block[2..4].copy_from_slice(&one);
+            }
+        }
+        let tiled = Tiled::of(format, blocks, n, k);
+        for rounding in [Rounding::Split, Rounding::OneInt8] {
+            every_kernel_equals_the_portable_one(rounding, &tiled.tiles(), &x, m, &values(n, 6));
+        }
+    }
 }
 
 /// Rounding an activation to one int8 moves it by at most half its step `max|x| / 127` (a

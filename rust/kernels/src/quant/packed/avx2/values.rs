@@ -20,6 +20,9 @@ pub(super) trait Groups {
 pub(super) trait Values: Groups {
     /// Whether the sums hold no zero point (Q8_0's signed values) to take off afterwards.
     const SIGNED: bool;
+    /// How many of a block's four steps (two `add`s each, `h` = 0..4) a sum of `add`s holds
+    /// before `widen`: the whole block, or fewer where its lanes would overflow.
+    const STEPS: usize = 4;
     /// `sum` plus each column's four weights of `w` times the four activations of `a`.
     ///
     /// # Safety
@@ -50,6 +53,12 @@ pub(super) struct Nibbles;
 /// Q5_0 and Q5_1: `Nibbles` with the fifth bits of the plane after them (`layout.rs`); sums in
 /// 32-bit lanes (16 products of up to 31 × 128 would overflow 16 bits).
 pub(super) struct FiveBits;
+/// `FiveBits` summed in 16-bit lanes for two steps, then widened: a lane's four pairs of
+/// products of up to 31 × 127 (activations are clamped to ±127) reach at most 31,496. Where
+/// the registers allow a sum per row beside the widened one (the one-int8 kernel): `FiveBits`
+/// took a `vpmaddwd` and a `vpaddd` per `vpmaddubsw`, this one a `vpaddw`, and a `vpmaddwd`
+/// and a `vpaddd` per four.
+pub(super) struct FiveBitsIn16;
 /// Q8_0: the values made signed again; sums in 32-bit lanes.
 pub(super) struct Bytes;
 /// Q8_0's values as stored (the weight plus 128).
@@ -119,6 +128,31 @@ impl Values for FiveBits {
     unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
         // SAFETY: register-only AVX2 operations; the caller has AVX2.
         unsafe { add_pairs(sum, _mm256_maddubs_epi16(w, a)) }
+    }
+}
+
+impl Groups for FiveBitsIn16 {
+    #[inline(always)]
+    unsafe fn groups(at: *const u8, h: usize, half: usize) -> [__m256i; 2] {
+        // SAFETY: the caller's promise, forwarded.
+        unsafe { FiveBits::groups(at, h, half) }
+    }
+}
+
+impl Values for FiveBitsIn16 {
+    const SIGNED: bool = false;
+    const STEPS: usize = 2;
+
+    #[inline(always)]
+    unsafe fn add(sum: __m256i, w: __m256i, a: __m256i) -> __m256i {
+        // SAFETY: as `Nibbles`.
+        unsafe { Nibbles::add(sum, w, a) }
+    }
+
+    #[inline(always)]
+    unsafe fn widen(sum: __m256i) -> __m256i {
+        // SAFETY: as `Nibbles`.
+        unsafe { Nibbles::widen(sum) }
     }
 }
 
