@@ -7,7 +7,8 @@
 //! into the 32-bit lane of each column (four weights of a column per lane, as in the tiles).
 //! For nibbles (Q4_0, Q4_1: weights 0..=15, activations within ±128) a pair is at most 3,840
 //! in magnitude, so a block's 8 groups add up in 16 bits (at most 30,720) and widen once per
-//! block; Q5_0's and Q5_1's values (0..=31) would not, and widen at every group. Q8_0's
+//! block; Q5_0's and Q5_1's values (0..=31) would not: the two-part kernel widens them at
+//! every group, the one-int8 kernel every four (`values.rs`: `FiveBitsIn16`). Q8_0's
 //! weights are stored plus 128, whose pairs would saturate 16 bits: its bytes turn back into
 //! signed values, and `vpmaddubsw` takes their magnitudes against the activations
 //! carrying their signs (pairs at most 32,512), widened at every group; the sums then hold no
