@@ -64,6 +64,15 @@ pub(super) trait Lanes: Copy {
     /// # Safety
     /// `a` holds 4 readable bytes; the CPU has the tier's instructions.
     unsafe fn dot(self, sum: Self::Sum, w: Self::Bytes, a: *const i8) -> Self::Sum;
+    /// `dot` of `w[0]` with `a[0]`, then of `w[1]` with `a[1]`.
+    ///
+    /// # Safety
+    /// As `dot`, for each.
+    #[inline(always)]
+    unsafe fn dot_two(self, sum: Self::Sum, w: [Self::Bytes; 2], a: [*const i8; 2]) -> Self::Sum {
+        // SAFETY: the caller's promise.
+        unsafe { self.dot(self.dot(sum, w[0], a[0]), w[1], a[1]) }
+    }
     /// `(high << 8) + low - zero`, per column.
     unsafe fn combine(self, high: Self::Sum, low: Self::Sum, zero: i32) -> Self::Sum;
     /// `a + b`, per column.
@@ -423,18 +432,20 @@ unsafe fn rows<
                             let at = (row + r) * k + b * BLOCK + 4 * h + 16 * p;
                             let a = job.whole.add(at);
                             for t in 0..N {
-                                high[r][t] = isa.dot(high[r][t], w[t][0], a);
-                                if F::PARTS == 1 {
-                                    high[r][t] = isa.dot(high[r][t], w[t][1], a.add(16));
-                                }
+                                high[r][t] = if F::PARTS == 1 {
+                                    isa.dot_two(high[r][t], w[t], [a, a.add(16)])
+                                } else {
+                                    isa.dot(high[r][t], w[t][0], a)
+                                };
                             }
                             if SPLIT {
                                 let c = job.rest.add(at);
                                 for t in 0..N {
-                                    low[r][t] = isa.dot(low[r][t], w[t][0], c);
-                                    if F::PARTS == 1 {
-                                        low[r][t] = isa.dot(low[r][t], w[t][1], c.add(16));
-                                    }
+                                    low[r][t] = if F::PARTS == 1 {
+                                        isa.dot_two(low[r][t], w[t], [c, c.add(16)])
+                                    } else {
+                                        isa.dot(low[r][t], w[t][0], c)
+                                    };
                                 }
                             }
                         }
