@@ -184,11 +184,15 @@ impl<P: Products> Lanes for Halves<P> {
     }
 
     #[inline(always)]
-    unsafe fn dot_two(self, sum: __m256i, w: [__m256i; 2], a: [*const i8; 2]) -> __m256i {
+    unsafe fn dots(self, sum: __m256i, w: [__m256i; 2], a: *const i8, two: bool) -> __m256i {
         // SAFETY: see the impl.
         unsafe {
-            let four = |at: *const i8| _mm256_set1_epi32(at.cast::<i32>().read_unaligned());
-            P::dot_two(sum, w[0], four(a[0]), w[1], four(a[1]))
+            if !two {
+                return self.dot(sum, w[0], a);
+            }
+            let first = _mm256_set1_epi32(a.cast::<i32>().read_unaligned());
+            let second = _mm256_set1_epi32(a.add(16).cast::<i32>().read_unaligned());
+            P::dot_two(sum, w[0], first, w[1], second)
         }
     }
 

@@ -100,6 +100,18 @@ impl Lanes for Avx512Vnni {
     }
 
     #[inline(always)]
+    unsafe fn dots(self, sum: __m512i, w: [__m512i; 2], a: *const i8, two: bool) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe {
+            let sum = self.dot(sum, w[0], a);
+            match two {
+                true => self.dot(sum, w[1], a.add(16)),
+                false => sum,
+            }
+        }
+    }
+
+    #[inline(always)]
     unsafe fn combine(self, high: __m512i, low: __m512i, zero: i32) -> __m512i {
         // SAFETY: see the impl.
         unsafe {

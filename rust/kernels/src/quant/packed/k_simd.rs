@@ -13,9 +13,8 @@
 //! that the registers hold as many sums as Q4_K's; of one-int8 rows, side by side, their
 //! scales applied in integers (`k_q6.rs`).
 //!
-//! Register tiles: `R` rows share each loaded group; with few rows, `N` column tiles run side
-//! by side, so that enough independent sums hide the latency of the products; one-int8 rows
-//! on AVX-512 always take two tiles, which share each broadcast activation (`run_rows`).
+//! Register tiles: `R` rows share each loaded group; `N` column tiles run side by side with few
+//! rows (enough independent sums hide the products' latency) and one-int8 rows on AVX-512.
 //!
 //! Trait methods, not closures, carry the instructions: a closure does not take the target
 //! features of the function it is inlined into, and an intrinsic called from one is a call.
@@ -64,15 +63,10 @@ pub(super) trait Lanes: Copy {
     /// # Safety
     /// `a` holds 4 readable bytes; the CPU has the tier's instructions.
     unsafe fn dot(self, sum: Self::Sum, w: Self::Bytes, a: *const i8) -> Self::Sum;
-    /// `dot` of `w[0]` with `a[0]`, then of `w[1]` with `a[1]`.
-    ///
-    /// # Safety
-    /// As `dot`, for each.
-    #[inline(always)]
-    unsafe fn dot_two(self, sum: Self::Sum, w: [Self::Bytes; 2], a: [*const i8; 2]) -> Self::Sum {
-        // SAFETY: the caller's promise.
-        unsafe { self.dot(self.dot(sum, w[0], a[0]), w[1], a[1]) }
-    }
+    /// `dot` of `w[0]` with the int8 at `a`, then where `two` of `w[1]` with those at `a + 16`
+    /// (a sub-block's two groups, which a tier may add up together).
+    unsafe fn dots(self, sum: Self::Sum, w: [Self::Bytes; 2], a: *const i8, two: bool)
+        -> Self::Sum;
     /// `(high << 8) + low - zero`, per column.
     unsafe fn combine(self, high: Self::Sum, low: Self::Sum, zero: i32) -> Self::Sum;
     /// `a + b`, per column.
@@ -301,15 +295,10 @@ unsafe fn run_rows<L: Lanes, F: KFormat, T: Element, const SPLIT: bool>(
     rows: Range<usize>,
     tiles: Range<usize>,
 ) {
-    // One-int8 rows on AVX-512 take 5 × 2: each broadcast activation serves two tiles, where
-    // 6 × 1 spent one per product. Measured on Zen 4 (SmolLM2's ffn_down shape, GOP/s at 64 /
-    // 2048 rows, the two interleaved 5 times in one process): Q4_K 523 / 536 -> 536 / 557,
-    // Q5_K 511 / 516 -> 513 / 537, Q6_K 381 / 386 -> 445 / 454.
-    let most = match (L::WIDE, SPLIT) {
-        (true, false) => 5,
-        (true, true) => 6,
-        (false, _) => 4,
-    };
+    // One-int8 rows on AVX-512 take 5 × 2: each broadcast activation serves two tiles (6 × 1:
+    // one per product). Zen 4, ffn_down's shape at 2048 rows, interleaved 5 times in one
+    // process, GOP/s: Q4_K 536 -> 557, Q5_K 516 -> 537, Q6_K 386 -> 454.
+    let most = if L::WIDE { 6 - usize::from(!SPLIT) } else { 4 };
     for (first, count) in even_row_tiles(rows.len(), most) {
         let (row, rows, tiles) = (rows.start + first, count, tiles.clone());
         // SAFETY: rows `row..row + rows` and `tiles` lie inside the job and this thread's
@@ -432,20 +421,12 @@ unsafe fn rows<
                             let at = (row + r) * k + b * BLOCK + 4 * h + 16 * p;
                             let a = job.whole.add(at);
                             for t in 0..N {
-                                high[r][t] = if F::PARTS == 1 {
-                                    isa.dot_two(high[r][t], w[t], [a, a.add(16)])
-                                } else {
-                                    isa.dot(high[r][t], w[t][0], a)
-                                };
+                                high[r][t] = isa.dots(high[r][t], w[t], a, F::PARTS == 1);
                             }
                             if SPLIT {
                                 let c = job.rest.add(at);
                                 for t in 0..N {
-                                    low[r][t] = if F::PARTS == 1 {
-                                        isa.dot_two(low[r][t], w[t], [c, c.add(16)])
-                                    } else {
-                                        isa.dot(low[r][t], w[t][0], c)
-                                    };
+                                    low[r][t] = isa.dots(low[r][t], w[t], c, F::PARTS == 1);
                                 }
                             }
                         }
