@@ -134,3 +134,25 @@ def test_a_cpu_kv_cache_is_zeros_each_buffer_its_own(dtype: torch.dtype) -> None
     buffers[0][5] = 1.0
     assert all(not b.any() for b in buffers[1:])
     assert int(buffers[0].count_nonzero()) == 64
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The kernel's flags for the mapping of this process that holds `address`."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            start, end = (int(part, 16) for part in line.split()[0].split("-"))
+            inside = start <= address < end
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(
+    not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists(),
+    reason="the kernel has no transparent huge pages",
+)
+def test_a_cpu_kv_cache_asks_for_huge_pages() -> None:
+    pool = KVPool(100_000, 2, 2, 64, torch.bfloat16, torch.device("cpu"))
+    for buffer in pool.k_buffers + pool.v_buffers:
+        assert "hg" in _vm_flags(buffer.data_ptr())

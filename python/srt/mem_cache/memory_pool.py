@@ -8,6 +8,7 @@ runner owns these tensors and is their one writer.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 
@@ -120,12 +121,17 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     where a server touches only the slots its requests fill. Private pages, not `mmap`'s default
     shared ones: a first touch of shared anonymous memory costs twice as much (storing the K/V
     of 2048 new tokens in 30 layers of SmolLM2's pool: 55 ms shared, 29 ms private, 6 ms once
-    touched, Zen 4)."""
+    touched, Zen 4). Huge pages where the kernel has them: a first touch then maps and zeroes
+    2 MiB at once, not 4 KiB (the same store: 29 -> 9-14 ms), and a server holds at most one
+    partly used huge page per buffer more than it fills."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     count = math.prod(shape)
     size = count * torch.empty((), dtype=dtype).element_size()
     pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    # A kernel built without transparent huge pages refuses the advice; 4 KiB pages serve.
+    with contextlib.suppress(OSError):
+        pages.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(pages, dtype=dtype, count=count).view(shape)
 
 
