@@ -136,16 +136,28 @@ def test_a_cpu_kv_cache_is_zeros_each_buffer_its_own(dtype: torch.dtype) -> None
     assert int(buffers[0].count_nonzero()) == 64
 
 
-def _vm_flags(address: int) -> list[str]:
-    """The kernel's flags for the mapping of this process that holds `address`."""
-    inside = False
+def _mapping(address: int) -> dict[str, str]:
+    """The kernel's fields (`Rss`, `VmFlags`, ...) for the mapping of this process that holds
+    `address`."""
+    fields: dict[str, str] | None = None
     for line in Path("/proc/self/smaps").read_text().splitlines():
         if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            if fields is not None:
+                return fields
             start, end = (int(part, 16) for part in line.split()[0].split("-"))
-            inside = start <= address < end
-        elif inside and line.startswith("VmFlags:"):
-            return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
+            fields = {"start": f"{start:x}"} if start <= address < end else None
+        elif fields is not None:
+            name, _, value = line.partition(":")
+            fields[name] = value.strip()
+    if fields is None:
+        raise AssertionError(f"no mapping holds {address:#x}")
+    return fields
+
+
+def _resident_kib(buffers: list[torch.Tensor]) -> int:
+    """KiB resident in the mappings that hold `buffers` (adjacent ones may share one)."""
+    mappings = {_mapping(b.data_ptr())["start"]: _mapping(b.data_ptr()) for b in buffers}
+    return sum(int(m["Rss"].removesuffix(" kB")) for m in mappings.values())
 
 
 @pytest.mark.skipif(
@@ -155,4 +167,15 @@ def _vm_flags(address: int) -> list[str]:
 def test_a_cpu_kv_cache_asks_for_huge_pages() -> None:
     pool = KVPool(100_000, 2, 2, 64, torch.bfloat16, torch.device("cpu"))
     for buffer in pool.k_buffers + pool.v_buffers:
-        assert "hg" in _vm_flags(buffer.data_ptr())
+        assert "hg" in _mapping(buffer.data_ptr())["VmFlags"].split()
+
+
+def test_a_cpu_kv_cache_writes_the_slots_it_is_asked_to_and_no_more() -> None:
+    # 128 bytes a slot: 32 MiB a buffer, of which 16,384 slots are 2 MiB.
+    pool = KVPool(1 << 18, 2, 2, 32, torch.bfloat16, torch.device("cpu"))
+    buffers = pool.k_buffers + pool.v_buffers
+    before = _resident_kib(buffers)
+    pool.prefault(16384)
+    # 2 MiB and a slot each, in pages of 4 KiB or 2 MiB (at most two more than needed).
+    assert 4 * 2048 < _resident_kib(buffers) - before <= 4 * 3 * 2048
+    assert not any(buffer.any() for buffer in buffers)

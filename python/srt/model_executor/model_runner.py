@@ -182,10 +182,14 @@ class ModelRunner:
             config.dtype,
             self.device,
         )
+        # The slots of one largest prefill, the first that requests fill.
+        resident = min(self.max_total_tokens, self.server_args.max_prefill_tokens)
+        self.kv_pool.prefault(resident)
         logger.info(
-            "KV cache: %d tokens (%.2f GiB), %d request rows",
+            "KV cache: %d tokens (%.2f GiB, the first %d written now), %d request rows",
             self.max_total_tokens,
             self.max_total_tokens * bytes_per_slot / 2**30,
+            resident,
             self.max_running_requests,
         )
 
