@@ -1,6 +1,6 @@
 """What a start costs, said in the log (`srt.startup`), and the start's own shortcuts: layers made
-without their random initialization when a checkpoint fills them, a CPU KV cache in pages zeroed
-at first touch."""
+without their random initialization when a checkpoint fills them, a CPU KV cache in (huge) pages
+zeroed at first touch, but for the slots of one largest prefill, written at the start."""
 
 from __future__ import annotations
 
