@@ -156,7 +156,7 @@ def _mapping(address: int) -> dict[str, str]:
 
 def _resident_kib(buffers: list[torch.Tensor]) -> int:
     """KiB resident in the mappings that hold `buffers` (adjacent ones may share one)."""
-    mappings = {_mapping(b.data_ptr())["start"]: _mapping(b.data_ptr()) for b in buffers}
+    mappings = {m["start"]: m for m in (_mapping(b.data_ptr()) for b in buffers)}
     return sum(int(m["Rss"].removesuffix(" kB")) for m in mappings.values())
 
 
