@@ -18,6 +18,12 @@
 //! (a test reads the sources to hold every such function to that), so a call into a tier's code
 //! from a path that has not proved the tier does not compile: the proof travels with the call.
 //!
+//! AMX-BF16 (tiles of bf16 products: Intel from Sapphire Rapids on) is beside the tiers too, on
+//! a CPU of the top tier: it counts within the ceiling only at that tier (no cap, or
+//! `avx512_bf16`), so that any cap turns it off. Linux hands a process the tiles' state only
+//! when asked (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); detection asks, and srt's kernels count AMX
+//! only when granted, as a tile instruction run without that permission stops the process.
+//!
 //! What must stay true: a token exists only for a tier at most [`detected`]; [`active`] is
 //! never above it, whatever the ceiling says.
 //!
@@ -107,16 +113,21 @@ struct Cpu {
     /// AMX tiles with bf16 products, their state saved by the OS. Not a kernel tier (srt runs
     /// no AMX code: PyTorch's oneDNN does); it tells whether bf16 matrix products run natively.
     amx_bf16: bool,
+    /// AMX-BF16 on a CPU of the top tier, the tiles' state granted to this process: what
+    /// srt's own tile kernels need.
+    amx_tiles: bool,
 }
 
 fn cpu() -> &'static Cpu {
     static CPU: OnceLock<Cpu> = OnceLock::new();
     CPU.get_or_init(|| {
         let tier = detect_tier();
+        let amx_bf16 = detect_amx_bf16();
         Cpu {
             tier,
             avx_vnni: tier >= Isa::Avx2 && detect_avx_vnni(),
-            amx_bf16: detect_amx_bf16(),
+            amx_bf16,
+            amx_tiles: amx_bf16 && tier == Isa::Avx512Bf16 && amx_granted(),
         }
     })
 }
@@ -177,6 +188,28 @@ fn detect_amx_bf16() -> bool {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn detect_amx_bf16() -> bool {
+    false
+}
+
+/// Asks Linux for the tiles' state (`ARCH_REQ_XCOMP_PERM` for `XFEATURE_XTILEDATA`): whether
+/// this process may run AMX instructions. Granted once, it holds for every thread.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn amx_granted() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: a system call that only changes which register state the kernel saves for this
+    // process; it reads and writes no memory of ours.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn amx_granted() -> bool {
     false
 }
 
@@ -310,6 +343,36 @@ tokens! {
     Avx512Vnni = Avx512Vnni, "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vnni";
     /// Proof that the CPU runs AVX-512 BF16 (and so every `Avx512Vnni` feature).
     Avx512Bf16 = Avx512Bf16, "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512bf16";
+}
+
+/// Proof that the CPU runs AMX-BF16 beside AVX-512 BF16, and that this process may (see the
+/// module: not a tier). The tile instructions are inline assembly, which needs no target
+/// feature; functions taking this token enable the AVX-512 BF16 tier's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AmxBf16(());
+
+impl AmxBf16 {
+    /// The target features a function taking this token may enable.
+    pub const FEATURES: &'static str = Avx512Bf16::FEATURES;
+
+    /// The token, if the CPU has AMX-BF16 and `isa` (capped at the detected tier) is the top
+    /// tier.
+    pub fn at_most(isa: Isa) -> Option<AmxBf16> {
+        (isa.min(detected()) == Isa::Avx512Bf16)
+            .then(AmxBf16::detected)
+            .flatten()
+    }
+
+    /// The token whatever the ceiling: for tests that compare every kernel the CPU has.
+    pub fn detected() -> Option<AmxBf16> {
+        cpu().amx_tiles.then_some(AmxBf16(()))
+    }
+}
+
+impl From<AmxBf16> for Avx512Bf16 {
+    fn from(_: AmxBf16) -> Avx512Bf16 {
+        Avx512Bf16(())
+    }
 }
 
 /// Proof that the CPU runs AVX-VNNI beside AVX2, FMA and F16C (see the module: not a tier).

@@ -93,6 +93,19 @@ fn tokens_exist_exactly_for_the_tiers_detection_proved() {
 }
 
 #[test]
+fn the_amx_token_needs_the_cpu_the_top_tier_and_the_tiles_state() {
+    let has = cpu().amx_tiles;
+    assert!(!has || (amx_bf16() && detected() == Isa::Avx512Bf16));
+    assert_eq!(AmxBf16::detected().is_some(), has);
+    for isa in Isa::ALL {
+        assert_eq!(
+            AmxBf16::at_most(isa).is_some(),
+            has && isa == Isa::Avx512Bf16
+        );
+    }
+}
+
+#[test]
 fn each_tokens_features_include_the_lower_tokens() {
     let tiers = [
         Avx2::FEATURES,
@@ -157,12 +170,13 @@ fn tier_functions(dir: &Path, found: &mut Vec<TierFunction>) {
 
 /// The token type a parameter list takes (`name: Token`), if any.
 fn token_of(parameters: &str) -> Option<&'static str> {
-    const TOKENS: [(&str, &str); 5] = [
+    const TOKENS: [(&str, &str); 6] = [
         ("Avx2", Avx2::FEATURES),
         ("AvxVnni", AvxVnni::FEATURES),
         ("Avx512", Avx512::FEATURES),
         ("Avx512Vnni", Avx512Vnni::FEATURES),
         ("Avx512Bf16", Avx512Bf16::FEATURES),
+        ("AmxBf16", AmxBf16::FEATURES),
     ];
     parameters.split(',').find_map(|parameter| {
         let (_, ty) = parameter.split_once(':')?;

@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::kernels::{key_index, value_index, Micro, Rows, Tile, LANES, SLICE};
-use super::{Scratch, Task, BLOCK_KEYS, TILE_ROWS};
+use super::{Scratch, Task, BLOCK_KEYS, MAX_TILE_ROWS, TILE_ROWS};
 use crate::element::Bf16;
 use crate::isa::Avx512Bf16;
 
@@ -55,6 +55,8 @@ macro_rules! by_rows {
 }
 
 impl Micro for Avx512Bf16 {
+    const ROWS: usize = TILE_ROWS;
+
     #[inline(always)]
     unsafe fn scores(self, tile: Tile<'_>, scores: &mut [f32]) {
         // SAFETY: forwarded from the caller; `self` proves the CPU has AVX-512 BF16.
@@ -82,7 +84,7 @@ fn lanes(visible: usize, first: usize) -> __mmask16 {
 }
 
 // The corrections of a tile's rows are one vector of 16.
-const _: () = assert!(TILE_ROWS <= 16);
+const _: () = assert!(MAX_TILE_ROWS <= 16);
 
 /// See `Micro::softmax`. Each term is `2^t` with `t = raw · scale · log2(e) - max · log2(e)`
 /// (one fused multiply-add; the block's maximum is its largest raw score times `scale`, or its
@@ -151,7 +153,7 @@ unsafe fn softmax_tile(
         max[r] = row_max;
         (old_max[r], new_max[r]) = (max_before, row_max);
     }
-    let mut block_sums = [_mm512_setzero_ps(); TILE_ROWS];
+    let mut block_sums = [_mm512_setzero_ps(); MAX_TILE_ROWS];
     for (r, &seen) in visible.iter().enumerate() {
         let out = weights.as_mut_ptr().wrapping_add(r * BLOCK_KEYS);
         let shift = _mm512_set1_ps(-new_max[r] * std::f32::consts::LOG2_E);

@@ -15,7 +15,7 @@
 //! key pairs, so V is packed: lane `c` holds column `c` of two adjacent keys. A pair is one
 //! `u32`: the first element in the low 16 bits, as memory holds it.
 
-use super::BLOCK_KEYS;
+use super::{BLOCK_KEYS, TILE_ROWS};
 use crate::attention::exp_nonpositive;
 use crate::element::Bf16;
 
@@ -128,7 +128,7 @@ impl Packed<'_> {
     }
 }
 
-/// A tile of rows (at most `TILE_ROWS`) against one packed block: what the three steps of
+/// A tile of rows (at most `Micro::ROWS`) against one packed block: what the three steps of
 /// [`Micro`] read. Each step's safety asks that it be sound: every query inside `q`, the keys
 /// and values whole blocks, `width` a multiple of 32 up to `BLOCK_KEYS`, `visible[i] <= width`.
 #[derive(Clone, Copy)]
@@ -165,6 +165,9 @@ pub(crate) struct Rows<'r> {
 /// AVX-512 BF16 token). The slices a step writes or carries hold the tile's rows: `scores` and
 /// `weights` rows of `BLOCK_KEYS`, `acc` rows of `d`.
 pub(crate) trait Micro: Copy {
+    /// Rows per tile, at most `MAX_TILE_ROWS`.
+    const ROWS: usize;
+
     /// `scores[i][j] = q_i · key j` for each row `i` of the tile (`q_i` its query) and
     /// `j < width`: unscaled, the softmax scales them on the way (one fused step there instead
     /// of a product here).
@@ -197,6 +200,8 @@ pub(crate) trait Micro: Copy {
 pub(crate) struct Portable;
 
 impl Micro for Portable {
+    const ROWS: usize = TILE_ROWS;
+
     unsafe fn scores(self, tile: Tile<'_>, scores: &mut [f32]) {
         let Tile {
             q, keys, width, d, ..

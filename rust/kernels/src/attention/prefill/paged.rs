@@ -7,7 +7,7 @@
 //! to keep two threads busy. Here the sequences' packings share one region and their tasks
 //! another, the costliest first.
 
-use super::{attend, check_heads, invalid, Inputs, Seq};
+use super::{attend, check_heads, invalid, Inputs, Products, Seq};
 use crate::element::Bf16;
 use crate::error::elements;
 use crate::isa::{self, Isa};
@@ -65,7 +65,7 @@ pub fn prefill_attention_paged_on(
         row: &|key| batch.slots[key] as usize,
         scale,
     };
-    attend(isa, &inputs, &seqs, out)
+    attend(Products::at_most(isa), &inputs, &seqs, out)
 }
 
 /// The sequences of `batch`, every length and slot checked against the buffers.

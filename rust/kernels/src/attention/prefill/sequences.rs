@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::{kernels, PrefillShape, Scratch, Task, BLOCK_KEYS, BLOCK_TOKENS, PARALLEL_MIN_PAIRS};
+use super::{
+    kernels, PrefillShape, Products, Scratch, Task, BLOCK_KEYS, BLOCK_TOKENS, PARALLEL_MIN_PAIRS,
+};
 use crate::element::Bf16;
-use crate::isa::{Avx512Bf16, Isa};
 use crate::parallel;
 use crate::{Error, Result};
 
@@ -44,7 +45,12 @@ pub(super) struct Seq {
 ///
 /// The caller checked the heads and every length: queries and output hold the sequences'
 /// tokens, each sequence's keys map to rows inside K and V.
-pub(super) fn attend(isa: Isa, inputs: &Inputs<'_>, seqs: &[Seq], out: &mut [Bf16]) -> Result<()> {
+pub(super) fn attend(
+    products: Products,
+    inputs: &Inputs<'_>,
+    seqs: &[Seq],
+    out: &mut [Bf16],
+) -> Result<()> {
     let seqs: Vec<Seq> = seqs.iter().copied().filter(|s| s.new > 0).collect();
     if seqs.is_empty() {
         // Nothing to attend (and with no queries, the heads' sizes were not checked).
@@ -101,14 +107,13 @@ pub(super) fn attend(isa: Isa, inputs: &Inputs<'_>, seqs: &[Seq], out: &mut [Bf1
         let s = &seqs[index];
         std::cmp::Reverse(s.prefix + ((block + 1) * BLOCK_TOKENS).min(s.new))
     });
-    let vector = Avx512Bf16::at_most(isa);
     let next = AtomicUsize::new(0);
     parallel::run(threads.min(order.len()), &|_, _| {
         let mut scratch = Scratch::default();
         while let Some(&(index, block, kv_head)) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
             // SAFETY: the caller checked every length; task (index, block, kv_head) is claimed
             // by this thread alone and writes only its own rows of its sequence's output.
-            unsafe { tasks[index].run(kv_head, block, vector, &mut scratch) };
+            unsafe { tasks[index].run(kv_head, block, products, &mut scratch) };
         }
     });
     Ok(())

@@ -1,5 +1,5 @@
-//! Unit tests of `prefill.rs`: both tiers against a float64 reference over the same bf16
-//! inputs, with and without a cached prefix, grouped heads or not, lengths that fill no block
+//! Unit tests of `prefill.rs`: every kind of products this CPU runs (portable, `vdpbf16ps`,
+//! AMX tiles) against a float64 reference over the same bf16 inputs, with and without a cached prefix, grouped heads or not, lengths that fill no block
 //! and lengths around the edges of key blocks and of 32-key slices (tiles that skip a block,
 //! or stop partway through one); the vector `2^t`; refusals of bad shapes.
 
@@ -39,13 +39,14 @@ fn case(heads: usize, kv_heads: usize, head_dim: usize, prefix: usize, new: usiz
 
 const SCALE: f32 = 0.125;
 
-fn attend(case: &Case, isa: Isa) -> Vec<f32> {
-    attend_scaled(case, isa, SCALE)
+fn attend(case: &Case, products: Products) -> Vec<f32> {
+    attend_scaled(case, products, SCALE)
 }
 
-fn attend_scaled(case: &Case, isa: Isa, scale: f32) -> Vec<f32> {
+fn attend_scaled(case: &Case, products: Products, scale: f32) -> Vec<f32> {
     let mut out = vec![Bf16::default(); case.q.len()];
-    prefill_attention_on(isa, &case.shape, &case.q, &case.k, &case.v, scale, &mut out).unwrap();
+    let (shape, q, k, v) = (&case.shape, &case.q, &case.k, &case.v);
+    prefill_attention_with(products, shape, q, k, v, scale, &mut out).unwrap();
     out.iter().map(|x| x.to_f32()).collect()
 }
 
@@ -134,11 +135,11 @@ fn equals_the_reference_on_both_tiers(
 ) {
     let case = case(heads, kv_heads, d, prefix, new);
     let expected = reference(&case);
-    for isa in [Isa::Scalar, isa::detected()] {
-        let error = max_error(&attend(&case, isa), &expected);
+    for products in Products::detected() {
+        let error = max_error(&attend(&case, products), &expected);
         assert!(
             error < TOLERANCE,
-            "{heads}/{kv_heads} heads of {d}, {prefix} + {new} tokens, {isa:?}: {error}"
+            "{heads}/{kv_heads} heads of {d}, {prefix} + {new} tokens, {products:?}: {error}"
         );
     }
 }
@@ -172,9 +173,9 @@ fn equals_the_reference_with_a_negative_or_zero_scale() {
     let case = case(9, 3, 64, BLOCK_KEYS - 20, 50);
     for scale in [-0.125, 0.0] {
         let expected = reference_scaled(&case, scale);
-        for isa in [Isa::Scalar, isa::detected()] {
-            let error = max_error(&attend_scaled(&case, isa, scale), &expected);
-            assert!(error < TOLERANCE, "scale {scale}, {isa:?}: {error}");
+        for products in Products::detected() {
+            let error = max_error(&attend_scaled(&case, products, scale), &expected);
+            assert!(error < TOLERANCE, "scale {scale}, {products:?}: {error}");
         }
     }
 }
@@ -227,8 +228,8 @@ fn a_token_ignores_the_tokens_after_it() {
     short.q.truncate(20 * 9 * 64);
     short.k.truncate((prefix + 20) * 3 * 64);
     short.v.truncate((prefix + 20) * 3 * 64);
-    for isa in [Isa::Scalar, isa::detected()] {
-        let (long_out, short_out) = (attend(&long, isa), attend(&short, isa));
+    for products in Products::detected() {
+        let (long_out, short_out) = (attend(&long, products), attend(&short, products));
         assert_eq!(&long_out[..short_out.len()], &short_out[..]);
     }
 }
