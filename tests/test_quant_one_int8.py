@@ -78,16 +78,16 @@ def test_a_path_takes_over_where_it_wins_twice_in_a_row() -> None:
     probes = quant_kernels._PROBE_ROWS
     k, p, d = KERNEL, ONE_INT8, DENSE
     # A lone win is noise; a second one confirms the first.
-    assert quant_kernels._plan_from(timings(k, p, k, p, p, p, p, p)) == ((0, k), (probes[3], p))
+    assert quant_kernels._plan_from(timings(k, p, k, p, p, p, p, p, p)) == ((0, k), (probes[3], p))
     # The kernel gives way past the last probe to the faster many-row path there.
-    plan = quant_kernels._plan_from(timings(k, k, k, k, k, k, k, k))
+    plan = quant_kernels._plan_from(timings(k, k, k, k, k, k, k, k, k))
     assert plan == ((0, k), (2 * probes[-1], d))
     # One win at the last probe counts; paths may follow one another.
-    assert quant_kernels._plan_from(timings(k, k, p, p, d, d, d, p)) == (
+    assert quant_kernels._plan_from(timings(k, k, p, p, d, d, d, d, p)) == (
         (0, k),
         (probes[2], p),
         (probes[4], d),
-        (probes[7], p),
+        (probes[8], p),
     )
     # Without tiles (no integer kernel) only two paths are timed.
     two = [{KERNEL: 1.0, DENSE: 2.0}] * len(probes)

@@ -110,8 +110,8 @@ struct Cpu {
     tier: Isa,
     /// AVX-VNNI, on a CPU of the AVX2 tier or above.
     avx_vnni: bool,
-    /// AMX tiles with bf16 products, their state saved by the OS. Not a kernel tier (srt runs
-    /// no AMX code: PyTorch's oneDNN does); it tells whether bf16 matrix products run natively.
+    /// AMX tiles with bf16 products, their state saved by the OS: whether PyTorch's oneDNN
+    /// multiplies bf16 matrices natively.
     amx_bf16: bool,
     /// AMX-BF16 on a CPU of the top tier, the tiles' state granted to this process: what
     /// srt's own tile kernels need.

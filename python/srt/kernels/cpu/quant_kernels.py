@@ -85,8 +85,14 @@ PathFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 # per call, weighs least; measured with SmolLM2's Q4_1 gate_up (bf16, 2 cores with AMX), the
 # one-int8 kernel took 0.99 ms at 256 rows against the dense path's 1.26, but 3.97 against 1.91
 # at 1024 and 15.7 against 5.1 at 4096: a plan that stopped at 256 kept the slower path for
-# every larger pass.
-_PROBE_ROWS = (4, 8, 16, 32, 64, 128, 256, 1024)
+# every larger pass. 2048: the rows of a full prefill pass (`--chunked-prefill-size`), which
+# the last probe decides alone; at 1024 two paths can lie within a busy machine's noise of each
+# other, and a plan that ended there kept a path that lost at 2048. Measured on a 2-core
+# Emerald Rapids guest with SmolLM2's Q4_K_M file (bf16): its Q5_0 attn_output took 1.32 ms
+# one-int8 against 1.67 dense at 1024 rows, 2.09 against 0.89 at 2048; its Q4_K ffn_down 3.3
+# against 2.3 at 1024 and 6.6 against 4.6 at 2048, yet one start's plan, measured during a
+# burst of load elsewhere, kept it on the one-int8 kernel for every pass.
+_PROBE_ROWS = (4, 8, 16, 32, 64, 128, 256, 1024, 2048)
 _PROBE_REPEATS = 3
 # The fewest rows of a product that may round activations to int8 (inside `int8_activations`).
 INT8_ACTIVATION_MIN_ROWS = 16
