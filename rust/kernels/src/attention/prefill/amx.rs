@@ -89,6 +89,33 @@ unsafe fn release(_: AmxBf16) {
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
+/// Loads tile `$tile` with the configured rows of 64 bytes at `$at`, `$stride` bytes apart.
+macro_rules! load_rows {
+    ($tile:literal, $at:expr, $stride:expr) => {
+        asm!(
+            concat!("tileloadd tmm", $tile, ", [{at} + {stride}]"),
+            at = in(reg) $at, stride = in(reg) $stride,
+            options(nostack, readonly),
+        )
+    };
+}
+
+/// Loads tiles `$low` and `$high` with 16 rows of 64 bytes at `$b` and `$c` (rows 128 bytes
+/// apart: 16 pairs of 16 keys or columns each), and adds the products of tile `$rows` by each
+/// into tiles 0 and 1.
+macro_rules! products {
+    ($rows:literal, $low:literal, $high:literal, $b:expr, $c:expr) => {
+        asm!(
+            concat!("tileloadd tmm", $low, ", [{b} + {stride}]"),
+            concat!("tileloadd tmm", $high, ", [{c} + {stride}]"),
+            concat!("tdpbf16ps tmm0, tmm", $rows, ", tmm", $low),
+            concat!("tdpbf16ps tmm1, tmm", $rows, ", tmm", $high),
+            b = in(reg) $b, c = in(reg) $c, stride = in(reg) 128usize,
+            options(nostack, readonly),
+        )
+    };
+}
+
 /// `sums(tile 0, tile 1) += rows · (16 pairs at `low`, 16 pairs at `low + 16`)` over
 /// `steps` steps of 16 pairs: step `s` reads the rows' pairs at `rows + s · 32` bf16 (rows
 /// `row_stride` bytes apart) and the second operands' at `low + s · step` pairs (rows 128 bytes
@@ -111,27 +138,11 @@ unsafe fn pair_products(
         // `b` and at `c`.
         unsafe {
             if s % 2 == 0 {
-                asm!(
-                    "tileloadd tmm2, [{a} + {sa}]",
-                    "tileloadd tmm4, [{b} + {sb}]",
-                    "tileloadd tmm5, [{c} + {sb}]",
-                    "tdpbf16ps tmm0, tmm2, tmm4",
-                    "tdpbf16ps tmm1, tmm2, tmm5",
-                    a = in(reg) a, sa = in(reg) row_stride, b = in(reg) b, c = in(reg) c,
-                    sb = in(reg) 128usize,
-                    options(nostack, readonly),
-                );
+                load_rows!(2, a, row_stride);
+                products!(2, 4, 5, b, c);
             } else {
-                asm!(
-                    "tileloadd tmm3, [{a} + {sa}]",
-                    "tileloadd tmm6, [{b} + {sb}]",
-                    "tileloadd tmm7, [{c} + {sb}]",
-                    "tdpbf16ps tmm0, tmm3, tmm6",
-                    "tdpbf16ps tmm1, tmm3, tmm7",
-                    a = in(reg) a, sa = in(reg) row_stride, b = in(reg) b, c = in(reg) c,
-                    sb = in(reg) 128usize,
-                    options(nostack, readonly),
-                );
+                load_rows!(3, a, row_stride);
+                products!(3, 6, 7, b, c);
             }
         }
     }
@@ -149,23 +160,9 @@ unsafe fn resident_products(slab: *const u32, steps: usize) {
     // SAFETY: the caller's promise: 16 rows of 64 bytes at `b` and `c`, and at 512 pairs on
     // for a second step.
     unsafe {
-        asm!(
-            "tileloadd tmm4, [{b} + {sb}]",
-            "tileloadd tmm5, [{c} + {sb}]",
-            "tdpbf16ps tmm0, tmm2, tmm4",
-            "tdpbf16ps tmm1, tmm2, tmm5",
-            b = in(reg) b, c = in(reg) c, sb = in(reg) 128usize,
-            options(nostack, readonly),
-        );
+        products!(2, 4, 5, b, c);
         if steps == 2 {
-            asm!(
-                "tileloadd tmm6, [{b} + {sb}]",
-                "tileloadd tmm7, [{c} + {sb}]",
-                "tdpbf16ps tmm0, tmm3, tmm6",
-                "tdpbf16ps tmm1, tmm3, tmm7",
-                b = in(reg) b.add(16 * 32), c = in(reg) c.add(16 * 32), sb = in(reg) 128usize,
-                options(nostack, readonly),
-            );
+            products!(3, 6, 7, b.add(16 * 32), c.add(16 * 32));
         }
     }
 }
@@ -216,18 +213,9 @@ impl Micro for Tiles {
                 let steps = d / 32;
                 if steps <= 2 {
                     // The queries' one or two steps stay in tiles 2 and 3 for every slab.
-                    let stride = 2 * d;
-                    asm!(
-                        "tileloadd tmm2, [{a} + {stride}]",
-                        a = in(reg) rows.as_ptr(), stride = in(reg) stride,
-                        options(nostack, readonly),
-                    );
+                    load_rows!(2, rows.as_ptr(), 2 * d);
                     if steps == 2 {
-                        asm!(
-                            "tileloadd tmm3, [{a} + {stride}]",
-                            a = in(reg) rows.as_ptr().add(32), stride = in(reg) stride,
-                            options(nostack, readonly),
-                        );
+                        load_rows!(3, rows.as_ptr().add(32), 2 * d);
                     }
                 }
                 for k0 in (0..width).step_by(32) {
@@ -266,12 +254,8 @@ impl Micro for Tiles {
             Config::new(queries.len()).load(self.0);
             for c0 in (0..d).step_by(32) {
                 let sums = acc.as_mut_ptr().add(c0);
-                asm!(
-                    "tileloadd tmm0, [{low} + {stride}]",
-                    "tileloadd tmm1, [{high} + {stride}]",
-                    low = in(reg) sums, high = in(reg) sums.add(16), stride = in(reg) 4 * d,
-                    options(nostack, readonly),
-                );
+                load_rows!(0, sums, 4 * d);
+                load_rows!(1, sums.add(16), 4 * d);
                 let slab = values.as_ptr().add(value_index(0, c0));
                 pair_products(weights.as_ptr(), 2 * BLOCK_KEYS, slab, 16 * 32, width / 32);
                 store_sums(sums, 4 * d);
