@@ -41,7 +41,7 @@ pub(super) unsafe fn run(
     unsafe { task.run_with(Tiles(cpu), kv_head, block, scratch) }
 }
 
-/// The products on tiles, a tile's queries copied into rows of `d` (`queries`).
+/// The products on tiles, a tile's queries copied into rows of `d` (`QUERIES`).
 #[derive(Clone, Copy)]
 struct Tiles(AmxBf16);
 
